@@ -1,0 +1,5 @@
+import sys
+
+from rlstack.cli import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""The Batch: equally long columns, one row per trajectory.
+
+A column is either a tensor whose first dimension is the row, or a plain Python list (ground
+truth, images, dicts). Rows sampled from the same prompt share a `uid`. Token-level tensors are
+`[B, T]` and aligned with `input_ids`: `old_logprobs[b, t]` is the log-probability of
+`input_ids[b, t]` given the tokens before it. Batches with different `T` are right-padded with
+`pad_values` (default 0) when concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+Column = torch.Tensor | list
+
+
+class Batch:
+    """Columns of equal length; see the module docstring for the layout."""
+
+    def __init__(self, columns: dict[str, Column] | None = None, meta: dict[str, Any] | None = None):
+        self.columns: dict[str, Column] = {}
+        self.meta: dict[str, Any] = dict(meta or {})
+        """Batch-wide values (not per row), e.g. `temperature` or the step."""
+        for name, col in (columns or {}).items():
+            self[name] = col
+
+    # ------------------------------------------------------------------------------- columns
+
+    def __len__(self) -> int:
+        for col in self.columns.values():
+            return len(col)
+        return 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def __getitem__(self, name: str) -> Column:
+        if name not in self.columns:
+            raise KeyError(f"Batch has no column {name!r}; columns: {sorted(self.columns)}")
+        return self.columns[name]
+
+    def __setitem__(self, name: str, col: Column) -> None:
+        if not isinstance(col, (torch.Tensor, list)):
+            raise TypeError(f"column {name!r} must be a tensor or a list, got {type(col).__name__}")
+        if self.columns and len(col) != len(self):
+            raise ValueError(f"column {name!r} has {len(col)} rows, the batch has {len(self)}")
+        self.columns[name] = col
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.columns.get(name, default)
+
+    def keys(self) -> list[str]:
+        return list(self.columns)
+
+    def update(self, other: dict[str, Column]) -> Batch:
+        for name, col in other.items():
+            self[name] = col
+        return self
+
+    def __repr__(self) -> str:
+        cols = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+            if isinstance(v, torch.Tensor)
+            else f"{k}: list"
+            for k, v in self.columns.items()
+        )
+        return f"Batch(rows={len(self)}, {cols})"
+
+    # ------------------------------------------------------------------------------ row ops
+
+    def select(self, index: Sequence[int] | torch.Tensor | slice) -> Batch:
+        """The rows at `index` (list of ints, bool or long tensor, or slice), in that order."""
+        if isinstance(index, slice):
+            idx = list(range(len(self)))[index]
+        elif isinstance(index, torch.Tensor):
+            idx = index.nonzero().flatten().tolist() if index.dtype == torch.bool else index.tolist()
+        else:
+            idx = list(index)
+        t_idx = torch.tensor(idx, dtype=torch.long)
+        cols: dict[str, Column] = {}
+        for k, v in self.columns.items():
+            cols[k] = v.index_select(0, t_idx.to(v.device)) if isinstance(v, torch.Tensor) else [v[i] for i in idx]
+        return Batch(cols, self.meta)
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive chunks of `size` rows (the last may be shorter)."""
+        if size < 1:
+            raise ValueError(f"split size must be positive, got {size}")
+        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def chunk(self, n: int) -> list[Batch]:
+        """`n` consecutive chunks of equal size (the rows must divide evenly)."""
+        if len(self) % n:
+            raise ValueError(f"cannot cut {len(self)} rows into {n} equal chunks")
+        return self.split(len(self) // n)
+
+    def repeat_interleave(self, n: int) -> Batch:
+        """Each row repeated `n` times in place: rows a, b -> a, a, b, b (for n = 2)."""
+        idx = [i for i in range(len(self)) for _ in range(n)]
+        return self.select(idx)
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self)):
+            yield {k: v[i] for k, v in self.columns.items()}
+
+    @staticmethod
+    def concat(batches: Sequence[Batch], pad_values: dict[str, float | int] | None = None) -> Batch:
+        """Rows of all batches, in order; token tensors of different width are right-padded."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return Batch()
+        names = batches[0].keys()
+        for b in batches[1:]:
+            if set(b.keys()) != set(names):
+                raise ValueError(f"cannot concatenate batches with columns {sorted(names)} and {sorted(b.keys())}")
+        cols: dict[str, Column] = {}
+        for k in names:
+            parts = [b[k] for b in batches]
+            if isinstance(parts[0], torch.Tensor):
+                value = (pad_values or {}).get(k, 0)
+                cols[k] = torch.cat(pad_to_same_width(parts, value), dim=0)
+            else:
+                cols[k] = [x for p in parts for x in p]
+        return Batch(cols, batches[0].meta)
+
+    def pad_to(self, width: int, pad_values: dict[str, float | int] | None = None) -> Batch:
+        """Right-pad every token-level (2-D or more) tensor to `width` columns."""
+        out = Batch(dict(self.columns), self.meta)
+        for k, v in self.columns.items():
+            if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[-1] < width:
+                out.columns[k] = pad_right(v, width, (pad_values or {}).get(k, 0))
+        return out
+
+    def to(self, device: torch.device | str) -> Batch:
+        cols = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.columns.items()}
+        return Batch(cols, self.meta)
+
+
+def pad_right(t: torch.Tensor, width: int, value: float | int = 0) -> torch.Tensor:
+    """Right-pad the last dimension of `t` to `width`."""
+    if t.shape[-1] >= width:
+        return t
+    pad = t.new_full((*t.shape[:-1], width - t.shape[-1]), value)
+    return torch.cat([t, pad], dim=-1)
+
+
+def pad_to_same_width(tensors: Sequence[torch.Tensor], value: float | int = 0) -> list[torch.Tensor]:
+    if tensors[0].dim() < 2:
+        return list(tensors)
+    width = max(t.shape[-1] for t in tensors)
+    return [pad_right(t, width, value) for t in tensors]

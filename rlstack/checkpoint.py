@@ -1,0 +1,66 @@
+"""Checkpoint directories: atomic writes, discovery of the newest complete one, pruning, RNG state.
+
+A checkpoint is written into a hidden temporary folder and renamed to `global_step_N` only when
+complete, so a kill mid-save never leaves a broken newest checkpoint; leftovers of an
+interrupted save are removed at the next save.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `ckpt_root`, oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    found = checkpoints(ckpt_root)
+    return found[-1][1] if found else None
+
+
+def save_atomically(ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
+    """Call `write(tmp_dir)`, then publish it as `global_step_<step>` and keep the newest `keep` (-1: all)."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    for leftover in ckpt_root.glob(".tmp_global_step_*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = ckpt_root / f".tmp_global_step_{step}"
+    tmp.mkdir()
+    write(tmp)
+    final = ckpt_root / f"global_step_{step}"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    if keep > 0:
+        for _, old in checkpoints(ckpt_root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,103 @@
+"""The `rlstack` command.
+
+    rlstack train config=path.yaml a.b=c ... [--print-config]
+    rlstack sft   config=path.yaml a.b=c ... [--print-config]
+    rlstack init-model OUT_DIR [--hidden-size 128 --num-layers 3 ...]
+    rlstack demo [--workdir outputs/demo]
+    rlstack config-keys
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+    parser = argparse.ArgumentParser(prog="rlstack", description="RL post-training for language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_ in (("train", "run RL training (GRPO)"), ("sft", "supervised fine-tuning on (prompt, answer) rows")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
+        p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p = sub.add_parser("init-model", help="build a tiny Qwen2 model and tokenizer offline")
+    p.add_argument("out_dir")
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=3)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("demo", help="tiny model -> SFT warm start -> GRPO on addition, with a before/after table")
+    p.add_argument("--workdir", default="outputs/demo")
+    p.add_argument("--grpo-steps", type=int, default=None, help="override the number of GRPO steps")
+    sub.add_parser("config-keys", help="list every config key with its default and description")
+    args = parser.parse_args(argv)
+
+    from rlstack.config import ConfigError
+    from rlstack.errors import RLStackError
+
+    try:
+        return _run(args)
+    except ConfigError as e:
+        print(f"rlstack: {e}", file=sys.stderr)
+        return 2
+    except RLStackError as e:
+        print(f"rlstack: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command in ("train", "sft"):
+        from rlstack.config import load_config, to_yaml
+
+        cfg = load_config(args.overrides)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return 0
+        if args.command == "sft":
+            from rlstack.sft import run_sft
+
+            print(f"model written to {run_sft(cfg)}")
+            return 0
+        from rlstack.trainer import Trainer
+
+        Trainer(cfg).fit()
+        print(f"run directory: {cfg.run_dir}")
+        return 0
+    if args.command == "init-model":
+        from rlstack.models.loading import write_model_dir
+
+        out = write_model_dir(
+            Path(args.out_dir),
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            seed=args.seed,
+        )
+        print(f"tiny Qwen2 model and tokenizer written to {out}")
+        return 0
+    if args.command == "demo":
+        from rlstack.demo import run_demo
+
+        run_demo(Path(args.workdir), grpo_steps=args.grpo_steps)
+        return 0
+    if args.command == "config-keys":
+        from rlstack.config import describe
+
+        for key, tp, default, doc in describe():
+            print(f"{key} ({tp}, default {default!r}): {doc}")
+        return 0
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,564 @@
+"""The run configuration: nested dataclasses, loaded as defaults <- `config=file.yaml` <- `a.b=c`.
+
+Namespaces follow EasyR1 (`data.*`, `algorithm.*`, `worker.actor.*`, `worker.rollout.*`,
+`worker.ref.*`, `worker.reward.*`, `trainer.*`). Every field carries a docstring right below it;
+`describe()` reads them back for `--help`-style listings and the docs.
+
+Validation runs once, in `load_config`, and reports every problem together: unknown keys (with
+the closest valid key), values of the wrong type, and cross-field rules (batch sizes that must
+divide, group estimators that need `n >= 2`, files that must exist).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+
+from rlstack.errors import RLStackError
+
+BUILTIN_MODEL = "builtin:tiny-qwen2"
+"""Model path that builds (once, cached) a randomly initialised tiny Qwen2 and its tokenizer."""
+
+
+@dataclass
+class DataConfig:
+    train_files: str = "builtin:addition@train"
+    """Training rows: a JSONL/JSON/parquet file, a directory of them, an HF dataset `name@split`, or `builtin:<task>@<split>`."""
+    val_files: str = "builtin:addition@test"
+    """Validation rows, in any form `train_files` accepts; empty string disables validation."""
+    prompt_key: str = "problem"
+    """Row field holding the prompt: a string, or a list of chat messages."""
+    answer_key: str = "answer"
+    """Row field holding the ground truth passed to the reward function."""
+    data_source_key: str = "data_source"
+    """Row field naming the source; validation accuracy is reported per source."""
+    format_prompt: str | None = None
+    """Optional Jinja2 file rendered with the row (`content` = the prompt) to build the user message."""
+    apply_chat_template: bool = True
+    """Wrap the prompt with the tokenizer's chat template (when it has one)."""
+    max_prompt_length: int = 64
+    """Longest prompt, in tokens."""
+    max_response_length: int = 16
+    """Longest response, in tokens; generation stops there."""
+    rollout_batch_size: int = 32
+    """Prompts per training step (each is sampled `worker.rollout.n` times)."""
+    val_batch_size: int = 256
+    """Prompts per generation call during validation."""
+    val_max_samples: int = -1
+    """Use at most this many validation rows (-1: all)."""
+    shuffle: bool = True
+    """Shuffle the training rows each epoch (seeded by `data.seed` and the epoch)."""
+    seed: int = 1
+    """Seed of the shuffling."""
+    filter_overlong_prompts: bool = True
+    """Drop rows whose prompt is longer than `max_prompt_length` (otherwise such a row is an error)."""
+
+
+@dataclass
+class ModelConfig:
+    model_path: str = BUILTIN_MODEL
+    """Local Hugging Face model directory (or `builtin:tiny-qwen2`)."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory when it differs from `model_path`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the trained model."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1.0e-6
+    """Peak learning rate of AdamW."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    weight_decay: float = 1.0e-2
+    """AdamW weight decay."""
+    lr_warmup_ratio: float = 0.0
+    """Fraction of the training steps spent warming the learning rate up linearly."""
+    lr_warmup_steps: int | None = None
+    """Warm-up steps; overrides `lr_warmup_ratio` when set."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule floor, as a fraction of `lr`."""
+
+
+@dataclass
+class ActorConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The policy optimizer."""
+    global_batch_size: int = 32
+    """Prompts per optimizer step (mini-batch); its trajectories are `global_batch_size * n`."""
+    micro_batch_size_per_device_for_update: int = 64
+    """Trajectories per forward/backward pass during the update (gradient accumulation unit)."""
+    micro_batch_size_per_device_for_experience: int = 128
+    """Trajectories per forward pass when computing log-probs without gradient."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per training step."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    clip_ratio_low: float = 0.2
+    """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
+    clip_ratio_high: float = 0.28
+    """PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO's clip-higher)."""
+    loss_agg_mode: Literal["token-mean"] = "token-mean"
+    """How token losses become one number: mean over every response token of the mini-batch."""
+    shuffle_mini_batches: bool = False
+    """Shuffle trajectories before cutting mini-batches (seeded)."""
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 8
+    """Responses sampled per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (the actor scores log-probs at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Sample among the k most likely tokens (-1: all)."""
+    val_temperature: float = 0.0
+    """Temperature for validation (0: greedy)."""
+    val_top_p: float = 1.0
+    """Top-p for validation."""
+    val_top_k: int = -1
+    """Top-k for validation."""
+    val_n: int = 1
+    """Responses per validation prompt."""
+    seed: int = 1
+    """Seed of the sampling generator (saved and restored with checkpoints)."""
+
+
+@dataclass
+class RefConfig:
+    micro_batch_size_per_device_for_experience: int = 128
+    """Trajectories per forward pass of the reference model."""
+
+
+@dataclass
+class RewardConfig:
+    reward_function: str = "builtin:exact_match"
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `builtin:math`)."""
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to the reward function."""
+
+
+@dataclass
+class WorkerConfig:
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The trained policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling of responses."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy (built only when a KL term is used)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring of responses."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo"] = "grpo"
+    """Advantage estimator."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's standard deviation."""
+    use_kl_loss: bool = False
+    """Add a KL(policy || reference) term to the actor loss (builds a reference model)."""
+    kl_penalty: Literal["low_var_kl"] = "low_var_kl"
+    """KL estimator for the KL loss (k3)."""
+    kl_coef: float = 1.0e-2
+    """Weight of the KL loss."""
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "rlstack"
+    """Project folder under `output_dir`, and the tracker's project."""
+    experiment_name: str = "default"
+    """Run folder under the project."""
+    output_dir: str = "outputs"
+    """Root of the run directories."""
+    total_epochs: int = 1
+    """Passes over the training rows."""
+    max_steps: int | None = None
+    """Stop after this many steps (default: the epochs decide)."""
+    val_freq: int = -1
+    """Validate every this many steps (-1: only at the end)."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_only: bool = False
+    """Validate and stop."""
+    val_generations_to_log: int = 8
+    """Validation generations written to `generations/` each time."""
+    train_generations_to_log: int = 4
+    """Training generations written to `generations/` each step."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps (-1: only at the end)."""
+    save_limit: int = 2
+    """Keep at most this many checkpoints (-1: all)."""
+    save_model_only: bool = False
+    """At the end, write only the Hugging Face model, no resumable checkpoint."""
+    find_last_checkpoint: bool = True
+    """Resume from the newest complete checkpoint of the run directory."""
+    load_checkpoint_path: str | None = None
+    """Resume from this checkpoint directory instead."""
+    logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"])
+    """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`."""
+    seed: int = 1
+    """Seed of torch, numpy and random."""
+    num_threads: int = 0
+    """torch CPU threads (0: leave torch's default)."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training and validation rows."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, KL."""
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Actor, rollout, reference, reward."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, validation, checkpoints, tracking."""
+
+    @property
+    def run_dir(self) -> Path:
+        t = self.trainer
+        return Path(t.output_dir) / t.project_name / t.experiment_name
+
+
+GROUP_ESTIMATORS = {"grpo"}
+
+
+class ConfigError(RLStackError, ValueError):
+    """Every problem found in a configuration, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in the configuration:\n{lines}")
+
+
+# ----------------------------------------------------------------------------------------- docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            docs[stmt.target.id] = str(nxt.value.value)
+    return docs
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, doc) for every leaf field."""
+    rows = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe(hints[f.name], key + ".")
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            rows.append((key, _type_name(hints[f.name]), default, docs.get(f.name, "")))
+    return rows
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+# -------------------------------------------------------------------------------------- loading
+
+
+def load_config(args: list[str] | None = None, base: dict | None = None) -> Config:
+    """Build a validated Config from `config=file.yaml` and `a.b=c` arguments.
+
+    `base` is an optional dict merged between the defaults and the YAML file (used by built-in
+    recipes such as the demo).
+    """
+    problems: list[str] = []
+    layers: list[tuple[dict, dict[str, str]]] = []  # (values, key -> where it came from)
+    if base:
+        layers.append((base, {}))
+    overrides = []
+    for arg in args or []:
+        if "=" not in arg:
+            problems.append(f"argument {arg!r} is not of the form key=value (for example worker.rollout.n=8)")
+        elif arg.startswith("config="):
+            path = arg.split("=", 1)[1]
+            loaded = _load_yaml(path, problems)
+            if loaded is not None:
+                layers.append(loaded)
+        else:
+            overrides.append(arg)
+    if overrides:
+        try:
+            dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
+        except Exception as e:  # omegaconf grammar errors
+            problems.append(f"could not parse the overrides {overrides}: {e}")
+        else:
+            where = {arg.split("=", 1)[0]: f"command-line override {arg!r}" for arg in overrides}
+            layers.append((dotlist, where))
+
+    merged: dict = {}
+    sources: dict[str, str] = {}
+    for values, where in layers:
+        _deep_merge(merged, values)
+        sources.update(where)
+
+    cfg = _build(Config, merged, "", sources, problems)
+    if not problems:
+        problems += validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:
+    p = Path(path)
+    if not p.is_file():
+        problems.append(f"config file {path!r} does not exist (pass config=path/to/file.yaml)")
+        return None
+    text = p.read_text()
+    try:
+        node = yaml.compose(text)
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problems.append(f"config file {path} is not valid YAML: {e}")
+        return None
+    if values is None:
+        return {}, {}
+    if not isinstance(values, dict):
+        problems.append(f"config file {path} must hold a mapping of sections, not {type(values).__name__}")
+        return None
+    where: dict[str, str] = {}
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = f"{prefix}{k.value}"
+                where[key] = f"{path}, line {k.start_mark.line + 1}"
+                walk(v, key + ".")
+
+    walk(node, "")
+    return values, where
+
+
+def _deep_merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _build(cls: type, values: Any, prefix: str, sources: dict[str, str], problems: list[str]) -> Any:
+    if not isinstance(values, dict):
+        where = sources.get(prefix.rstrip("."), "")
+        problems.append(f"{prefix.rstrip('.')}: expected a section (mapping), got {values!r} {_at(where)}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(names)}"
+            problems.append(f"unknown key {dotted} {_at(sources.get(dotted, ''))}: {hint}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, dotted + ".", sources, problems)
+            continue
+        ok, converted = _check_type(value, tp)
+        if ok:
+            kwargs[key] = converted
+        else:
+            problems.append(
+                f"{dotted} {_at(sources.get(dotted, ''))}: expected {_type_name(tp)}, got {value!r} "
+                f"({type(value).__name__})"
+            )
+    return cls(**kwargs)
+
+
+def _at(where: str) -> str:
+    return f"({where})" if where else ""
+
+
+def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True, value
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _check_type(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        (item,) = typing.get_args(tp)
+        out = []
+        for v in value:
+            ok, cv = _check_type(v, item)
+            if not ok:
+                return False, value
+            out.append(cv)
+        return True, out
+    if origin is dict:
+        return isinstance(value, dict), dict(value) if isinstance(value, dict) else value
+    raise TypeError(f"config type {tp} is not supported by the loader")
+
+
+# ----------------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config) -> list[str]:
+    """Cross-field rules; each problem says what, why and how to fix it."""
+    p: list[str] = []
+    d, a, t = cfg.data, cfg.worker.actor, cfg.trainer
+    r = cfg.worker.rollout
+    for key, value in [
+        ("data.rollout_batch_size", d.rollout_batch_size),
+        ("data.max_prompt_length", d.max_prompt_length),
+        ("data.max_response_length", d.max_response_length),
+        ("data.val_batch_size", d.val_batch_size),
+        ("worker.rollout.n", r.n),
+        ("worker.rollout.val_n", r.val_n),
+        ("worker.actor.global_batch_size", a.global_batch_size),
+        ("worker.actor.micro_batch_size_per_device_for_update", a.micro_batch_size_per_device_for_update),
+        ("worker.actor.micro_batch_size_per_device_for_experience", a.micro_batch_size_per_device_for_experience),
+        ("worker.ref.micro_batch_size_per_device_for_experience", cfg.worker.ref.micro_batch_size_per_device_for_experience),
+        ("worker.actor.ppo_epochs", a.ppo_epochs),
+        ("trainer.total_epochs", t.total_epochs),
+    ]:
+        if value < 1:
+            p.append(f"{key} = {value}: must be at least 1")
+    if p:
+        return p
+    if d.rollout_batch_size % a.global_batch_size:
+        p.append(
+            f"data.rollout_batch_size ({d.rollout_batch_size}) must be divisible by "
+            f"worker.actor.global_batch_size ({a.global_batch_size}): each step's prompts are cut into "
+            f"mini-batches of global_batch_size prompts; pick a divisor such as "
+            f"{_divisors_hint(d.rollout_batch_size)}"
+        )
+    mini = a.global_batch_size * r.n
+    if mini % a.micro_batch_size_per_device_for_update:
+        p.append(
+            f"worker.actor.global_batch_size * worker.rollout.n = {a.global_batch_size} * {r.n} = {mini} "
+            f"trajectories per mini-batch must be divisible by "
+            f"worker.actor.micro_batch_size_per_device_for_update ({a.micro_batch_size_per_device_for_update}); "
+            f"pick a divisor such as {_divisors_hint(mini)}"
+        )
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
+        p.append(
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares responses within a group, "
+            f"so worker.rollout.n must be at least 2 (got {r.n}); set worker.rollout.n=8 for example"
+        )
+    if not 0.0 < r.top_p <= 1.0:
+        p.append(f"worker.rollout.top_p = {r.top_p}: must be in (0, 1]")
+    if r.temperature <= 0:
+        p.append(
+            f"worker.rollout.temperature = {r.temperature}: training samples need a positive temperature "
+            "(greedy decoding is for validation: worker.rollout.val_temperature=0)"
+        )
+    if t.max_steps is not None and t.max_steps < 1:
+        p.append(f"trainer.max_steps = {t.max_steps}: must be at least 1, or null to let epochs decide")
+    for key, path in [
+        ("data.train_files", d.train_files),
+        ("data.val_files", d.val_files),
+        ("data.format_prompt", d.format_prompt),
+        ("trainer.load_checkpoint_path", t.load_checkpoint_path),
+        ("worker.actor.model.model_path", a.model.model_path),
+        ("worker.actor.model.tokenizer_path", a.model.tokenizer_path),
+    ]:
+        problem = _check_path(key, path)
+        if problem:
+            p.append(problem)
+    fn = cfg.worker.reward.reward_function
+    if not fn.startswith("builtin:") and ":" in fn:
+        file_part = fn.rsplit(":", 1)[0]
+        if file_part.endswith(".py") and not os.path.isfile(file_part):
+            p.append(
+                f"worker.reward.reward_function: file {file_part!r} does not exist "
+                "(expected path/to/file.py:function_name)"
+            )
+    unknown_loggers = set(t.logger) - {"console", "file", "tensorboard", "wandb"}
+    if unknown_loggers:
+        p.append(
+            f"trainer.logger: unknown logger(s) {sorted(unknown_loggers)}; choose from console, file, tensorboard, wandb"
+        )
+    return p
+
+
+def _divisors_hint(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
+
+
+def _check_path(key: str, path: str | None) -> str | None:
+    """Local paths must exist; hub names (`org/name@split`) and built-ins are checked at load."""
+    if not path or path.startswith("builtin:"):
+        return None
+    local = path.split("@", 1)[0]
+    looks_local = local.startswith((".", "/", "~")) or Path(local).suffix in {
+        ".jsonl",
+        ".json",
+        ".parquet",
+        ".jinja",
+        ".yaml",
+    }
+    hub_name = re.fullmatch(r"[\w.-]+/[\w.-]+", local) is not None and not Path(local).exists()
+    must_exist = key in ("data.format_prompt", "trainer.load_checkpoint_path")
+    if must_exist or looks_local or (key.startswith("worker.actor.model") and not hub_name):
+        if not Path(os.path.expanduser(local)).exists():
+            return f"{key}: {path!r} does not exist (check the path, relative to {os.getcwd()})"
+    return None
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

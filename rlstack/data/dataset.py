@@ -1,0 +1,211 @@
+"""Prompt rows -> token ids, and a seeded, resumable loader of prompt batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import torch
+
+from rlstack.batch import Batch
+from rlstack.config import DataConfig
+from rlstack.data.readers import DataError, read_rows
+
+
+class PromptDataset:
+    """Rows of a data spec, each rendered into a prompt and tokenized once.
+
+    A row must hold `prompt_key` (a string, or a list of chat messages) and `answer_key`.
+    With `format_prompt`, the Jinja2 file is rendered with the row's fields and `content` (the
+    prompt) to form the user message. With `apply_chat_template` and a tokenizer that has a chat
+    template, the messages are wrapped with it and the generation prompt is appended.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        tokenizer,
+        prompt_key: str = "problem",
+        answer_key: str = "answer",
+        data_source_key: str = "data_source",
+        format_prompt: str | None = None,
+        apply_chat_template: bool = True,
+        max_prompt_length: int = 1024,
+        filter_overlong_prompts: bool = True,
+        max_samples: int = -1,
+    ):
+        rows, where = read_rows(spec)
+        if max_samples > 0:
+            rows, where = rows[:max_samples], where[:max_samples]
+        if not rows:
+            raise DataError(f"{spec}: no rows")
+        template = _load_template(format_prompt) if format_prompt else None
+        use_chat = apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
+        default_source = Path(spec.split("@")[0]).stem if not spec.startswith("builtin:") else spec
+        self.items: list[dict[str, Any]] = []
+        self.num_filtered = 0
+        for row, loc in zip(rows, where):
+            for key, name in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+                if key not in row:
+                    raise DataError(
+                        f"{loc}: row has no field {key!r} ({name}); its fields are {sorted(row)}. "
+                        f"Set {name} to the field that holds it."
+                    )
+            messages = _messages(row[prompt_key], row, template, loc, format_prompt)
+            if use_chat:
+                ids = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+                text = tokenizer.decode(ids)
+            else:
+                text = "\n".join(m["content"] for m in messages)
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length:
+                if filter_overlong_prompts:
+                    self.num_filtered += 1
+                    continue
+                raise DataError(
+                    f"{loc}: prompt has {len(ids)} tokens, more than data.max_prompt_length={max_prompt_length}. "
+                    "Raise data.max_prompt_length or set data.filter_overlong_prompts=true."
+                )
+            extra = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, data_source_key)}
+            self.items.append(
+                {
+                    "prompt_ids": list(ids),
+                    "prompt": text,
+                    "ground_truth": row[answer_key],
+                    "data_source": str(row.get(data_source_key, default_source)),
+                    "extra": extra,
+                    "where": loc,
+                }
+            )
+        if not self.items:
+            raise DataError(
+                f"{spec}: every one of {len(rows)} prompts is longer than data.max_prompt_length={max_prompt_length}"
+            )
+
+    @classmethod
+    def from_config(cls, spec: str, tokenizer, d: DataConfig, max_samples: int = -1) -> PromptDataset:
+        return cls(
+            spec,
+            tokenizer,
+            prompt_key=d.prompt_key,
+            answer_key=d.answer_key,
+            data_source_key=d.data_source_key,
+            format_prompt=d.format_prompt,
+            apply_chat_template=d.apply_chat_template,
+            max_prompt_length=d.max_prompt_length,
+            filter_overlong_prompts=d.filter_overlong_prompts,
+            max_samples=max_samples,
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def batch(self, indices: list[int], uid_prefix: str = "") -> Batch:
+        """The rows at `indices` as a Batch, one `uid` per prompt."""
+        items = [self.items[i] for i in indices]
+        cols: dict[str, list] = {k: [it[k] for it in items] for k in items[0]}
+        cols["uid"] = [f"{uid_prefix}{i}" for i in indices]
+        return Batch(cols)
+
+
+def _load_template(path: str) -> jinja2.Template:
+    try:
+        return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False).from_string(
+            Path(path).read_text()
+        )
+    except (OSError, jinja2.TemplateSyntaxError) as e:
+        raise DataError(f"data.format_prompt {path!r}: {e}") from e
+
+
+def _messages(value: Any, row: dict, template: jinja2.Template | None, loc: str, tpl_path: str | None) -> list[dict]:
+    if isinstance(value, list):
+        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+            raise DataError(f"{loc}: a list prompt must hold chat messages ({{'role': ..., 'content': ...}})")
+        return value
+    if not isinstance(value, str):
+        raise DataError(f"{loc}: prompt must be a string or a list of chat messages, got {type(value).__name__}")
+    if template is not None:
+        try:
+            value = template.render(**{**row, "content": value})
+        except jinja2.UndefinedError as e:
+            raise DataError(f"{loc}: data.format_prompt {tpl_path!r} uses a field the row lacks: {e.message}") from e
+    return [{"role": "user", "content": value}]
+
+
+class PromptLoader:
+    """Batches of `batch_size` prompts, reshuffled each epoch with `seed + epoch`; drops the last partial batch.
+
+    Its position (epoch and batch index) is saved with checkpoints, so a resumed run sees the
+    same prompts in the same order as one that never stopped.
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, shuffle: bool, seed: int):
+        if len(dataset) < batch_size:
+            raise DataError(
+                f"the training set has {len(dataset)} prompts (after filtering), fewer than one batch of "
+                f"data.rollout_batch_size={batch_size}"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.index = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def next_indices(self) -> list[int]:
+        """Dataset indices of the next batch (advances the position)."""
+        if self.index >= len(self):
+            self.epoch, self.index = self.epoch + 1, 0
+        order = self._order(self.epoch)
+        idx = order[self.index * self.batch_size : (self.index + 1) * self.batch_size]
+        self.index += 1
+        return idx
+
+    def next_batch(self) -> Batch:
+        idx = self.next_indices()
+        return self.dataset.batch(idx, uid_prefix=f"e{self.epoch}-")
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+
+
+def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
+    """Prompt + ground-truth answer + EOS per row, right-padded; `response_mask` marks the answer and EOS."""
+    seqs, masks = [], []
+    for i in indices:
+        it = dataset.items[i]
+        answer = tokenizer(str(it["ground_truth"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(it["prompt_ids"] + answer)
+        masks.append([0] * len(it["prompt_ids"]) + [1] * len(answer))
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    response_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, (s, m) in enumerate(zip(seqs, masks)):
+        input_ids[r, : len(s)] = torch.tensor(s)
+        attention_mask[r, : len(s)] = 1
+        response_mask[r, : len(m)] = torch.tensor(m)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask,
+        }
+    )

@@ -1,0 +1,100 @@
+"""Reading rows from JSONL, JSON, parquet, a directory of them, a Hugging Face dataset, or a built-in task.
+
+Every row carries where it came from (`file:line` or `dataset[index]`) so that a problem found
+later can name it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlstack.data.tasks import builtin_rows
+from rlstack.errors import RLStackError
+
+SUFFIXES = {".jsonl", ".json", ".parquet"}
+
+
+class DataError(RLStackError, ValueError):
+    """A data file or row that cannot be used, naming it and saying how to fix it."""
+
+
+def read_rows(spec: str) -> tuple[list[dict], list[str]]:
+    """All rows of `spec` and, for each, where it came from."""
+    if spec.startswith("builtin:"):
+        try:
+            rows = builtin_rows(spec)
+        except ValueError as e:
+            raise DataError(str(e)) from e
+        return rows, [f"{spec}[{i}]" for i in range(len(rows))]
+    path = Path(spec.split("@", 1)[0]).expanduser()
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES)
+        if not files:
+            raise DataError(f"directory {path} holds no .jsonl, .json or .parquet files")
+        rows, where = [], []
+        for f in files:
+            r, w = _read_file(f)
+            rows += r
+            where += w
+        return rows, where
+    if path.is_file():
+        return _read_file(path)
+    if path.suffix in SUFFIXES or spec.startswith((".", "/", "~")):
+        raise DataError(f"data file {spec!r} does not exist")
+    return _read_hf_dataset(spec)
+
+
+def _read_file(path: Path) -> tuple[list[dict], list[str]]:
+    if path.suffix == ".jsonl":
+        rows, where = [], []
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+                rows.append(row)
+                where.append(f"{path}:{lineno}")
+        return rows, where
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from e
+        if isinstance(data, dict):  # {"data": [...]} or column-oriented {"col": [...]}
+            lists = [v for v in data.values() if isinstance(v, list)]
+            if len(data) == 1 and lists:
+                data = lists[0]
+            elif lists and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
+                data = [dict(zip(data, vals)) for vals in zip(*data.values())]
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise DataError(f"{path}: expected a JSON list of objects (one per row)")
+        return data, [f"{path}[{i}]" for i in range(len(data))]
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:
+        raise DataError(f"{path}: not a readable parquet file ({e})") from e
+    rows = table.to_pylist()
+    return rows, [f"{path}[row {i}]" for i in range(len(rows))]
+
+
+def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:
+    """`name@split` (or `name` for the train split), through `datasets.load_dataset`."""
+    import datasets
+
+    name, _, split = spec.partition("@")
+    try:
+        ds = datasets.load_dataset(name, split=split or "train")
+    except Exception as e:
+        raise DataError(
+            f"could not load Hugging Face dataset {name!r} (split {split or 'train'!r}): {e}\n"
+            "Use a local .jsonl/.json/.parquet file or directory, or a dataset available offline."
+        ) from e
+    return list(ds), [f"{name}@{split or 'train'}[{i}]" for i in range(len(ds))]

@@ -1,0 +1,5 @@
+"""The base of every error rlstack reports as a message (what, where, how to fix) rather than a traceback."""
+
+
+class RLStackError(Exception):
+    """A user-facing problem: bad config, data, model path, reward function, or a diverged run."""

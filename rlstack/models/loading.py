@@ -1,0 +1,109 @@
+"""Loading Hugging Face causal LMs and tokenizers from local paths, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+
+from rlstack.config import BUILTIN_MODEL
+from rlstack.errors import RLStackError
+from rlstack.models.tiny import init_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GENERIC_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+class ModelLoadError(RLStackError, RuntimeError):
+    """A model or tokenizer path that cannot be loaded, with what to do about it."""
+
+
+def cache_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("RLSTACK_CACHE", Path.home() / ".cache" / "rlstack"))
+
+
+def resolve_model_path(model_path: str) -> str:
+    """`builtin:tiny-qwen2` becomes a cached directory (built on first use); others pass through."""
+    if model_path != BUILTIN_MODEL:
+        return model_path
+    out = cache_dir() / "models" / "tiny-qwen2"
+    if not (out / "config.json").is_file():
+        write_model_dir(out)
+    return str(out)
+
+
+def write_model_dir(out: Path, **sizes: int) -> Path:
+    """Build a tiny model into a temporary folder and move it in place, so a crash leaves nothing half-written."""
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        init_model(tmp, **sizes)
+        mark_generic_tokenizer(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def mark_generic_tokenizer(path: Path) -> None:
+    """Record that the tokenizer is the generic fast class and pads on the left."""
+    cfg_file = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["padding_side"] = "left"
+    cfg_file.write_text(json.dumps(cfg, indent=2))
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
+    """The tokenizer at `path`, padding on the left, with a pad token.
+
+    A tokenizer that declares the generic fast class is loaded as such: `AutoTokenizer` would
+    swap in the architecture's own class (e.g. Qwen2Tokenizer), which rebuilds a different
+    pre-tokenizer and ignores the saved one.
+    """
+    _require_dir(path, "tokenizer", "tokenizer_config.json")
+    declared = json.loads((Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    if declared in GENERIC_TOKENIZER_CLASSES:
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+    _require_dir(path, "model", "config.json")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+        )
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"could not load a causal language model from {path!r}: {e}\n"
+            "worker.actor.model.model_path must be a Hugging Face model directory "
+            "(config.json + weights); build a tiny one with `rlstack init-model DIR`."
+        ) from e
+    return model
+
+
+def _require_dir(path: str, what: str, marker: str) -> None:
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelLoadError(
+            f"{what} path {path!r} is not a directory. Point worker.actor.model.model_path at a local "
+            "Hugging Face model directory, or build one with `rlstack init-model DIR` "
+            "(nothing is downloaded from model hubs)."
+        )
+    if not (p / marker).is_file():
+        raise ModelLoadError(f"{what} directory {path!r} has no {marker}; is it a Hugging Face {what} directory?")
