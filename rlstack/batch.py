@@ -76,13 +76,17 @@ class Batch:
         if isinstance(index, slice):
             idx = list(range(len(self)))[index]
         elif isinstance(index, torch.Tensor):
+            if index.dtype == torch.bool and len(index) != len(self):
+                raise IndexError(f"boolean mask has {len(index)} entries, the batch has {len(self)} rows")
             idx = index.nonzero().flatten().tolist() if index.dtype == torch.bool else index.tolist()
         else:
             idx = list(index)
         t_idx = torch.tensor(idx, dtype=torch.long)
         cols: dict[str, Column] = {}
         for k, v in self.columns.items():
-            cols[k] = v.index_select(0, t_idx.to(v.device)) if isinstance(v, torch.Tensor) else [v[i] for i in idx]
+            cols[k] = (
+                v.index_select(0, t_idx.to(v.device)) if isinstance(v, torch.Tensor) else [v[i] for i in idx]
+            )
         return Batch(cols, self.meta)
 
     def split(self, size: int) -> list[Batch]:
@@ -115,7 +119,9 @@ class Batch:
         names = batches[0].keys()
         for b in batches[1:]:
             if set(b.keys()) != set(names):
-                raise ValueError(f"cannot concatenate batches with columns {sorted(names)} and {sorted(b.keys())}")
+                raise ValueError(
+                    f"cannot concatenate batches with columns {sorted(names)} and {sorted(b.keys())}"
+                )
         cols: dict[str, Column] = {}
         for k in names:
             parts = [b[k] for b in batches]

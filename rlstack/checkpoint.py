@@ -23,7 +23,9 @@ def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under `ckpt_root`, oldest first."""
     if not ckpt_root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in ckpt_root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in ckpt_root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))
+    ]
     return sorted(found)
 
 

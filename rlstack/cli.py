@@ -1,10 +1,10 @@
 """The `rlstack` command.
 
-    rlstack train config=path.yaml a.b=c ... [--print-config]
-    rlstack sft   config=path.yaml a.b=c ... [--print-config]
-    rlstack init-model OUT_DIR [--hidden-size 128 --num-layers 3 ...]
-    rlstack demo [--workdir outputs/demo]
-    rlstack config-keys
+rlstack train config=path.yaml a.b=c ... [--print-config]
+rlstack sft   config=path.yaml a.b=c ... [--print-config]
+rlstack init-model OUT_DIR [--hidden-size 128 --num-layers 3 ...]
+rlstack demo [--workdir outputs/demo]
+rlstack config-keys
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="rlstack", description="RL post-training for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("train", "run RL training (GRPO)"), ("sft", "supervised fine-tuning on (prompt, answer) rows")):
+    for name, help_ in (
+        ("train", "run RL training (GRPO)"),
+        ("sft", "supervised fine-tuning on (prompt, answer) rows"),
+    ):
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -35,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-kv-heads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p = sub.add_parser("demo", help="tiny model -> SFT warm start -> GRPO on addition, with a before/after table")
+    p = sub.add_parser(
+        "demo", help="tiny model -> SFT warm start -> GRPO on addition, with a before/after table"
+    )
     p.add_argument("--workdir", default="outputs/demo")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the number of GRPO steps")
     sub.add_parser("config-keys", help="list every config key with its default and description")

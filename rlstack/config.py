@@ -331,8 +331,7 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
         sources.update(where)
 
     cfg = _build(Config, merged, "", sources, problems)
-    if not problems:
-        problems += validate(cfg)
+    problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -389,7 +388,10 @@ def _build(cls: type, values: Any, prefix: str, sources: dict[str, str], problem
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
             hint = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(names)}"
-            problems.append(f"unknown key {dotted} {_at(sources.get(dotted, ''))}: {hint}")
+            where = sources.get(dotted) or next(
+                (v for k, v in sources.items() if k.startswith(dotted + ".")), ""
+            )
+            problems.append(f"unknown key {dotted} {_at(where)}: {hint}".replace("  ", " "))
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -432,7 +434,9 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return True, float(value)
         return False, value
-    if tp is str:
+    if tp is str:  # a name such as experiment_name=2024 arrives from YAML/CLI as a number
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, str(value)
         return isinstance(value, str), value
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -467,16 +471,21 @@ def validate(cfg: Config) -> list[str]:
         ("worker.rollout.val_n", r.val_n),
         ("worker.actor.global_batch_size", a.global_batch_size),
         ("worker.actor.micro_batch_size_per_device_for_update", a.micro_batch_size_per_device_for_update),
-        ("worker.actor.micro_batch_size_per_device_for_experience", a.micro_batch_size_per_device_for_experience),
-        ("worker.ref.micro_batch_size_per_device_for_experience", cfg.worker.ref.micro_batch_size_per_device_for_experience),
+        (
+            "worker.actor.micro_batch_size_per_device_for_experience",
+            a.micro_batch_size_per_device_for_experience,
+        ),
+        (
+            "worker.ref.micro_batch_size_per_device_for_experience",
+            cfg.worker.ref.micro_batch_size_per_device_for_experience,
+        ),
         ("worker.actor.ppo_epochs", a.ppo_epochs),
         ("trainer.total_epochs", t.total_epochs),
     ]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
-    if p:
-        return p
-    if d.rollout_batch_size % a.global_batch_size:
+    sizes_ok = not p  # the divisibility rules below need positive sizes
+    if sizes_ok and d.rollout_batch_size % a.global_batch_size:
         p.append(
             f"data.rollout_batch_size ({d.rollout_batch_size}) must be divisible by "
             f"worker.actor.global_batch_size ({a.global_batch_size}): each step's prompts are cut into "
@@ -484,7 +493,7 @@ def validate(cfg: Config) -> list[str]:
             f"{_divisors_hint(d.rollout_batch_size)}"
         )
     mini = a.global_batch_size * r.n
-    if mini % a.micro_batch_size_per_device_for_update:
+    if sizes_ok and mini % a.micro_batch_size_per_device_for_update:
         p.append(
             f"worker.actor.global_batch_size * worker.rollout.n = {a.global_batch_size} * {r.n} = {mini} "
             f"trajectories per mini-batch must be divisible by "
@@ -550,9 +559,9 @@ def _check_path(key: str, path: str | None) -> str | None:
     }
     hub_name = re.fullmatch(r"[\w.-]+/[\w.-]+", local) is not None and not Path(local).exists()
     must_exist = key in ("data.format_prompt", "trainer.load_checkpoint_path")
-    if must_exist or looks_local or (key.startswith("worker.actor.model") and not hub_name):
-        if not Path(os.path.expanduser(local)).exists():
-            return f"{key}: {path!r} does not exist (check the path, relative to {os.getcwd()})"
+    checked = must_exist or looks_local or (key.startswith("worker.actor.model") and not hub_name)
+    if checked and not Path(os.path.expanduser(local)).exists():
+        return f"{key}: {path!r} does not exist (check the path, relative to {os.getcwd()})"
     return None
 
 

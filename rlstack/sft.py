@@ -27,7 +27,9 @@ def run_sft(cfg: Config) -> Path:
 
         torch.set_num_threads(t.num_threads)
     checkpoint.seed_everything(t.seed)
-    tok = load_tokenizer(a.model.tokenizer_path or resolve_model_path(a.model.model_path), a.model.trust_remote_code)
+    tok = load_tokenizer(
+        a.model.tokenizer_path or resolve_model_path(a.model.model_path), a.model.trust_remote_code
+    )
     dataset = PromptDataset.from_config(d.train_files, tok, d)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)
     total = t.max_steps or len(loader) * t.total_epochs

@@ -45,15 +45,21 @@ class Tracker:
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+            self.tb = SummaryWriter(
+                str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
         self.wandb = None
         if "wandb" in self.loggers:
             import wandb
 
-            self.wandb = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir), resume="allow")
+            self.wandb = wandb.init(
+                project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"
+            )
         self.bar = None
         if "console" in self.loggers:
-            self.bar = tqdm(total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True
+            )
 
     def log(self, metrics: dict[str, float], step: int, advance: bool = True) -> None:
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
@@ -68,7 +74,13 @@ class Tracker:
             self.wandb.log(metrics, step=step)
         if self.bar is not None:
             shown = {name: f"{metrics[k]:.3g}" for k, name in CONSOLE_KEYS.items() if k in metrics}
-            shown.update({k: f"{v:.3f}" for k, v in metrics.items() if k.startswith("val/") and k.endswith("/accuracy")})
+            shown.update(
+                {
+                    k: f"{v:.3f}"
+                    for k, v in metrics.items()
+                    if k.startswith("val/") and k.endswith("/accuracy")
+                }
+            )
             if shown:
                 self.bar.set_postfix(shown, refresh=False)
             if advance:

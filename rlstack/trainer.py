@@ -32,9 +32,13 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         model_path = resolve_model_path(w.actor.model.model_path)
-        tokenizer = load_tokenizer(w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code)
+        tokenizer = load_tokenizer(
+            w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
+        )
         self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d)
-        self.val_set = PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples) if d.val_files else None
+        self.val_set = (
+            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples) if d.val_files else None
+        )
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
         by_epochs = len(self.loader) * t.total_epochs
         self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
@@ -47,7 +51,9 @@ class Trainer:
         self.ref: WorkerGroup | None = None
         if cfg.algorithm.use_kl_loss:
             self.ref = LocalWorkerGroup(RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience))
-        self.rewards = RewardManager(load_reward_function(w.reward.reward_function), w.reward.reward_function_kwargs)
+        self.rewards = RewardManager(
+            load_reward_function(w.reward.reward_function), w.reward.reward_function_kwargs
+        )
         self.step = 0
         self.tracker: Tracker | None = None
 
@@ -60,7 +66,13 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
         self.tracker = Tracker(
-            self.run_dir, t.logger, to_dict(self.cfg), t.project_name, t.experiment_name, self.total_steps, self.step
+            self.run_dir,
+            t.logger,
+            to_dict(self.cfg),
+            t.project_name,
+            t.experiment_name,
+            self.total_steps,
+            self.step,
         )
         metrics: dict[str, float] = {}
         try:
@@ -114,7 +126,10 @@ class Trainer:
         a = self.cfg.algorithm
         estimator = ESTIMATORS[AdvEstimator(a.adv_estimator)]
         return estimator(
-            batch["scores"], group_index(batch["uid"]), batch["response_mask"], norm_by_std=a.norm_adv_by_std_in_grpo
+            batch["scores"],
+            group_index(batch["uid"]),
+            batch["response_mask"],
+            norm_by_std=a.norm_adv_by_std_in_grpo,
         )
 
     # ------------------------------------------------------------------------------ validation

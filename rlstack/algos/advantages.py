@@ -34,10 +34,10 @@ def grpo_advantages(
     eps: float = 1e-6,
 ) -> torch.Tensor:  # [B, T]
     num_groups = int(groups.max()) + 1
-    count = torch.zeros(num_groups).index_add_(0, groups, torch.ones_like(scores))  # [G]
-    mean = torch.zeros(num_groups).index_add_(0, groups, scores) / count  # [G]
+    count = scores.new_zeros(num_groups).index_add_(0, groups, torch.ones_like(scores))  # [G]
+    mean = scores.new_zeros(num_groups).index_add_(0, groups, scores) / count  # [G]
     sq_dev = (scores - mean[groups]) ** 2
-    var = torch.zeros(num_groups).index_add_(0, groups, sq_dev) / (count - 1).clamp(min=1)
+    var = scores.new_zeros(num_groups).index_add_(0, groups, sq_dev) / (count - 1).clamp(min=1)
     std = var.sqrt()
     adv = scores - mean[groups]  # [B]
     if norm_by_std:

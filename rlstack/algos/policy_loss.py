@@ -39,7 +39,9 @@ def ppo_clip_loss(
     return PolicyLossOutput(loss, (clipped > unclipped).to(mask.dtype) * mask, -log_ratio.detach())
 
 
-def token_mean(values: torch.Tensor, mask: torch.Tensor, normalizer: float | torch.Tensor | None = None) -> torch.Tensor:
+def token_mean(
+    values: torch.Tensor, mask: torch.Tensor, normalizer: float | torch.Tensor | None = None
+) -> torch.Tensor:
     """Sum of `values` over masked tokens / `normalizer` (default: the masked token count). -> scalar"""
     total = (values * mask).sum()
     if normalizer is None:

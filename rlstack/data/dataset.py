@@ -120,18 +120,24 @@ def _load_template(path: str) -> jinja2.Template:
         raise DataError(f"data.format_prompt {path!r}: {e}") from e
 
 
-def _messages(value: Any, row: dict, template: jinja2.Template | None, loc: str, tpl_path: str | None) -> list[dict]:
+def _messages(
+    value: Any, row: dict, template: jinja2.Template | None, loc: str, tpl_path: str | None
+) -> list[dict]:
     if isinstance(value, list):
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
             raise DataError(f"{loc}: a list prompt must hold chat messages ({{'role': ..., 'content': ...}})")
         return value
     if not isinstance(value, str):
-        raise DataError(f"{loc}: prompt must be a string or a list of chat messages, got {type(value).__name__}")
+        raise DataError(
+            f"{loc}: prompt must be a string or a list of chat messages, got {type(value).__name__}"
+        )
     if template is not None:
         try:
             value = template.render(**{**row, "content": value})
         except jinja2.UndefinedError as e:
-            raise DataError(f"{loc}: data.format_prompt {tpl_path!r} uses a field the row lacks: {e.message}") from e
+            raise DataError(
+                f"{loc}: data.format_prompt {tpl_path!r} uses a field the row lacks: {e.message}"
+            ) from e
     return [{"role": "user", "content": value}]
 
 
@@ -189,7 +195,9 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
     seqs, masks = [], []
     for i in indices:
         it = dataset.items[i]
-        answer = tokenizer(str(it["ground_truth"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        answer = tokenizer(str(it["ground_truth"]), add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id
+        ]
         seqs.append(it["prompt_ids"] + answer)
         masks.append([0] * len(it["prompt_ids"]) + [1] * len(answer))
     width = max(len(s) for s in seqs)

@@ -57,7 +57,9 @@ def _read_file(path: Path) -> tuple[list[dict], list[str]]:
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
                 if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+                    raise DataError(
+                        f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}"
+                    )
                 rows.append(row)
                 where.append(f"{path}:{lineno}")
         return rows, where

@@ -106,4 +106,6 @@ def _require_dir(path: str, what: str, marker: str) -> None:
             "(nothing is downloaded from model hubs)."
         )
     if not (p / marker).is_file():
-        raise ModelLoadError(f"{what} directory {path!r} has no {marker}; is it a Hugging Face {what} directory?")
+        raise ModelLoadError(
+            f"{what} directory {path!r} has no {marker}; is it a Hugging Face {what} directory?"
+        )

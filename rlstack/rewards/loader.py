@@ -57,7 +57,9 @@ def load_reward_function(ref: str) -> RewardFunction:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise RewardLoadError(f"worker.reward.reward_function: cannot import module {target!r}: {e}") from e
+            raise RewardLoadError(
+                f"worker.reward.reward_function: cannot import module {target!r}: {e}"
+            ) from e
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]

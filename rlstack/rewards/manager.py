@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -38,21 +39,35 @@ class RewardManager:
                 try:
                     results.append(fn(x, **self.kwargs))
                 except Exception as e:
-                    raise RewardError(f"reward function {name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}") from e
+                    raise RewardError(
+                        f"reward function {name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
+                    ) from e
         else:
             try:
                 results = fn(inputs, **self.kwargs)
             except Exception as e:
-                raise RewardError(f"reward function {name} raised on {self._find_culprit(inputs, batch)}") from e
+                raise RewardError(
+                    f"reward function {name} raised on {self._find_culprit(inputs, batch)}"
+                ) from e
         if not isinstance(results, list) or len(results) != len(inputs):
-            got = f"{type(results).__name__} of length {len(results)}" if hasattr(results, "__len__") else repr(results)
+            got = (
+                f"{type(results).__name__} of length {len(results)}"
+                if hasattr(results, "__len__")
+                else repr(results)
+            )
             raise RewardError(f"reward function {name} must return a list of {len(inputs)} dicts, got {got}")
         for i, r in enumerate(results):
             if not isinstance(r, dict) or "overall" not in r:
-                raise RewardError(f"reward function {name} returned {r!r} for {_describe(batch, i)}: each result needs an 'overall' key")
+                raise RewardError(
+                    f"reward function {name} returned {r!r} for {_describe(batch, i)}: each result needs an 'overall' key"
+                )
             for k, v in r.items():
-                if not isinstance(v, (int, float)) or isinstance(v, bool):
-                    raise RewardError(f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number")
+                if isinstance(v, torch.Tensor) and v.numel() == 1:
+                    r[k] = v = v.item()
+                if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                    raise RewardError(
+                        f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number"
+                    )
         return results
 
     def _find_culprit(self, inputs: list[dict], batch: Batch) -> str:

@@ -124,7 +124,13 @@ class HFEngine:
         self.generator = torch.Generator().manual_seed(seed)
 
     def generate(
-        self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int, chunk_size: int | None = None
+        self,
+        prompts: Batch,
+        n: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        chunk_size: int | None = None,
     ) -> Batch:
         """Rows of `prompts` (with `prompt_ids`) repeated `n` times, each with a sampled response."""
         batch = prompts.repeat_interleave(n)

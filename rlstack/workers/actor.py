@@ -101,7 +101,9 @@ class ActorWorker:
                 stats["actor/kl_loss"] = kl_loss.detach()
             return loss, stats
 
-        metrics = self._train(batch, mini_batch_size, ppo_loss, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches)
+        metrics = self._train(
+            batch, mini_batch_size, ppo_loss, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches
+        )
         if kl_fn is not None:
             metrics["actor/kl_coef"] = self.algo.kl_coef
         return metrics
@@ -126,16 +128,22 @@ class ActorWorker:
         for epoch in range(epochs):
             order = batch
             if shuffle:
-                g = torch.Generator().manual_seed(self.rollout_cfg.seed * 1_000_003 + self.scheduler.last_epoch * 101 + epoch)
+                g = torch.Generator().manual_seed(
+                    self.rollout_cfg.seed * 1_000_003 + self.scheduler.last_epoch * 101 + epoch
+                )
                 order = batch.select(torch.randperm(len(batch), generator=g))
             for mb in order.split(mini_batch_size):
                 normalizer = mb["response_mask"].sum()
                 for micro in mb.split(c.micro_batch_size_per_device_for_update):
-                    logp, ent = forward_logprobs(self.model, **_model_inputs(micro), temperature=temperature, with_entropy=True)
+                    logp, ent = forward_logprobs(
+                        self.model, **_model_inputs(micro), temperature=temperature, with_entropy=True
+                    )
                     loss, stats = loss_fn(micro, logp, normalizer)
                     if not torch.isfinite(loss):
                         self.optimizer.zero_grad(set_to_none=True)
-                        raise TrainingDiverged(f"the actor loss became {loss.item()} at step {self.scheduler.last_epoch + 1}")
+                        raise TrainingDiverged(
+                            f"the actor loss became {loss.item()} at step {self.scheduler.last_epoch + 1}"
+                        )
                     loss.backward()
                     stats["actor/entropy"] = token_mean(ent, micro["response_mask"].float(), normalizer)
                     for k, v in stats.items():
@@ -143,7 +151,9 @@ class ActorWorker:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
                 if not torch.isfinite(grad_norm):
                     self.optimizer.zero_grad(set_to_none=True)
-                    raise TrainingDiverged(f"the actor gradient norm became {grad_norm.item()} at step {self.scheduler.last_epoch + 1}")
+                    raise TrainingDiverged(
+                        f"the actor gradient norm became {grad_norm.item()} at step {self.scheduler.last_epoch + 1}"
+                    )
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 sums["actor/grad_norm"] += float(grad_norm)
@@ -177,7 +187,9 @@ class ActorWorker:
         state = load_file(path / "model" / "model.safetensors")
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+            raise RuntimeError(
+                f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
+            )
         if self.model.config.tie_word_embeddings:
             self.model.tie_weights()
         s = torch.load(path / "actor_state.pt", weights_only=False)
@@ -201,11 +213,15 @@ class RefWorker:
         return batch.update({"ref_logprobs": logp})
 
 
-def _batched_logprobs(model, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _batched_logprobs(
+    model, batch: Batch, micro: int, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     temperature = batch.meta.get("temperature", 1.0)
     logps, ents = [], []
     for mb in batch.split(micro):
-        lp, ent = forward_logprobs(model, **_model_inputs(mb), temperature=temperature, with_entropy=with_entropy)
+        lp, ent = forward_logprobs(
+            model, **_model_inputs(mb), temperature=temperature, with_entropy=with_entropy
+        )
         logps.append(lp)
         ents.append(ent)
     logp = torch.cat(logps)

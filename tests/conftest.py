@@ -1,0 +1,37 @@
+"""Shared fixtures: a session-wide cache directory and one tiny model built offline."""
+
+from __future__ import annotations
+
+import os
+
+# Nothing in the tests may reach a model or dataset hub; fail fast instead of waiting on the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rlstack_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RLSTACK_CACHE points into a temporary folder for the whole session (nothing goes to ~/.cache)."""
+    cache = tmp_path_factory.mktemp("rlstack_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLSTACK_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 model and its character-level tokenizer, built once per session."""
+    from rlstack.models.loading import write_model_dir
+
+    return write_model_dir(
+        tmp_path_factory.mktemp("models") / "tiny",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+    )

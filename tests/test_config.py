@@ -1,0 +1,404 @@
+"""Config loading: defaults <- config=file.yaml <- a.b=c, validation that reports every problem, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import textwrap
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlstack import config as config_module
+from rlstack.cli import main
+from rlstack.config import Config, ConfigError, describe, field_docs, load_config, to_yaml
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def problems_of(args: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(args)
+    return info.value.problems
+
+
+# --------------------------------------------------------------------------------------- loading
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config([])
+    assert isinstance(cfg, Config)
+    assert cfg.worker.rollout.n == 8
+    assert cfg.worker.rollout.temperature == 1.0
+    assert cfg.data.rollout_batch_size == 32
+    assert cfg.data.train_files == "builtin:addition@train"
+    assert cfg.worker.actor.clip_ratio_low == 0.2
+    assert cfg.worker.actor.clip_ratio_high == 0.28
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.run_dir == Path("outputs/rlstack/default")
+
+
+def test_file_then_overrides_merge_in_order(tmp_path):
+    cfg_file = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        worker:
+          rollout:
+            n: 4
+            temperature: 0.5
+        trainer:
+          experiment_name: from_file
+        """,
+    )
+    cfg = load_config([f"config={cfg_file}", "worker.rollout.n=6"])
+    assert cfg.worker.rollout.n == 6  # override beats file
+    assert cfg.worker.rollout.temperature == 0.5  # file beats default
+    assert cfg.worker.rollout.top_p == 1.0  # default where nobody set it
+    assert cfg.trainer.experiment_name == "from_file"
+    assert cfg.trainer.project_name == "rlstack"
+
+
+def test_overrides_win_even_when_written_before_the_file(tmp_path):
+    cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    n: 4\n")
+    cfg = load_config(["worker.rollout.n=2", f"config={cfg_file}"])
+    assert cfg.worker.rollout.n == 2
+
+
+def test_two_files_merge_in_order(tmp_path):
+    first = write_yaml(tmp_path / "a.yaml", "worker:\n  rollout:\n    n: 4\n    top_k: 5\n")
+    second = write_yaml(tmp_path / "b.yaml", "worker:\n  rollout:\n    n: 16\n")
+    cfg = load_config([f"config={first}", f"config={second}"])
+    assert cfg.worker.rollout.n == 16
+    assert cfg.worker.rollout.top_k == 5
+
+
+def test_base_layer_sits_between_defaults_and_file(tmp_path):
+    cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    n: 4\n")
+    base = {"worker": {"rollout": {"n": 2, "top_k": 7}}}
+    cfg = load_config([f"config={cfg_file}"], base=base)
+    assert cfg.worker.rollout.n == 4
+    assert cfg.worker.rollout.top_k == 7
+
+
+def test_override_values_are_converted_to_the_field_type():
+    cfg = load_config(
+        [
+            "worker.actor.optim.lr=1e-5",
+            "worker.actor.optim.weight_decay=0",
+            "trainer.max_steps=null",
+            "trainer.logger=[console,file]",
+            "worker.reward.reward_function_kwargs={scale: 2}",
+            "data.format_prompt=null",
+        ]
+    )
+    assert cfg.worker.actor.optim.lr == pytest.approx(1e-5)
+    assert isinstance(cfg.worker.actor.optim.weight_decay, float)
+    assert cfg.worker.actor.optim.weight_decay == 0.0
+    assert cfg.trainer.max_steps is None
+    assert cfg.trainer.logger == ["console", "file"]
+    assert cfg.worker.reward.reward_function_kwargs == {"scale": 2}
+
+
+def test_empty_yaml_file_is_the_defaults(tmp_path):
+    cfg_file = tmp_path / "empty.yaml"
+    cfg_file.write_text("")
+    assert load_config([f"config={cfg_file}"]) == load_config([])
+
+
+def test_resolved_yaml_loads_back_to_the_same_config(tmp_path):
+    cfg = load_config(["worker.rollout.n=4", "trainer.experiment_name=roundtrip"])
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(to_yaml(cfg))
+    assert load_config([f"config={saved}"]) == cfg
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def test_unknown_key_in_file_suggests_the_closest_key_and_names_file_and_line(tmp_path):
+    cfg_file = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        data:
+          rollout_batch_size: 64
+        worker:
+          rollout:
+            n: 4
+            temprature: 0.5
+        """,
+    )
+    (problem,) = problems_of([f"config={cfg_file}"])
+    assert "unknown key worker.rollout.temprature" in problem
+    assert "did you mean worker.rollout.temperature?" in problem
+    assert f"{cfg_file}, line 6" in problem
+
+
+def test_unknown_key_in_override_suggests_and_names_the_override():
+    (problem,) = problems_of(["trainer.save_freqq=3"])
+    assert "unknown key trainer.save_freqq" in problem
+    assert "did you mean trainer.save_freq?" in problem
+    assert "command-line override 'trainer.save_freqq=3'" in problem
+
+
+def test_unknown_key_without_a_close_match_lists_the_valid_keys():
+    (problem,) = problems_of(["worker.rollout.zzzzzzzz=1"])
+    assert "unknown key worker.rollout.zzzzzzzz" in problem
+    assert "valid keys: n, temperature, top_p, top_k" in problem
+
+
+def test_wrong_types_are_reported():
+    problems = problems_of(["worker.rollout.n=abc", "data.max_prompt_length=1.5", "data.shuffle=3"])
+    assert len(problems) == 3
+    assert (
+        "worker.rollout.n (command-line override 'worker.rollout.n=abc'): expected int, got 'abc' (str)"
+        in problems[0]
+    )
+    assert "data.max_prompt_length" in problems[1] and "expected int, got 1.5 (float)" in problems[1]
+    assert "data.shuffle" in problems[2] and "expected bool, got 3 (int)" in problems[2]
+
+
+def test_literal_fields_reject_other_values():
+    (problem,) = problems_of(["algorithm.adv_estimator=ppo_typo"])
+    assert "algorithm.adv_estimator" in problem
+    assert "ppo_typo" in problem
+
+
+def test_scalar_where_a_section_belongs():
+    (problem,) = problems_of(["data=3"])
+    assert "data: expected a section (mapping), got 3" in problem
+
+
+def test_argument_without_equals_sign():
+    (problem,) = problems_of(["worker.rollout.n"])
+    assert "'worker.rollout.n' is not of the form key=value" in problem
+
+
+def test_load_problems_are_reported_together(tmp_path):
+    """Unknown keys (file and command line), wrong types and a bad argument in one error."""
+    cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    temprature: 0.5\n")
+    problems = problems_of([f"config={cfg_file}", "worker.rollout.n=abc", "trainer.save_freqq=3", "oops"])
+    assert len(problems) == 4
+    text = "\n".join(problems)
+    assert "did you mean worker.rollout.temperature?" in text
+    assert f"{cfg_file}, line 3" in text
+    assert "expected int, got 'abc'" in text
+    assert "did you mean trainer.save_freq?" in text
+    assert "'oops' is not of the form key=value" in text
+
+
+def test_cross_field_problems_are_reported_together(tmp_path):
+    problems = problems_of(
+        [
+            "data.rollout_batch_size=10",
+            "worker.actor.global_batch_size=4",
+            "worker.rollout.n=1",
+            "worker.actor.micro_batch_size_per_device_for_update=3",
+            f"data.train_files={tmp_path}/missing.jsonl",
+            f"data.format_prompt={tmp_path}/missing.jinja",
+            f"worker.actor.model.model_path={tmp_path}/missing_model",
+        ]
+    )
+    assert len(problems) == 6, problems
+    batch, micro, group, train, template, model = problems
+    # batch sizes that don't divide: the numbers, the rule and divisors to pick from
+    assert "data.rollout_batch_size (10) must be divisible by worker.actor.global_batch_size (4)" in batch
+    assert "1, 2, 5, 10" in batch
+    assert "4 * 1 = 4" in micro
+    assert "worker.actor.micro_batch_size_per_device_for_update (3)" in micro
+    assert "1, 2, 4" in micro
+    # a group estimator needs several responses per prompt
+    assert "worker.rollout.n must be at least 2 (got 1)" in group
+    assert "grpo" in group
+    # paths that must exist
+    assert train.startswith("data.train_files:") and "missing.jsonl" in train and "does not exist" in train
+    assert template.startswith("data.format_prompt:") and "missing.jinja" in template
+    assert model.startswith("worker.actor.model.model_path:") and "missing_model" in model
+
+
+def test_type_problems_and_cross_field_problems_are_reported_together(tmp_path):
+    problems = problems_of(["worker.rollout.n=abc", f"data.train_files={tmp_path}/missing.jsonl"])
+    text = "\n".join(problems)
+    assert "expected int, got 'abc'" in text
+    assert "missing.jsonl" in text
+
+
+def test_numeric_override_of_a_string_field():
+    assert load_config(["trainer.experiment_name=2024"]).trainer.experiment_name == "2024"
+
+
+def test_mini_batch_must_divide_into_micro_batches():
+    (problem,) = problems_of(
+        [
+            "data.rollout_batch_size=8",
+            "worker.actor.global_batch_size=4",
+            "worker.rollout.n=3",
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+        ]
+    )
+    assert "4 * 3 = 12 trajectories" in problem
+    assert "(8)" in problem
+    assert "1, 2, 3, 4, 6, 12" in problem
+
+
+def test_valid_batch_sizes_pass():
+    cfg = load_config(
+        [
+            "data.rollout_batch_size=8",
+            "worker.actor.global_batch_size=4",
+            "worker.rollout.n=3",
+            "worker.actor.micro_batch_size_per_device_for_update=6",
+        ]
+    )
+    assert cfg.worker.actor.global_batch_size * cfg.worker.rollout.n == 12
+
+
+def test_non_positive_sizes_and_bad_sampling_values():
+    problems = problems_of(["worker.rollout.n=0", "data.max_response_length=0"])
+    assert any("worker.rollout.n = 0: must be at least 1" in p for p in problems)
+    assert any("data.max_response_length = 0: must be at least 1" in p for p in problems)
+    problems = problems_of(["worker.rollout.top_p=0", "worker.rollout.temperature=0"])
+    assert len(problems) == 2
+    assert "worker.rollout.top_p = 0.0: must be in (0, 1]" in problems[0]
+    assert "worker.rollout.temperature = 0.0" in problems[1] and "val_temperature" in problems[1]
+
+
+def test_missing_reward_file_and_unknown_logger(tmp_path):
+    problems = problems_of(
+        [f"worker.reward.reward_function={tmp_path}/nope.py:score", "trainer.logger=[console,mlflow]"]
+    )
+    assert len(problems) == 2
+    assert "worker.reward.reward_function" in problems[0] and "nope.py" in problems[0]
+    assert "mlflow" in problems[1] and "console, file, tensorboard, wandb" in problems[1]
+
+
+def test_existing_paths_pass(tmp_path, tiny_model_dir):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1+1=", "answer": "2"}\n')
+    template = tmp_path / "prompt.jinja"
+    template.write_text("{{ content }}")
+    cfg = load_config(
+        [
+            f"data.train_files={data}",
+            f"data.format_prompt={template}",
+            f"worker.actor.model.model_path={tiny_model_dir}",
+        ]
+    )
+    assert cfg.data.train_files == str(data)
+
+
+def test_missing_config_file(tmp_path):
+    (problem,) = problems_of([f"config={tmp_path}/nope.yaml"])
+    assert "nope.yaml" in problem and "does not exist" in problem
+
+
+def test_invalid_yaml_and_non_mapping_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("worker: [unclosed\n")
+    (problem,) = problems_of([f"config={bad}"])
+    assert "not valid YAML" in problem
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    (problem,) = problems_of([f"config={lst}"])
+    assert "must hold a mapping" in problem
+
+
+def test_config_error_message_lists_every_problem():
+    err = ConfigError(["first", "second"])
+    assert str(err) == "2 problem(s) in the configuration:\n  - first\n  - second"
+    assert isinstance(err, ValueError)
+
+
+# -------------------------------------------------------------------------------------------- CLI
+
+
+def test_print_config_prints_the_resolved_yaml(tmp_path, capsys):
+    cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    n: 4\n    temperature: 0.5\n")
+    rc = main(["train", f"config={cfg_file}", "worker.rollout.n=6", "--print-config"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    printed = yaml.safe_load(out)
+    assert printed["worker"]["rollout"]["n"] == 6
+    assert printed["worker"]["rollout"]["temperature"] == 0.5
+    assert printed["worker"]["rollout"]["top_p"] == 1.0
+    assert printed["data"]["train_files"] == "builtin:addition@train"
+    assert set(printed) == {"data", "algorithm", "worker", "trainer"}
+
+
+def test_cli_config_error_exits_2_with_message_and_no_traceback(tmp_path, capsys):
+    cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    temprature: 0.5\n")
+    rc = main(["train", f"config={cfg_file}", "worker.rollout.n=abc", "--print-config"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""
+    assert captured.err.startswith("rlstack: 2 problem(s) in the configuration:")
+    assert "did you mean worker.rollout.temperature?" in captured.err
+    assert f"{cfg_file}, line 3" in captured.err
+    assert "expected int, got 'abc'" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_cli_missing_config_file(tmp_path, capsys):
+    rc = main(["sft", f"config={tmp_path}/nope.yaml"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "nope.yaml" in captured.err and "does not exist" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_cli_config_keys_lists_every_key(capsys):
+    assert main(["config-keys"]) == 0
+    out = capsys.readouterr().out
+    assert "worker.rollout.n (int, default 8): Responses sampled per prompt." in out
+    assert len(out.strip().splitlines()) == len(describe())
+
+
+# ------------------------------------------------------------------------------------------- docs
+
+
+def test_every_leaf_key_has_a_docstring():
+    rows = describe()
+    keys = [key for key, _, _, _ in rows]
+    assert len(keys) == len(set(keys))
+    assert "worker.rollout.temperature" in keys
+    assert "worker.actor.optim.lr" in keys
+    undocumented = [key for key, _, _, doc in rows if not doc.strip()]
+    assert undocumented == []
+
+
+def _config_dataclasses() -> list[type]:
+    return [
+        obj
+        for _, obj in inspect.getmembers(config_module, inspect.isclass)
+        if dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__
+    ]
+
+
+def test_every_dataclass_field_has_a_docstring_sections_included():
+    classes = _config_dataclasses()
+    assert len(classes) >= 10
+    missing = []
+    for cls in classes:
+        docs = field_docs(cls)
+        missing += [
+            f"{cls.__name__}.{f.name}" for f in dataclasses.fields(cls) if not docs.get(f.name, "").strip()
+        ]
+    assert missing == []
+
+
+def test_every_default_is_reachable_from_config():
+    """Each config dataclass is a section of Config, so describe() covers all of them."""
+    reachable = set()
+
+    def walk(cls: type) -> None:
+        reachable.add(cls)
+        for tp in typing.get_type_hints(cls).values():
+            if dataclasses.is_dataclass(tp):
+                walk(tp)
+
+    walk(Config)
+    assert set(_config_dataclasses()) == reachable

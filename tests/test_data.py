@@ -1,0 +1,413 @@
+"""Reading rows, rendering and tokenizing prompts, and the seeded, resumable prompt loader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
+from rlstack.data.readers import DataError, read_rows
+from rlstack.data.tasks import builtin_rows
+from rlstack.models.tiny import build_char_tokenizer
+
+ROWS = [
+    {"problem": "1+2=", "answer": "3", "level": "easy"},
+    {"problem": "10+20=", "answer": "30", "level": "hard"},
+    {"problem": "7+8=", "answer": "15", "level": "easy"},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def chat(text: str) -> str:
+    """What the tiny tokenizer's chat template makes of one user message."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# ---------------------------------------------------------------------------------------- readers
+
+
+def test_read_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + json.dumps(ROWS[1]) + "\n")
+    rows, where = read_rows(str(path))
+    assert rows == ROWS[:2]
+    assert where == [f"{path}:1", f"{path}:3"]  # the blank line is skipped but still counted
+
+
+def test_read_json_list(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(ROWS))
+    rows, where = read_rows(str(path))
+    assert rows == ROWS
+    assert where == [f"{path}[0]", f"{path}[1]", f"{path}[2]"]
+
+
+def test_read_json_wrapped_list(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"data": ROWS}))
+    rows, _ = read_rows(str(path))
+    assert rows == ROWS
+
+
+def test_read_json_column_oriented(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"problem": ["1+2=", "3+4="], "answer": ["3", "7"]}))
+    rows, where = read_rows(str(path))
+    assert rows == [{"problem": "1+2=", "answer": "3"}, {"problem": "3+4=", "answer": "7"}]
+    assert where == [f"{path}[0]", f"{path}[1]"]
+
+
+def test_read_parquet(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    rows, where = read_rows(str(path))
+    assert rows == ROWS
+    assert where == [f"{path}[row 0]", f"{path}[row 1]", f"{path}[row 2]"]
+
+
+def test_read_directory_of_mixed_files_in_sorted_order(tmp_path):
+    d = tmp_path / "data"
+    (d / "sub").mkdir(parents=True)
+    write_jsonl(d / "a.jsonl", ROWS[:1])
+    (d / "b.json").write_text(json.dumps(ROWS[1:2]))
+    pq.write_table(pa.Table.from_pylist(ROWS[2:]), d / "sub" / "c.parquet")
+    (d / "notes.txt").write_text("ignored")
+    rows, where = read_rows(str(d))
+    assert rows == ROWS
+    assert where == [f"{d}/a.jsonl:1", f"{d}/b.json[0]", f"{d}/sub/c.parquet[row 0]"]
+    # a split suffix on a local directory is ignored
+    assert read_rows(f"{d}@train")[0] == ROWS
+
+
+def test_empty_directory_is_an_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="holds no .jsonl, .json or .parquet files"):
+        read_rows(str(tmp_path))
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_rows(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(DataError, match="does not exist"):
+        read_rows("./missing_dir_for_rlstack_tests")
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"problem": "1+1=", \n')
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    assert str(info.value).startswith(f"{path}:3: not valid JSON")
+
+
+def test_jsonl_line_that_is_not_an_object(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n[1, 2]\n")
+    with pytest.raises(DataError, match=rf"{path}:2: expected a JSON object per line, got list"):
+        read_rows(str(path))
+
+
+def test_malformed_json_file_names_the_line(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text('[\n  {"problem": "1+1="},\n  {oops}\n]\n')
+    with pytest.raises(DataError, match=rf"{path}:3: not valid JSON"):
+        read_rows(str(path))
+
+
+def test_json_that_is_not_a_list_of_objects(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([1, 2]))
+    with pytest.raises(DataError, match="expected a JSON list of objects"):
+        read_rows(str(path))
+
+
+def test_unreadable_parquet(tmp_path):
+    path = tmp_path / "train.parquet"
+    path.write_text("not parquet")
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        read_rows(str(path))
+
+
+def test_hub_name_with_split_goes_through_load_dataset(monkeypatch):
+    """`name@split` is not a local path, so it is read with datasets.load_dataset(name, split=split)."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, split):
+        calls.append((name, split))
+        return datasets.Dataset.from_list(ROWS[:2])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    rows, where = read_rows("someorg/somedata@test")
+    assert calls == [("someorg/somedata", "test")]
+    assert rows == ROWS[:2]
+    assert where == ["someorg/somedata@test[0]", "someorg/somedata@test[1]"]
+    read_rows("someorg/somedata")
+    assert calls[-1] == ("someorg/somedata", "train")
+
+
+def test_hub_dataset_that_cannot_be_loaded_offline():
+    with pytest.raises(DataError) as info:
+        read_rows("rlstack-tests/no-such-dataset@test")
+    msg = str(info.value)
+    assert "could not load Hugging Face dataset 'rlstack-tests/no-such-dataset' (split 'test')" in msg
+    assert "Use a local .jsonl/.json/.parquet file or directory" in msg
+
+
+def test_builtin_addition_splits_are_disjoint_and_cover_all_problems():
+    train, where = read_rows("builtin:addition@train")
+    test, _ = read_rows("builtin:addition@test")
+    assert where[0] == "builtin:addition@train[0]"
+    assert len(train) + len(test) == 100 * 100
+    # the fixed hash split; changing it silently would change every reported result
+    assert (len(train), len(test)) == (8982, 1018)
+    train_problems = {r["problem"] for r in train}
+    test_problems = {r["problem"] for r in test}
+    assert not train_problems & test_problems
+    assert len(train_problems | test_problems) == 10000
+    row = next(r for r in test + train if r["problem"] == "37+58=")
+    assert row == {"problem": "37+58=", "answer": "95", "data_source": "addition"}
+    assert builtin_rows("builtin:addition") == train  # the default split is train
+
+
+def test_builtin_unknown_task_or_split():
+    with pytest.raises(DataError, match="unknown built-in task 'nope'"):
+        read_rows("builtin:nope@train")
+    with pytest.raises(DataError, match="unknown split 'dev'"):
+        read_rows("builtin:addition@dev")
+
+
+# ----------------------------------------------------------------------------------- PromptDataset
+
+
+def test_prompt_dataset_items(tmp_path, tok):
+    path = write_jsonl(tmp_path / "arith.jsonl", [{**ROWS[0], "data_source": "mine"}, ROWS[1]])
+    ds = PromptDataset(str(path), tok, apply_chat_template=False)
+    assert len(ds) == 2
+    first, second = ds.items
+    assert first["prompt"] == "1+2="
+    assert first["prompt_ids"] == tok("1+2=", add_special_tokens=False)["input_ids"]
+    assert len(first["prompt_ids"]) == 4
+    assert first["ground_truth"] == "3"
+    assert first["data_source"] == "mine"
+    assert second["data_source"] == "arith"  # the file's stem when the row names none
+    assert first["extra"] == {"level": "easy"}
+    assert first["where"] == f"{path}:1"
+
+
+def test_chat_template_applied(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS[:1])
+    ds = PromptDataset(str(path), tok)
+    (item,) = ds.items
+    assert item["prompt"] == chat("1+2=")
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": "1+2="}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert item["prompt_ids"] == list(expected)
+    assert item["prompt_ids"][0] == tok.convert_tokens_to_ids("<|im_start|>")
+    assert len(item["prompt_ids"]) == 23
+
+
+def test_chat_message_list_prompt(tmp_path, tok):
+    messages = [{"role": "system", "content": "add"}, {"role": "user", "content": "1+2="}]
+    path = write_jsonl(tmp_path / "train.jsonl", [{"problem": messages, "answer": "3"}])
+    (item,) = PromptDataset(str(path), tok).items
+    assert item["prompt"] == "<|im_start|>system\nadd<|im_end|>\n" + chat("1+2=")
+
+
+def test_bad_prompt_values(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", [ROWS[0], {"problem": 5, "answer": "5"}])
+    with pytest.raises(
+        DataError, match=rf"{path}:2: prompt must be a string or a list of chat messages, got int"
+    ):
+        PromptDataset(str(path), tok)
+    path = write_jsonl(tmp_path / "msgs.jsonl", [{"problem": [{"text": "hi"}], "answer": "5"}])
+    with pytest.raises(DataError, match=rf"{path}:1: a list prompt must hold chat messages"):
+        PromptDataset(str(path), tok)
+
+
+def test_format_prompt_renders_row_fields(tmp_path, tok):
+    template = tmp_path / "prompt.jinja"
+    template.write_text("Solve ({{ level }}): {{ content }}")
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS[:2])
+    ds = PromptDataset(str(path), tok, format_prompt=str(template), apply_chat_template=False)
+    assert [it["prompt"] for it in ds.items] == ["Solve (easy): 1+2=", "Solve (hard): 10+20="]
+    ds = PromptDataset(str(path), tok, format_prompt=str(template))
+    assert ds.items[0]["prompt"] == chat("Solve (easy): 1+2=")
+
+
+def test_format_prompt_field_missing_names_the_row(tmp_path, tok):
+    template = tmp_path / "prompt.jinja"
+    template.write_text("{{ content }} [{{ hint }}]")
+    path = write_jsonl(tmp_path / "train.jsonl", [{**ROWS[0], "hint": "add"}, ROWS[1]])
+    with pytest.raises(DataError) as info:
+        PromptDataset(str(path), tok, format_prompt=str(template))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:2: data.format_prompt")
+    assert "uses a field the row lacks" in msg
+    assert "hint" in msg
+
+
+def test_format_prompt_file_problems(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS[:1])
+    with pytest.raises(DataError, match="data.format_prompt"):
+        PromptDataset(str(path), tok, format_prompt=str(tmp_path / "missing.jinja"))
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if %}")
+    with pytest.raises(DataError, match="data.format_prompt"):
+        PromptDataset(str(path), tok, format_prompt=str(bad))
+
+
+def test_missing_prompt_key_names_row_and_config_key(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", [ROWS[0], {"question": "1+1=", "answer": "2"}])
+    with pytest.raises(DataError) as info:
+        PromptDataset(str(path), tok)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:2: row has no field 'problem' (data.prompt_key)")
+    assert "['answer', 'question']" in msg
+    assert "Set data.prompt_key" in msg
+
+
+def test_missing_answer_key_names_row_and_config_key(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", [{"problem": "1+1=", "solution": "2"}])
+    with pytest.raises(DataError, match=rf"{path}:1: row has no field 'answer' \(data.answer_key\)"):
+        PromptDataset(str(path), tok)
+    ds = PromptDataset(str(path), tok, answer_key="solution")
+    assert ds.items[0]["ground_truth"] == "2"
+
+
+def test_filter_overlong_prompts_drops_long_rows(tmp_path, tok):
+    rows = [{"problem": "1+2=", "answer": "3"}, {"problem": "123456789+1=", "answer": "x"}, ROWS[2]]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    ds = PromptDataset(str(path), tok, apply_chat_template=False, max_prompt_length=4)
+    assert [it["prompt"] for it in ds.items] == ["1+2=", "7+8="]
+    assert ds.num_filtered == 1
+    assert [it["where"] for it in ds.items] == [f"{path}:1", f"{path}:3"]
+
+
+def test_overlong_prompt_without_filtering_names_the_row(tmp_path, tok):
+    rows = [{"problem": "1+2=", "answer": "3"}, {"problem": "123456789+1=", "answer": "x"}]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(DataError) as info:
+        PromptDataset(
+            str(path), tok, apply_chat_template=False, max_prompt_length=4, filter_overlong_prompts=False
+        )
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:2: prompt has 12 tokens, more than data.max_prompt_length=4")
+    assert "data.filter_overlong_prompts=true" in msg
+
+
+def test_every_prompt_overlong_is_an_error(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    with pytest.raises(DataError, match="every one of 3 prompts is longer than data.max_prompt_length=2"):
+        PromptDataset(str(path), tok, max_prompt_length=2)
+
+
+def test_max_samples_and_batch(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    ds = PromptDataset(str(path), tok, apply_chat_template=False, max_samples=2)
+    assert len(ds) == 2
+    b = ds.batch([1, 0], uid_prefix="e0-")
+    assert b["uid"] == ["e0-1", "e0-0"]
+    assert b["prompt"] == ["10+20=", "1+2="]
+    assert b["ground_truth"] == ["30", "3"]
+    assert set(b.keys()) == {"prompt_ids", "prompt", "ground_truth", "data_source", "extra", "where", "uid"}
+
+
+def test_sft_batch_masks_answer_and_eos(tmp_path, tok):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS[:2])
+    ds = PromptDataset(str(path), tok, apply_chat_template=False)
+    b = sft_batch(ds, [0, 1], tok)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    # row 0: "1+2=" + "3" + EOS (6 tokens), padded to row 1's "10+20=" + "30" + EOS (9 tokens)
+    assert b["input_ids"][0].tolist() == tok("1+2=3", add_special_tokens=False)["input_ids"] + [
+        eos,
+        pad,
+        pad,
+        pad,
+    ]
+    assert b["attention_mask"][0].tolist() == [1] * 6 + [0] * 3
+    assert b["response_mask"][0].tolist() == [0, 0, 0, 0, 1, 1, 0, 0, 0]
+    assert b["response_mask"][1].tolist() == [0] * 6 + [1, 1, 1]
+    assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5]
+
+
+# ------------------------------------------------------------------------------------ PromptLoader
+
+
+@pytest.fixture(scope="module")
+def ten_rows(tmp_path_factory, tok) -> PromptDataset:
+    path = write_jsonl(
+        tmp_path_factory.mktemp("loader") / "train.jsonl",
+        [{"problem": f"{i}+0=", "answer": str(i)} for i in range(10)],
+    )
+    return PromptDataset(str(path), tok, apply_chat_template=False)
+
+
+def take(loader: PromptLoader, k: int) -> list[list[int]]:
+    return [loader.next_indices() for _ in range(k)]
+
+
+def test_loader_without_shuffle_walks_in_order_and_drops_the_last_partial_batch(ten_rows):
+    loader = PromptLoader(ten_rows, batch_size=3, shuffle=False, seed=1)
+    assert len(loader) == 3
+    assert take(loader, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 2]]
+    assert loader.state_dict() == {"epoch": 1, "index": 1}
+
+
+def test_loader_shuffling_is_seeded(ten_rows):
+    a = take(PromptLoader(ten_rows, 3, shuffle=True, seed=1), 6)
+    b = take(PromptLoader(ten_rows, 3, shuffle=True, seed=1), 6)
+    c = take(PromptLoader(ten_rows, 3, shuffle=True, seed=2), 6)
+    assert a == b
+    assert a != c
+    assert a[:3] != [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_loader_epochs_roll_over_with_a_new_order(ten_rows):
+    loader = PromptLoader(ten_rows, 3, shuffle=True, seed=1)
+    epoch0, epoch1 = take(loader, 3), take(loader, 3)
+    for epoch in (epoch0, epoch1):
+        flat = [i for batch in epoch for i in batch]
+        assert len(set(flat)) == 9  # no row twice within an epoch
+        assert set(flat) <= set(range(10))
+    assert epoch0 != epoch1
+    assert loader.epoch == 1
+    batch = loader.next_batch()
+    assert loader.epoch == 2
+    assert all(u.startswith("e2-") for u in batch["uid"])
+
+
+def test_loader_resumes_to_the_same_next_batches(ten_rows):
+    reference = PromptLoader(ten_rows, 3, shuffle=True, seed=5)
+    take(reference, 2)
+    state = reference.state_dict()
+    expected = [reference.next_batch() for _ in range(4)]  # crosses into epoch 1
+
+    resumed = PromptLoader(ten_rows, 3, shuffle=True, seed=5)
+    resumed.load_state_dict(dict(state))
+    got = [resumed.next_batch() for _ in range(4)]
+    assert [b["uid"] for b in got] == [b["uid"] for b in expected]
+    assert [b["prompt"] for b in got] == [b["prompt"] for b in expected]
+    assert resumed.state_dict() == reference.state_dict()
+
+
+def test_loader_needs_one_full_batch(ten_rows):
+    with pytest.raises(
+        DataError, match="has 10 prompts .* fewer than one batch of data.rollout_batch_size=11"
+    ):
+        PromptLoader(ten_rows, 11, shuffle=True, seed=1)

@@ -1,0 +1,276 @@
+"""HF sampling with the tiny model: masks, truncation, log-probs that match a forward pass, seeding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlstack.batch import Batch
+from rlstack.models.loading import load_causal_lm, load_tokenizer
+from rlstack.models.logprobs import forward_logprobs
+from rlstack.rollout.hf import HFEngine, sample
+
+PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
+MAX_NEW = 8
+EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-uniform random model
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(str(tiny_model_dir)).eval()
+
+
+@pytest.fixture(scope="module")
+def eos_model(tiny_model_dir, tok):
+    """The tiny model with a bias towards EOS, so that sampled responses end at different lengths."""
+    m = load_causal_lm(str(tiny_model_dir)).eval()
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(m.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = EOS_BIAS
+    m.lm_head = head
+    return m
+
+
+def prompt_ids(tok, texts=PROMPTS) -> list[list[int]]:
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def run(m, tok, temperature=1.0, seed=0, texts=PROMPTS, **kw) -> dict[str, torch.Tensor]:
+    return sample(
+        m,
+        prompt_ids(tok, texts),
+        max_new_tokens=MAX_NEW,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
+
+
+def rescored(m, out, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logp, _ = forward_logprobs(
+            m,
+            out["input_ids"],
+            out["attention_mask"],
+            out["position_ids"],
+            out["response_mask"],
+            temperature=temperature,
+        )
+    return logp * out["response_mask"]
+
+
+# ------------------------------------------------------------------------------------------ masks
+
+
+def mixed_outcome(m, tok) -> dict[str, torch.Tensor]:
+    """A seeded sample where some rows stop at EOS (at different steps) and some run out of tokens."""
+    for seed in range(20):
+        out = run(m, tok, seed=seed)
+        ends = {row.index(tok.eos_token_id) for row in out["input_ids"].tolist() if tok.eos_token_id in row}
+        if out["truncated"].any() and len(ends) >= 2:
+            return out
+    raise AssertionError("no seed in 0..19 gave both truncated rows and rows ending at different steps")
+
+
+def test_masks_prompt_padding_and_first_eos(eos_model, tok):
+    out = mixed_outcome(eos_model, tok)
+    prompts = prompt_ids(tok)
+    B, P = len(prompts), max(len(p) for p in prompts)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    ids, attn, rmask = out["input_ids"], out["attention_mask"], out["response_mask"]
+    R = ids.shape[1] - P
+    assert 1 <= R <= MAX_NEW
+    for k in ("input_ids", "attention_mask", "position_ids", "response_mask", "rollout_logprobs"):
+        assert out[k].shape == (B, P + R), k
+    assert out["truncated"].shape == (B,)
+
+    ended = []
+    for i, p in enumerate(prompts):
+        # prompt: left-padded, attended only where it has tokens, never in the response mask
+        assert ids[i, :P].tolist() == [pad] * (P - len(p)) + p
+        assert attn[i, :P].tolist() == [0] * (P - len(p)) + [1] * len(p)
+        assert rmask[i, :P].tolist() == [0] * P
+        # response: 1 up to and including the first EOS, then 0 with pad ids
+        resp = ids[i, P:].tolist()
+        if eos in resp:
+            first = resp.index(eos)
+            expected = [1] * (first + 1) + [0] * (R - first - 1)
+            assert resp[first + 1 :] == [pad] * (R - first - 1)
+            ended.append(first)
+        else:
+            expected = [1] * R
+            assert R == MAX_NEW
+        assert rmask[i, P:].tolist() == expected, i
+        assert attn[i, P:].tolist() == expected, i
+        assert out["truncated"][i].item() == (eos not in resp)
+    assert out["truncated"].any() and not out["truncated"].all()
+    assert len(set(ended)) >= 2 and min(ended) < R - 1  # some rows are padded after their EOS
+    assert out["position_ids"].tolist() == (attn.cumsum(-1) - 1).clamp(min=0).tolist()
+    lp = out["rollout_logprobs"]
+    assert (lp[rmask == 0] == 0).all()
+    assert (lp[rmask == 1] < 0).all()
+
+
+def test_generation_stops_when_every_row_has_ended(tiny_model_dir, tok):
+    """With a huge EOS bias, every row ends at its first token: one response column."""
+    m = load_causal_lm(str(tiny_model_dir)).eval()
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = 100.0
+    m.lm_head = head
+    out = run(m, tok, texts=["1+2=", "ab"])
+    assert out["input_ids"][:, -1].tolist() == [tok.eos_token_id] * 2
+    assert out["response_mask"].tolist() == [[0, 0, 0, 0, 1], [0, 0, 0, 0, 1]]
+    assert out["truncated"].tolist() == [False, False]
+
+
+def test_truncated_when_no_eos(model, tok):
+    out = run(model, tok, temperature=0.0)
+    if (out["input_ids"][:, -MAX_NEW:] == tok.eos_token_id).any():
+        pytest.fail("the untrained tiny model is expected not to emit EOS greedily within 8 tokens")
+    assert out["truncated"].all()
+    assert out["response_mask"][:, -MAX_NEW:].eq(1).all()
+
+
+# -------------------------------------------------------------------------------------- log-probs
+
+
+def test_rollout_logprobs_match_a_forward_pass_at_temperature_1(eos_model, tok):
+    out = run(eos_model, tok, temperature=1.0, seed=2)
+    torch.testing.assert_close(out["rollout_logprobs"], rescored(eos_model, out), atol=1e-4, rtol=0)
+
+
+def test_rollout_logprobs_match_a_forward_pass_at_temperature_0_7(eos_model, tok):
+    out = run(eos_model, tok, temperature=0.7, seed=3)
+    torch.testing.assert_close(
+        out["rollout_logprobs"], rescored(eos_model, out, temperature=0.7), atol=1e-4, rtol=0
+    )
+    # scored at the wrong temperature they differ: the comparison above can fail
+    diff = (out["rollout_logprobs"] - rescored(eos_model, out, temperature=1.0)).abs().max()
+    assert diff > 1e-2
+
+
+def test_greedy_logprobs_are_at_temperature_1(model, tok):
+    out = run(model, tok, temperature=0.0)
+    torch.testing.assert_close(out["rollout_logprobs"], rescored(model, out), atol=1e-4, rtol=0)
+
+
+def test_truncation_does_not_change_rollout_logprobs(eos_model, tok):
+    """rollout_logprobs are under the temperature-scaled distribution before top-k / top-p."""
+    out = run(eos_model, tok, temperature=1.0, seed=4, top_k=5, top_p=0.9)
+    torch.testing.assert_close(out["rollout_logprobs"], rescored(eos_model, out), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------- determinism
+
+
+def test_greedy_is_deterministic_and_picks_the_argmax(model, tok):
+    a = run(model, tok, temperature=0.0, seed=0)
+    b = run(model, tok, temperature=0.0, seed=123)
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    # each greedy token is the most likely one under a forward pass
+    P = max(len(p) for p in prompt_ids(tok))
+    with torch.no_grad():
+        logits = model(
+            input_ids=a["input_ids"], attention_mask=a["attention_mask"], position_ids=a["position_ids"]
+        ).logits
+    assert torch.equal(logits[:, P - 1 : -1].argmax(-1), a["input_ids"][:, P:])
+
+
+def test_seeded_generator_gives_the_same_samples(eos_model, tok):
+    a = run(eos_model, tok, seed=7)
+    b = run(eos_model, tok, seed=7)
+    c = run(eos_model, tok, seed=8)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_top_k_1_equals_greedy(model, tok):
+    greedy = run(model, tok, temperature=0.0)
+    top1 = run(model, tok, temperature=1.0, top_k=1, seed=5)
+    assert torch.equal(top1["input_ids"], greedy["input_ids"])
+    assert torch.equal(top1["response_mask"], greedy["response_mask"])
+
+
+def test_sampling_differs_from_greedy(model, tok):
+    greedy = run(model, tok, temperature=0.0)
+    sampled = run(model, tok, temperature=1.0, seed=5)
+    assert not torch.equal(sampled["input_ids"], greedy["input_ids"])
+
+
+# ----------------------------------------------------------------------------------------- engine
+
+
+def prompt_batch(tok, texts: list[str]) -> Batch:
+    return Batch(
+        {
+            "prompt_ids": prompt_ids(tok, texts),
+            "uid": [f"u{i}" for i in range(len(texts))],
+            "ground_truth": [str(i) for i in range(len(texts))],
+        }
+    )
+
+
+def test_engine_repeats_prompts_and_decodes_responses(eos_model, tok):
+    engine = HFEngine(eos_model, tok, max_response_length=MAX_NEW, seed=2)
+    eos_model.train()
+    out = engine.generate(prompt_batch(tok, ["1+2=", "123+4567="]), n=3, temperature=1.0, top_p=1.0, top_k=-1)
+    assert eos_model.training  # the mode is restored
+    eos_model.eval()
+    assert len(out) == 6
+    assert out["uid"] == ["u0", "u0", "u0", "u1", "u1", "u1"]
+    assert out["ground_truth"] == ["0", "0", "0", "1", "1", "1"]
+    P = len(prompt_ids(tok, ["123+4567="])[0])
+    assert out["input_ids"][0, :P].tolist() == [tok.pad_token_id] * 5 + prompt_ids(tok, ["1+2="])[0]
+    assert out.meta["temperature"] == 1.0
+    texts = []
+    for i in range(6):
+        sampled = out["input_ids"][i][out["response_mask"][i].bool()].tolist()
+        assert tok.eos_token_id not in sampled[:-1]
+        texts.append(tok.decode([t for t in sampled if t not in tok.all_special_ids]))
+    assert out["response_text"] == texts
+    assert all(tok.eos_token not in t for t in out["response_text"])
+    assert out["end_reason"] == ["over_length" if t else "done" for t in out["truncated"].tolist()]
+    assert "done" in out["end_reason"]
+    # samples of the same prompt differ
+    assert len(set(out["response_text"][:3])) > 1
+
+
+def test_engine_greedy_meta_and_chunking(model, tok):
+    engine = HFEngine(model, tok, max_response_length=4, seed=0)
+    batch = prompt_batch(tok, ["1+2=", "123+4567=", "ab"])
+    whole = engine.generate(batch, n=2, temperature=0.0, top_p=1.0, top_k=-1)
+    chunked = engine.generate(batch, n=2, temperature=0.0, top_p=1.0, top_k=-1, chunk_size=4)
+    assert whole.meta["temperature"] == 1.0  # greedy log-probs are at temperature 1
+    assert whole["uid"] == chunked["uid"] == ["u0", "u0", "u1", "u1", "u2", "u2"]
+    assert whole["response_text"] == chunked["response_text"]
+    assert whole["response_text"][0] == whole["response_text"][1]  # greedy: both samples agree
+    assert chunked["input_ids"].shape == whole["input_ids"].shape
+    for i in range(len(whole)):
+        a = whole["input_ids"][i][whole["attention_mask"][i].bool()]
+        b = chunked["input_ids"][i][chunked["attention_mask"][i].bool()]
+        assert torch.equal(a, b)
+
+
+def test_engine_generator_state_round_trip(eos_model, tok):
+    engine = HFEngine(eos_model, tok, max_response_length=MAX_NEW, seed=11)
+    batch = prompt_batch(tok, ["1+2=", "ab"])
+    engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
+    state = engine.state_dict()
+    first = engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
+    engine.load_state_dict(state)
+    again = engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
+    assert first["response_text"] == again["response_text"]
+    assert torch.equal(first["input_ids"], again["input_ids"])
