@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--rounds", type=int, default=2, help="runs per system, in ABBA order")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads on both sides")
+    p.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY of both sides ('' leaves it unset); PASSIVE keeps OpenMP threads from spinning, "
+        "which on a shared 2-core machine turns other processes' load into 10-30x slower steps",
+    )
     p.add_argument("--output", default=str(RESULTS), help="result JSON (main process)")
     return p.parse_args(argv)
 
@@ -348,6 +354,9 @@ def run_side(system: str, a: argparse.Namespace, model_dir: str, tmp: str, index
         str(a.threads),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    env.pop("OMP_WAIT_POLICY", None)
+    if a.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = a.omp_wait_policy
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -452,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
             "timed_steps_per_run": a.steps,
             "runs_per_system": a.rounds,
             "torch_threads": a.threads,
+            "omp_wait_policy": a.omp_wait_policy or None,
             "steps_per_s": "1 / median step time over all timed steps of all runs (robust to load bursts)",
         },
         "results": {name: _rounded(s) for name, s in sides.items()},
