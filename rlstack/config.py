@@ -317,7 +317,10 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
             overrides.append(arg)
     if overrides:
         try:
-            dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(overrides))
+            # `key=` means the empty string (OmegaConf would read it as null).
+            dotlist = OmegaConf.to_container(
+                OmegaConf.from_dotlist([a + "''" if a.endswith("=") else a for a in overrides])
+            )
         except Exception as e:  # omegaconf grammar errors
             problems.append(f"could not parse the overrides {overrides}: {e}")
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -25,6 +26,19 @@ def first_scored_column(response_mask: torch.Tensor) -> int:
     return int(cols[0]) if len(cols) else response_mask.shape[1]
 
 
+def run_starts(*columns: torch.Tensor) -> torch.Tensor:
+    """[B] bool: True where a row differs from the previous row in any of `columns` ([B, ...] tensors).
+
+    Row 0 always starts a run; `run_starts(...).cumsum(0) - 1` maps each row to its run.
+    """
+    B = columns[0].shape[0]
+    starts = torch.zeros(B, dtype=torch.bool, device=columns[0].device)
+    starts[:1] = True
+    for c in columns:
+        starts[1:] |= (c[1:] != c[:-1]).flatten(1).any(-1)
+    return starts
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,  # [B, T]
@@ -38,18 +52,27 @@ def forward_logprobs(
 
     Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that
     is not needed; only the logits of response columns are materialised (`logits_to_keep`).
+
+    Consecutive rows with the same prompt (every column before the first response column, as
+    `n` samples of one prompt are laid out) share one forward pass of it: see
+    `_shared_prompt_logits`. The result, and its gradients, are those of one plain forward pass
+    over the whole batch, up to float rounding.
     """
     B, T = input_ids.shape
     start = max(first_scored_column(response_mask), 1)
-    keep = T - start + 1  # logits at columns start-1 .. T-1 predict tokens start .. T
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=keep,
-    )
-    logits = out.logits[:, :-1, :]  # [B, T-start, V]
+    logits = None
+    if start < T:
+        logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start)
+    if logits is None:
+        keep = T - start + 1  # logits at columns start-1 .. T-1 predict tokens start .. T
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=keep,
+        )
+        logits = out.logits[:, :-1, :]  # [B, T-start, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp = logprobs_from_logits(logits, input_ids[:, start:])
@@ -62,3 +85,57 @@ def forward_logprobs(
         ent_full = ent.new_zeros(B, T)
         ent_full[:, start:] = ent
     return full, ent_full
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    start: int,
+) -> torch.Tensor | None:
+    """Logits at columns start-1 .. T-2 ([B, T-start, V]) computed with one prompt pass per run of
+    rows with identical columns `:start`; None when no two neighbouring rows share them.
+
+    A causal LM's keys/values at a column depend only on the columns up to it, so the prompt
+    columns are run once per distinct prompt into a KV cache, which is expanded to every row
+    of its run (`index_select`, so gradients of all rows flow back into the one prompt pass),
+    and the response columns are run against it with their own position ids and the full
+    `[B, T]` attention mask, exactly as a decoding step would. The logits of the last prompt
+    column come from the prompt pass. With `n` samples per prompt this runs the prompt
+    tokens once instead of `n` times in both the forward and the backward pass.
+    """
+    B, T = input_ids.shape
+    if model.training and torch.is_grad_enabled():
+        if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+            return None  # activation-checkpointed layers drop the cache in training
+    prompt = (input_ids[:, :start], attention_mask[:, :start], position_ids[:, :start])
+    starts = run_starts(*prompt)
+    if bool(starts.all()):
+        return None
+    rows = starts.nonzero().squeeze(-1)  # first row of each run
+    run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=prompt[0][rows],
+        attention_mask=prompt[1][rows],
+        position_ids=prompt[2][rows],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    if cache.get_seq_length() != start:
+        return None  # the model did not fill the cache as expected: use the plain pass
+    first = out.logits.index_select(0, run_of_row)  # [B, 1, V]: predicts column `start`
+    if start == T - 1:
+        return first
+    cache.reorder_cache(run_of_row)  # index_select of every layer's keys/values: differentiable
+    # Column T-1 predicts nothing, so the response pass stops before it.
+    out = model(
+        input_ids=input_ids[:, start : T - 1],
+        attention_mask=attention_mask[:, : T - 1],
+        position_ids=position_ids[:, start : T - 1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([first, out.logits], dim=1)

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from rlstack.batch import Batch
+from rlstack.models.logprobs import run_starts
 
 
 @torch.no_grad()
@@ -52,21 +53,32 @@ def sample(
     if top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p=top_p))
 
+    # Rows come in runs of identical prompts (HFEngine repeats each prompt n times): prefill each
+    # distinct prompt once, then copy its KV cache and next-token logits to every row of its run.
+    # A row's cache and logits depend only on its own tokens, so this samples what prefilling
+    # every row would (the generator draws per row, as before).
+    starts = run_starts(prompt_ids, prompt_mask)
+    rows = starts.nonzero().squeeze(-1)
     cache = DynamicCache(config=model.config)
     out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=prompt_pos,
+        input_ids=prompt_ids[rows],
+        attention_mask=prompt_mask[rows],
+        position_ids=prompt_pos[rows],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
+    next_logits = out.logits[:, -1, :]
+    if len(rows) < B:
+        run_of_row = starts.long().cumsum(0) - 1
+        cache.reorder_cache(run_of_row)
+        next_logits = next_logits[run_of_row]
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     attn = prompt_mask
     pos = prompt_pos[:, -1:]
     for _ in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # [B, V]
+        logits = next_logits.float()  # [B, V]
         if temperature > 0:
             scaled = logits / temperature
             logp_all = torch.log_softmax(scaled, dim=-1)
@@ -91,6 +103,7 @@ def sample(
             past_key_values=cache,
             use_cache=True,
         )
+        next_logits = out.logits[:, -1, :]
 
     resp = torch.stack(tokens, dim=1)  # [B, R]
     resp_logp = torch.stack(logps, dim=1)

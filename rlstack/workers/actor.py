@@ -156,6 +156,10 @@ class ActorWorker:
                     )
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
+                    raise TrainingDiverged(
+                        f"the optimizer step made weights non-finite at step {self.scheduler.last_epoch + 1}"
+                    )
                 sums["actor/grad_norm"] += float(grad_norm)
                 n_steps += 1
         metrics = {k: v / n_steps for k, v in sums.items()}
