@@ -32,10 +32,12 @@ def run_starts(*columns: torch.Tensor) -> torch.Tensor:
     Row 0 always starts a run; `run_starts(...).cumsum(0) - 1` maps each row to its run.
     """
     B = columns[0].shape[0]
-    starts = torch.zeros(B, dtype=torch.bool, device=columns[0].device)
-    starts[:1] = True
-    for c in columns:
-        starts[1:] |= (c[1:] != c[:-1]).flatten(1).any(-1)
+    starts = torch.ones(B, dtype=torch.bool, device=columns[0].device)
+    if B > 1:
+        same = torch.ones(B - 1, dtype=torch.bool, device=starts.device)
+        for c in columns:
+            same &= (c[1:] == c[:-1]).reshape(B - 1, -1).all(-1)
+        starts[1:] = ~same
     return starts
 
 
@@ -106,9 +108,9 @@ def _shared_prompt_logits(
     tokens once instead of `n` times in both the forward and the backward pass.
     """
     B, T = input_ids.shape
-    if model.training and torch.is_grad_enabled():
-        if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
-            return None  # activation-checkpointed layers drop the cache in training
+    training = model.training and torch.is_grad_enabled()
+    if training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        return None  # activation-checkpointed layers drop the cache in training
     prompt = (input_ids[:, :start], attention_mask[:, :start], position_ids[:, :start])
     starts = run_starts(*prompt)
     if bool(starts.all()):

@@ -2,7 +2,8 @@
 
 The engine shares the actor's model object (colocated, so weights never need syncing), keeps a
 KV cache across decode steps, and samples with a seeded `torch.Generator` whose state is saved
-in checkpoints. Temperature, top-k and top-p use transformers' logits warpers.
+in checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neighbouring rows
+with the same prompt (the `n` samples of a prompt) are prefilled once and share its KV cache.
 
 `rollout_logprobs` are log-probabilities under the temperature-scaled distribution before top-k
 / top-p truncation, which is the distribution the actor scores (`logits / temperature`): at

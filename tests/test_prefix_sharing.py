@@ -1,0 +1,294 @@
+"""Shared prompt passes: rows with the same prompt are prefilled / scored once, with the same results.
+
+`forward_logprobs` runs the prompt columns once per run of identical rows and the response
+columns against the expanded KV cache; `sample` prefills each distinct prompt once. Both must
+give what one pass over every row gives: the same log-probs, entropies and parameter gradients,
+and the same sampled tokens for the same generator seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlstack.rollout.hf as hf
+from rlstack.models.loading import load_causal_lm, load_tokenizer
+from rlstack.models.logprobs import entropy_from_logits, forward_logprobs, logprobs_from_logits, run_starts
+from rlstack.rollout.hf import HFEngine, sample
+
+EOS_BIAS = 3.0
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def eos_model(tiny_model_dir, tok):
+    """The tiny model with a bias towards EOS, so that sampled responses end at different lengths."""
+    m = load_causal_lm(str(tiny_model_dir)).eval()
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(m.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = EOS_BIAS
+    m.lm_head = head
+    return m
+
+
+class ForwardCalls:
+    """Records the `input_ids` shape of every top-level forward call of a model."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.shapes: list[tuple[int, ...]] = []
+        self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs, output):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+# ------------------------------------------------------------------------------ forward_logprobs
+
+
+def make_batch(vocab: int, groups: list[tuple[int, int]], P: int, R: int, seed: int = 0):
+    """Rows for `groups` of (prompt length, copies): one random prompt per group, left-padded to P,
+    each copy with its own random response of 1..R tokens, right-padded to R."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = [], []
+    for plen, copies in groups:
+        prompt = torch.randint(3, vocab, (plen,), generator=g)
+        for _ in range(copies):
+            r = int(torch.randint(1, R + 1, (), generator=g))
+            row, m = torch.zeros(P + R, dtype=torch.long), torch.zeros(P + R, dtype=torch.long)
+            row[P - plen : P], m[P - plen : P] = prompt, 1
+            row[P : P + r], m[P : P + r] = torch.randint(3, vocab, (r,), generator=g), 1
+            ids.append(row)
+            mask.append(m)
+    input_ids, attention_mask = torch.stack(ids), torch.stack(mask)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    response_mask = attention_mask.clone()
+    response_mask[:, :P] = 0
+    return input_ids, attention_mask, position_ids, response_mask
+
+
+def plain_logprobs(model, input_ids, attention_mask, position_ids, response_mask, temperature):
+    """Reference: one forward pass over every full row, scored from column P on."""
+    P = int(response_mask.any(0).nonzero()[0])
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, P - 1 : -1] / temperature
+    logp = torch.zeros(input_ids.shape)
+    logp[:, P:] = logprobs_from_logits(logits, input_ids[:, P:])
+    ent = torch.zeros(input_ids.shape)
+    ent[:, P:] = entropy_from_logits(logits.detach())
+    return logp, ent
+
+
+def grads_of_token_mean(model, logp, response_mask) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    mask = response_mask.float()
+    ((logp * mask).sum() / mask.sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def assert_same_as_plain(model, batch, temperature=0.7):
+    model.train()
+    ref_logp, ref_ent = plain_logprobs(model, *batch, temperature=temperature)
+    ref_grads = grads_of_token_mean(model, ref_logp, batch[3])
+    logp, ent = forward_logprobs(model, *batch, temperature=temperature, with_entropy=True)
+    grads = grads_of_token_mean(model, logp, batch[3])
+    torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    assert not ent.requires_grad
+    flat, ref_flat = torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in ref_grads])
+    assert ref_flat.norm() > 0
+    assert ((flat - ref_flat).norm() / ref_flat.norm()).item() < 1e-5
+    for (name, _), g, ref in zip(model.named_parameters(), grads, ref_grads):
+        # per tensor, relative to its own size (the key biases' true gradient is 0: softmax is shift-invariant)
+        assert (g - ref).norm().item() <= 1e-5 * ref.norm().item() + 1e-9, (
+            name,
+            (g - ref).norm(),
+            ref.norm(),
+        )
+
+
+def test_run_starts():
+    x = torch.tensor([[1, 2], [1, 2], [1, 3], [1, 2], [1, 2], [1, 2]])
+    y = torch.tensor([0, 0, 0, 0, 1, 1])
+    assert run_starts(x).tolist() == [True, False, True, True, False, False]
+    assert run_starts(x, y).tolist() == [True, False, True, True, True, False]
+    assert run_starts(x[:0]).tolist() == []
+
+
+def test_shared_prompt_pass_equals_plain_pass_with_grouped_prompts(model):
+    # groups of different sizes and prompt lengths; the last two groups have the same length
+    batch = make_batch(model.config.vocab_size, [(5, 3), (9, 1), (2, 4), (9, 2), (7, 2)], P=10, R=6)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    # one prompt pass over the 5 distinct prompts, one pass over the response columns but the last
+    assert calls.shapes == [(5, 10), (12, 5)]
+    assert_same_as_plain(model, batch)
+
+
+def test_plain_pass_without_repeated_prompts(model):
+    batch = make_batch(model.config.vocab_size, [(4, 1), (7, 1), (3, 1), (7, 1)], P=8, R=5, seed=1)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    assert calls.shapes == [(4, 13)]
+    assert_same_as_plain(model, batch)
+
+
+def test_shared_prompt_pass_with_one_response_column(model):
+    batch = make_batch(model.config.vocab_size, [(3, 3), (6, 2)], P=6, R=1, seed=2)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    assert calls.shapes == [(2, 6)]  # the prompt pass gives the only logits needed
+    assert_same_as_plain(model, batch, temperature=1.0)
+
+
+def test_rows_differing_only_in_padding_are_not_merged(model):
+    """Identical tokens with a different attention mask are different prompts."""
+    input_ids, attention_mask, position_ids, response_mask = make_batch(
+        model.config.vocab_size, [(4, 4)], P=6, R=4, seed=3
+    )
+    attention_mask[2:, 1] = 1  # rows 2-3 attend to one pad token more
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    batch = (input_ids, attention_mask, position_ids, response_mask)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    assert calls.shapes[0] == (2, 6)
+    assert_same_as_plain(model, batch)
+
+
+def test_activation_checkpointing_falls_back_to_the_plain_pass(tiny_model_dir):
+    m = load_causal_lm(str(tiny_model_dir))
+    enable = getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable
+    enable()
+    batch = make_batch(m.config.vocab_size, [(5, 3), (2, 2)], P=5, R=4, seed=4)
+    m.train()
+    with ForwardCalls(m) as calls:
+        forward_logprobs(m, *batch)
+    assert calls.shapes == [(5, 9)]
+    assert_same_as_plain(m, batch)
+
+
+# ------------------------------------------------------------------------------------- sampling
+
+TEXTS = ["1+2=", "12+34=", "123+4567=", "ab"]
+
+
+def grouped_prompts(tok, n: int) -> list[list[int]]:
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS for _ in range(n)]
+
+
+def draw(m, tok, prompts, temperature=1.0, seed=0, max_new=8, **kw):
+    return sample(
+        m,
+        prompts,
+        max_new_tokens=max_new,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
+
+
+def every_row_prefilled(m, tok, prompts, monkeypatch, **kw):
+    """`sample` with the duplicate detection turned off: every row is prefilled on its own."""
+    with monkeypatch.context() as mp:
+        mp.setattr(hf, "run_starts", lambda ids, mask: torch.ones(len(ids), dtype=torch.bool))
+        return draw(m, tok, prompts, **kw)
+
+
+@pytest.mark.parametrize(
+    "temperature,seed,top_k,top_p", [(1.0, 0, -1, 1.0), (0.7, 1, 5, 0.9), (1.0, 2, -1, 1.0)]
+)
+def test_deduplicated_prefill_samples_the_same_tokens(
+    eos_model, tok, monkeypatch, temperature, seed, top_k, top_p
+):
+    prompts = grouped_prompts(tok, 4)
+    kw = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p)
+    with ForwardCalls(eos_model) as calls:
+        out = draw(eos_model, tok, prompts, **kw)
+    assert calls.shapes[0] == (len(TEXTS), 9)  # one prefill row per distinct prompt
+    ref = every_row_prefilled(eos_model, tok, prompts, monkeypatch, **kw)
+    for k in ("input_ids", "attention_mask", "position_ids", "response_mask", "truncated"):
+        assert torch.equal(out[k], ref[k]), k
+    torch.testing.assert_close(out["rollout_logprobs"], ref["rollout_logprobs"], atol=1e-5, rtol=0)
+    # the samples of one prompt still differ from each other
+    assert len({tuple(r) for r in out["input_ids"].tolist()}) > len(TEXTS)
+
+
+def test_deduplicated_prefill_greedy_matches_interleaved_prompts(model, tok):
+    """Flag-free: interleaved prompts have no neighbouring duplicates, so every row is prefilled."""
+    model.eval()
+    grouped = grouped_prompts(tok, 2)  # a a b b c c d d
+    order = [0, 2, 4, 6, 1, 3, 5, 7]  # a b c d a b c d
+    with ForwardCalls(model) as calls_a:
+        a = draw(model, tok, grouped, temperature=0.0)
+    with ForwardCalls(model) as calls_b:
+        b = draw(model, tok, [grouped[i] for i in order], temperature=0.0)
+    assert calls_a.shapes[0] == (4, 9) and calls_b.shapes[0] == (8, 9)
+    for k in ("input_ids", "attention_mask", "response_mask"):
+        assert torch.equal(a[k][order], b[k]), k
+    torch.testing.assert_close(a["rollout_logprobs"][order], b["rollout_logprobs"], atol=1e-5, rtol=0)
+
+
+def test_rollout_logprobs_agree_with_forward_logprobs(eos_model, tok):
+    out = draw(eos_model, tok, grouped_prompts(tok, 4), temperature=0.7, seed=5)
+    with torch.no_grad():
+        logp, _ = forward_logprobs(
+            eos_model,
+            out["input_ids"],
+            out["attention_mask"],
+            out["position_ids"],
+            out["response_mask"],
+            temperature=0.7,
+        )
+        ref, _ = plain_logprobs(
+            eos_model,
+            out["input_ids"],
+            out["attention_mask"],
+            out["position_ids"],
+            out["response_mask"],
+            temperature=0.7,
+        )
+    mask = out["response_mask"]
+    torch.testing.assert_close(out["rollout_logprobs"], logp * mask, atol=1e-4, rtol=0)
+    torch.testing.assert_close(out["rollout_logprobs"], ref * mask, atol=1e-4, rtol=0)
+
+
+def test_engine_chunks_that_split_a_group(eos_model, tok, monkeypatch):
+    """Chunks cut through the runs of repeated prompts; each chunk deduplicates its own rows."""
+    from rlstack.batch import Batch
+
+    prompts = Batch(
+        {
+            "prompt_ids": [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS],
+            "uid": [f"u{i}" for i in range(len(TEXTS))],
+        }
+    )
+    a = HFEngine(eos_model, tok, max_response_length=6, seed=3).generate(
+        prompts, 3, 1.0, 1.0, -1, chunk_size=5
+    )
+    with monkeypatch.context() as mp:
+        mp.setattr(hf, "run_starts", lambda ids, mask: torch.ones(len(ids), dtype=torch.bool))
+        b = HFEngine(eos_model, tok, max_response_length=6, seed=3).generate(
+            prompts, 3, 1.0, 1.0, -1, chunk_size=5
+        )
+    assert a["response_text"] == b["response_text"]
+    assert torch.equal(a["input_ids"], b["input_ids"])
