@@ -3,3 +3,7 @@
 
 class RLStackError(Exception):
     """A user-facing problem: bad config, data, model path, reward function, or a diverged run."""
+
+
+class TrainingDiverged(RLStackError, RuntimeError):
+    """A loss, gradient, weight or logit that is NaN or infinite; nothing after it is applied or saved."""

@@ -82,6 +82,13 @@ def test_three_step_run_writes_the_whole_run_directory(tiny_model_dir: Path, tmp
     assert last["actor/lr"] == pytest.approx(1e-3)
     assert 0 < metrics[3]["response_length/mean"] <= 6
 
+    glossary = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    logged = {k for row in metrics.values() for k in row if k != "step"}
+    for name in logged:
+        generic = name.replace("reward/accuracy", "reward/<key>").replace("reward/overall", "reward/<key>")
+        generic = generic.replace("val/addition/", "val/<data_source>/")
+        assert f"`{generic}`" in glossary, f"{name} is logged but not described in docs/metrics.md"
+
     assert (run / "config.yaml").read_text().count("rollout_batch_size: 4") == 1
     gens = [
         json.loads(line) for line in (run / "generations" / "train_step_1.jsonl").read_text().splitlines()

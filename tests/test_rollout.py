@@ -274,3 +274,13 @@ def test_engine_generator_state_round_trip(eos_model, tok):
     again = engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
     assert first["response_text"] == again["response_text"]
     assert torch.equal(first["input_ids"], again["input_ids"])
+
+
+def test_diverged_weights_raise_a_clear_error_instead_of_sampling_garbage(tiny_model_dir, tok):
+    from rlstack.errors import TrainingDiverged
+
+    broken = load_causal_lm(str(tiny_model_dir))
+    with torch.no_grad():
+        broken.model.norm.weight.fill_(float("nan"))
+    with pytest.raises(TrainingDiverged, match="non-finite logits"):
+        run(broken, tok)

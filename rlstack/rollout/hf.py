@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from rlstack.batch import Batch
+from rlstack.errors import TrainingDiverged
 from rlstack.models.logprobs import run_starts
 
 
@@ -80,6 +81,10 @@ def sample(
     pos = prompt_pos[:, -1:]
     for _ in range(max_new_tokens):
         logits = next_logits.float()  # [B, V]
+        if not bool(torch.isfinite(logits).all()):
+            raise TrainingDiverged(
+                "the policy produced non-finite logits while sampling; its weights have diverged"
+            )
         if temperature > 0:
             scaled = logits / temperature
             logp_all = torch.log_softmax(scaled, dim=-1)

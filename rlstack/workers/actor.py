@@ -13,17 +13,13 @@ from rlstack.algos.kl import KL_ESTIMATORS, KLPenalty
 from rlstack.algos.policy_loss import ppo_clip_loss, token_mean
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
-from rlstack.errors import RLStackError
+from rlstack.errors import TrainingDiverged
 from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.rollout.hf import HFEngine
 
 # loss_fn(micro_batch, logprobs, normalizer) -> (loss, {metric: value summed over the mini-batch})
 LossFn = Callable[[Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-class TrainingDiverged(RLStackError, RuntimeError):
-    """A loss or gradient that is NaN or infinite; the update is not applied."""
 
 
 def _model_inputs(b: Batch) -> dict[str, torch.Tensor]:
