@@ -88,8 +88,6 @@ def test_read_directory_of_mixed_files_in_sorted_order(tmp_path):
     rows, where = read_rows(str(d))
     assert rows == ROWS
     assert where == [f"{d}/a.jsonl:1", f"{d}/b.json[0]", f"{d}/sub/c.parquet[row 0]"]
-    # a split suffix on a local directory is ignored
-    assert read_rows(f"{d}@train")[0] == ROWS
 
 
 def test_empty_directory_is_an_error(tmp_path):
@@ -411,3 +409,18 @@ def test_loader_needs_one_full_batch(ten_rows):
         DataError, match="has 10 prompts .* fewer than one batch of data.rollout_batch_size=11"
     ):
         PromptLoader(ten_rows, 11, shuffle=True, seed=1)
+
+
+def test_local_dataset_folder_with_split_loads_only_that_split(tmp_path):
+    """`folder@test` is a dataset laid out by split: `datasets` picks test.jsonl, offline."""
+    folder = tmp_path / "mini"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(
+        '{"problem": "1+1=", "answer": "2"}\n{"problem": "2+2=", "answer": "4"}\n'
+    )
+    (folder / "test.jsonl").write_text('{"problem": "3+3=", "answer": "6"}\n')
+    rows, where = read_rows(f"{folder}@test")
+    assert rows == [{"problem": "3+3=", "answer": "6"}]
+    assert where == [f"{folder}@test[0]"]
+    rows, _ = read_rows(f"{folder}@train")
+    assert [r["answer"] for r in rows] == ["2", "4"]

@@ -235,3 +235,58 @@ def test_same_config_and_seed_give_the_same_metrics(tiny_model_dir: Path, tmp_pa
         Trainer(cfg).fit()
         runs.append(_metrics(cfg.run_dir))
     assert [_deterministic(r) for r in runs[0].values()] == [_deterministic(r) for r in runs[1].values()]
+
+
+def test_the_example_config_and_reward_function_load_and_score(monkeypatch):
+    from rlstack.rewards.loader import load_reward_function
+
+    root = Path(__file__).parents[1]
+    monkeypatch.chdir(root)
+    cfg = load_config(["config=examples/grpo_addition.yaml"])
+    assert cfg.worker.rollout.n == 8 and cfg.data.rollout_batch_size == 32
+    fn = load_reward_function(cfg.worker.reward.reward_function)
+    out = fn.fn(
+        [
+            {"response": "57", "ground_truth": "57"},
+            {"response": "47", "ground_truth": "57"},
+            {"response": "", "ground_truth": "5"},
+        ]
+    )
+    assert out == [
+        {"overall": 1.0, "accuracy": 1.0, "digits": 1.0},
+        {"overall": 0.0, "accuracy": 0.0, "digits": 0.5},
+        {"overall": 0.0, "accuracy": 0.0, "digits": 0.0},
+    ]
+
+
+@pytest.mark.slow
+def test_off_policy_mini_batches_and_kl_loss(tiny_model_dir: Path, tmp_path: Path):
+    """Two mini-batches and two epochs: old log-probs are computed and ratios move off 1; KL uses a reference."""
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path,
+            "trainer.max_steps=2",
+            "trainer.val_before_train=false",
+            "data.val_files=",
+            "trainer.save_model_only=true",
+            "worker.actor.global_batch_size=2",
+            "worker.actor.ppo_epochs=2",
+            "worker.actor.micro_batch_size_per_device_for_update=4",
+            "worker.actor.optim.lr=1e-2",
+            "algorithm.use_kl_loss=true",
+            "algorithm.kl_coef=0.1",
+        )
+    )
+    trainer = Trainer(cfg)
+    assert not trainer.on_policy and trainer.ref is not None
+    trainer.fit()
+    m = _metrics(cfg.run_dir)
+    assert "timing_s/old" in m[1] and "timing_s/ref" in m[1]
+    assert m[2]["actor/ppo_kl"] != 0.0  # later mini-batches see weights moved by earlier ones
+    assert m[2]["actor/kl_loss"] > 0.0 and m[2]["actor/kl_coef"] == 0.1
+
+
+def test_no_reference_model_without_kl(tiny_model_dir: Path, tmp_path: Path):
+    trainer = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1")))
+    assert trainer.ref is None and trainer.on_policy

@@ -28,6 +28,8 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
             raise DataError(str(e)) from e
         return rows, [f"{spec}[{i}]" for i in range(len(rows))]
     path = Path(spec.split("@", 1)[0]).expanduser()
+    if path.is_dir() and "@" in spec:
+        return _read_hf_dataset(spec)  # a local dataset folder: `datasets` finds the split's files
     if path.is_dir():
         files = sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES)
         if not files:
@@ -88,7 +90,11 @@ def _read_file(path: Path) -> tuple[list[dict], list[str]]:
 
 
 def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:
-    """`name@split` (or `name` for the train split), through `datasets.load_dataset`."""
+    """`name@split` (or `name` for the train split), through `datasets.load_dataset`.
+
+    `name` is a hub dataset or a local folder laid out as one (e.g. `train.jsonl` and
+    `test.jsonl`), which loads offline.
+    """
     import datasets
 
     name, _, split = spec.partition("@")

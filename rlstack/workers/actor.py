@@ -182,16 +182,11 @@ class ActorWorker:
         )
 
     def load_checkpoint(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        state = load_file(path / "model" / "model.safetensors")
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise RuntimeError(
-                f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
-            )
-        if self.model.config.tie_word_embeddings:
-            self.model.tie_weights()
+        # from_pretrained reads sharded weights and ties embeddings; its tensors are copied in place
+        # so that the optimizer, which holds the live parameters, stays attached to them.
+        saved = load_causal_lm(str(path / "model"), self.cfg.model.dtype, self.cfg.model.trust_remote_code)
+        self.model.load_state_dict(saved.state_dict())
+        del saved
         s = torch.load(path / "actor_state.pt", weights_only=False)
         self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
