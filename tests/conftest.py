@@ -12,6 +12,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from rlstack.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
+
+EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-uniform random model
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,3 +40,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_heads=2,
         num_kv_heads=1,
     )
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def model(tiny_model_dir):
+    return load_causal_lm(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def eos_model(tiny_model_dir, tok):
+    """The tiny model with a bias towards EOS, so that sampled responses end at different lengths."""
+    m = load_causal_lm(str(tiny_model_dir)).eval()
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(m.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = EOS_BIAS
+    m.lm_head = head
+    return m

@@ -12,34 +12,9 @@ import pytest
 import torch
 
 import rlstack.rollout.hf as hf
-from rlstack.models.loading import load_causal_lm, load_tokenizer
+from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import entropy_from_logits, forward_logprobs, logprobs_from_logits, run_starts
 from rlstack.rollout.hf import HFEngine, sample
-
-EOS_BIAS = 3.0
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return load_causal_lm(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def eos_model(tiny_model_dir, tok):
-    """The tiny model with a bias towards EOS, so that sampled responses end at different lengths."""
-    m = load_causal_lm(str(tiny_model_dir)).eval()
-    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(m.lm_head.weight)
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = EOS_BIAS
-    m.lm_head = head
-    return m
 
 
 class ForwardCalls:

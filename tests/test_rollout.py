@@ -6,36 +6,12 @@ import pytest
 import torch
 
 from rlstack.batch import Batch
-from rlstack.models.loading import load_causal_lm, load_tokenizer
+from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.rollout.hf import HFEngine, sample
 
 PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
 MAX_NEW = 8
-EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-uniform random model
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return load_causal_lm(str(tiny_model_dir)).eval()
-
-
-@pytest.fixture(scope="module")
-def eos_model(tiny_model_dir, tok):
-    """The tiny model with a bias towards EOS, so that sampled responses end at different lengths."""
-    m = load_causal_lm(str(tiny_model_dir)).eval()
-    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(m.lm_head.weight)
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = EOS_BIAS
-    m.lm_head = head
-    return m
 
 
 def prompt_ids(tok, texts=PROMPTS) -> list[list[int]]:
