@@ -1,0 +1,46 @@
+"""Model and tokenizer loading, `rlstack init-model`, and the errors for paths that are not models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlstack.cli import main
+from rlstack.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+
+def test_init_model_builds_a_loadable_model_of_the_requested_size(tmp_path: Path, capsys):
+    out = tmp_path / "m"
+    assert main(["init-model", str(out), "--hidden-size", "64", "--num-layers", "2", "--num-heads", "2"]) == 0
+    assert "written to" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "qwen2"
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (64, 2)
+    tok = load_tokenizer(str(out))
+    assert tok.padding_side == "left" and tok.eos_token == "<|im_end|>"
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "12+3="}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == "<|im_start|>user\n12+3=<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(" a b\n7", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 6 and tok.decode(ids) == " a b\n7"  # one token per character, round trip
+
+
+def test_dtype_option(tiny_model_dir: Path):
+    assert next(load_causal_lm(str(tiny_model_dir), "bfloat16").parameters()).dtype == torch.bfloat16
+
+
+def test_a_folder_that_is_not_a_model_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_causal_lm(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="init-model"):
+        load_causal_lm(str(tmp_path / "missing"))
+
+
+def test_train_with_a_folder_that_is_not_a_model_exits_with_a_message(tmp_path: Path, capsys):
+    code = main(["train", f"worker.actor.model.model_path={tmp_path}", f"trainer.output_dir={tmp_path}/out"])
+    err = capsys.readouterr().err
+    assert code == 1 and "ModelLoadError" in err and "config.json" in err
