@@ -14,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from rlstack.batch import Batch
+from rlstack.errors import RLStackError
 
 CONSOLE_KEYS = {
     "critic/score/mean": "score",
@@ -50,7 +51,13 @@ class Tracker:
             )
         self.wandb = None
         if "wandb" in self.loggers:
-            import wandb
+            try:
+                import wandb
+            except ImportError as e:
+                raise RLStackError(
+                    "trainer.logger includes wandb, but the wandb package is not installed: "
+                    "pip install 'rlstack[wandb]' (or drop wandb from trainer.logger)"
+                ) from e
 
             self.wandb = wandb.init(
                 project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"

@@ -290,3 +290,17 @@ def test_off_policy_mini_batches_and_kl_loss(tiny_model_dir: Path, tmp_path: Pat
 def test_no_reference_model_without_kl(tiny_model_dir: Path, tmp_path: Path):
     trainer = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1")))
     assert trainer.ref is None and trainer.on_policy
+
+
+def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
+    from rlstack.errors import RLStackError
+    from rlstack.tracking import Tracker
+
+    pytest.importorskip("torch")
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        with pytest.raises(RLStackError, match=r"rlstack\[wandb\]"):
+            Tracker(tmp_path, ["wandb"], {}, "p", "e", total_steps=1)
+    else:
+        pytest.skip("wandb is installed here")
