@@ -296,7 +296,6 @@ def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
     from rlstack.errors import RLStackError
     from rlstack.tracking import Tracker
 
-    pytest.importorskip("torch")
     try:
         import wandb  # noqa: F401
     except ImportError:
