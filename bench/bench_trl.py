@@ -49,9 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads on both sides")
     p.add_argument(
         "--omp-wait-policy",
-        default="PASSIVE",
-        help="OMP_WAIT_POLICY of both sides ('' leaves it unset); PASSIVE keeps OpenMP threads from spinning, "
-        "which on a shared 2-core machine turns other processes' load into 10-30x slower steps",
+        default="",
+        help="OMP_WAIT_POLICY of both sides (default: unset, the runtime's own policy, as users run); "
+        "PASSIVE keeps OpenMP threads from spinning, which makes figures usable on a machine shared with "
+        "other CPU work (where spinning threads make steps 10-30x slower) but slows both sides on an idle one",
     )
     p.add_argument("--output", default=str(RESULTS), help="result JSON (main process)")
     return p.parse_args(argv)
