@@ -12,6 +12,8 @@ temperature 1 with no truncation they equal a separate forward pass.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
@@ -21,6 +23,19 @@ from rlstack.errors import TrainingDiverged
 from rlstack.models.logprobs import run_starts
 
 
+def _cloned_out_of_inference_mode(fn):
+    """Clone a function's tensor results, so that tensors made under `torch.inference_mode`
+    can be used as inputs of a later backward pass (the update's)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return {k: v.clone() for k, v in fn(*args, **kwargs).items()}
+
+    return wrapper
+
+
+@_cloned_out_of_inference_mode
+@torch.inference_mode()  # no autograd bookkeeping at all while decoding
 def sample(
     model: torch.nn.Module,
     prompts: list[list[int]],
@@ -37,29 +52,7 @@ def sample(
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
     longest response R): input_ids, attention_mask, position_ids, response_mask,
     rollout_logprobs; and `truncated` [B] (no EOS within `max_new_tokens`).
-
-    Decoding runs under `torch.inference_mode` (no autograd bookkeeping at all); the results
-    are cloned out of it so that the update can use them as inputs of its backward pass.
     """
-    out = _sample(
-        model, prompts, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, top_k, generator
-    )
-    return {k: v.clone() for k, v in out.items()}
-
-
-@torch.inference_mode()
-def _sample(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    eos_token_id: int,
-    pad_token_id: int,
-    temperature: float,
-    top_p: float = 1.0,
-    top_k: int = -1,
-    generator: torch.Generator | None = None,
-) -> dict[str, torch.Tensor]:
-    """The body of `sample`, in inference mode."""
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
