@@ -76,9 +76,9 @@ class Trainer:
         )
         metrics: dict[str, float] = {}
         try:
-            if self.step == 0 and (t.val_before_train or t.val_only) and self.val_set is not None:
+            if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
                 metrics = self.validate()
-                self.tracker.log(metrics, 0, advance=False)
+                self.tracker.log(metrics, self.step, advance=False)
             if t.val_only:
                 return metrics
             while self.step < self.total_steps:

@@ -303,3 +303,14 @@ def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
             Tracker(tmp_path, ["wandb"], {}, "p", "e", total_steps=1)
     else:
         pytest.skip("wandb is installed here")
+
+
+def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_path: Path):
+    Trainer(
+        load_config(
+            _overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1", "trainer.val_before_train=false")
+        )
+    ).fit()
+    metrics = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.val_only=true"))).fit()
+    assert "val/addition/accuracy" in metrics
+    assert _metrics(tmp_path / "rlstack" / "default")[1]["val/reward_score"] == metrics["val/reward_score"]
