@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
 from rlstack.algos.kl import KL_ESTIMATORS, KLPenalty
 from rlstack.algos.policy_loss import ppo_clip_loss, token_mean
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
-from rlstack.errors import TrainingDiverged
 from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.rollout.hf import HFEngine
+from rlstack.workers.training import build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, logprobs, normalizer) -> (loss, {metric: value summed over the mini-batch})
 LossFn = Callable[[Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -43,17 +41,7 @@ class ActorWorker:
         self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code)
         self.model.train()
         self.engine = HFEngine(self.model, self.tokenizer, max_response_length, seed=rollout.seed)
-        o = actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * total_steps)
-        if o.lr_scheduler_type == "cosine":
-            self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-                self.optimizer, warmup, total_steps, min_lr_rate=o.min_lr_ratio
-            )
-        else:
-            self.scheduler = get_constant_schedule_with_warmup(self.optimizer, warmup)
+        self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
 
     # ------------------------------------------------------------------------------ rollout
 
@@ -116,52 +104,30 @@ class ActorWorker:
     def _train(
         self, batch: Batch, mini_batch_size: int, loss_fn: LossFn, epochs: int, shuffle: bool
     ) -> dict[str, float]:
-        c = self.cfg
         temperature = batch.meta.get("temperature", 1.0)
-        self.model.train()
-        sums: dict[str, float] = defaultdict(float)
-        n_steps = 0
-        for epoch in range(epochs):
-            order = batch
-            if shuffle:
-                g = torch.Generator().manual_seed(
-                    self.rollout_cfg.seed * 1_000_003 + self.scheduler.last_epoch * 101 + epoch
-                )
-                order = batch.select(torch.randperm(len(batch), generator=g))
-            for mb in order.split(mini_batch_size):
-                normalizer = mb["response_mask"].sum()
-                for micro in mb.split(c.micro_batch_size_per_device_for_update):
-                    logp, ent = forward_logprobs(
-                        self.model, **_model_inputs(micro), temperature=temperature, with_entropy=True
-                    )
-                    loss, stats = loss_fn(micro, logp, normalizer)
-                    if not torch.isfinite(loss):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        raise TrainingDiverged(
-                            f"the actor loss became {loss.item()} at step {self.scheduler.last_epoch + 1}"
-                        )
-                    loss.backward()
-                    stats["actor/entropy"] = token_mean(ent, micro["response_mask"].float(), normalizer)
-                    for k, v in stats.items():
-                        sums[k] += float(v)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-                if not torch.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise TrainingDiverged(
-                        f"the actor gradient norm became {grad_norm.item()} at step {self.scheduler.last_epoch + 1}"
-                    )
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
-                    raise TrainingDiverged(
-                        f"the optimizer step made weights non-finite at step {self.scheduler.last_epoch + 1}"
-                    )
-                sums["actor/grad_norm"] += float(grad_norm)
-                n_steps += 1
-        metrics = {k: v / n_steps for k, v in sums.items()}
-        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        return metrics
+
+        def micro_loss(micro: Batch, normalizer: torch.Tensor):
+            logp, ent = forward_logprobs(
+                self.model, **_model_inputs(micro), temperature=temperature, with_entropy=True
+            )
+            loss, stats = loss_fn(micro, logp, normalizer)
+            stats["actor/entropy"] = token_mean(ent, micro["response_mask"].float(), normalizer)
+            return loss, stats
+
+        c = self.cfg
+        return optimizer_steps(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            micro_loss,
+            mini_batch_size,
+            c.micro_batch_size_per_device_for_update,
+            epochs,
+            c.max_grad_norm,
+            role="actor",
+            shuffle_seed=self.rollout_cfg.seed if shuffle else None,
+        )
 
     # --------------------------------------------------------------------------- checkpoints
 
