@@ -145,6 +145,36 @@ class RolloutConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    model_path: str | None = None
+    """Model the critic starts from (default: the actor's); a scalar value head is added on top."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the critic."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory."""
+
+
+@dataclass
+class CriticConfig:
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """The value model."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1.0e-5))
+    """The critic optimizer."""
+    global_batch_size: int = 32
+    """Prompts per critic optimizer step (mini-batch of `global_batch_size * n` trajectories)."""
+    micro_batch_size_per_device_for_update: int = 64
+    """Trajectories per forward/backward pass of the critic update."""
+    micro_batch_size_per_device_for_experience: int = 128
+    """Trajectories per forward pass when computing values."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per critic update."""
+    cliprange_value: float = 0.5
+    """Clip range of the value update around the values at collection time."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm of the critic."""
+
+
+@dataclass
 class RefConfig:
     micro_batch_size_per_device_for_experience: int = 128
     """Trajectories per forward pass of the reference model."""
@@ -164,6 +194,8 @@ class WorkerConfig:
     """The trained policy."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Sampling of responses."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (built only for `algorithm.adv_estimator=gae`)."""
     ref: RefConfig = field(default_factory=RefConfig)
     """The frozen reference policy (built only when a KL term is used)."""
     reward: RewardConfig = field(default_factory=RewardConfig)

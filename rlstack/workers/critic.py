@@ -1,0 +1,103 @@
+"""The critic: a value model (the policy's architecture with a scalar head) for GAE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from rlstack.algos.policy_loss import token_mean
+from rlstack.algos.value_loss import clipped_value_loss, explained_variance
+from rlstack.batch import Batch
+from rlstack.config import CriticConfig
+from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
+from rlstack.workers.training import build_optimizer, optimizer_steps
+
+
+class CriticWorker:
+    """`values[b, t]` estimates the return from the state just before token t (aligned with log-probs)."""
+
+    def __init__(self, cfg: CriticConfig, actor_model_path: str, total_steps: int):
+        self.cfg = cfg
+        path = resolve_model_path(cfg.model.model_path or actor_model_path)
+        self.model = self._load(path)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, total_steps)
+
+    def _load(self, path: str) -> torch.nn.Module:
+        try:
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path,
+                num_labels=1,
+                dtype=DTYPES[self.cfg.model.dtype],
+                trust_remote_code=self.cfg.model.trust_remote_code,
+                output_loading_info=True,
+            )
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"could not load a critic from {path!r}: {e}") from e
+        head = model.score  # transformers' name for the token-classification head of decoder LMs
+        if any(k.startswith("score.") for k in info["missing_keys"]):
+            with torch.no_grad():  # a new head starts at value 0 rather than at noise
+                head.weight.zero_()
+                if head.bias is not None:
+                    head.bias.zero_()
+        return model
+
+    def _values(self, b: Batch) -> torch.Tensor:
+        out = self.model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        )
+        v = out.logits[..., 0].float()  # [B, T]: value of the prefix ending at each column
+        shifted = torch.zeros_like(v)
+        shifted[:, 1:] = v[:, :-1]
+        return shifted * b["response_mask"]
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        self.model.eval()
+        parts = [self._values(mb) for mb in batch.split(self.cfg.micro_batch_size_per_device_for_experience)]
+        return batch.update({"values": torch.cat(parts)})
+
+    def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
+        def micro_loss(mb: Batch, normalizer: torch.Tensor):
+            mask = mb["response_mask"].float()
+            out = clipped_value_loss(
+                self._values(mb), mb["values"], mb["returns"], mask, self.cfg.cliprange_value
+            )
+            loss = token_mean(out.loss, mask, normalizer)
+            return loss, {
+                "critic/vf_loss": loss.detach(),
+                "critic/vf_clipfrac": token_mean(out.clipped, mask, normalizer),
+            }
+
+        c = self.cfg
+        metrics = optimizer_steps(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            micro_loss,
+            mini_batch_size,
+            c.micro_batch_size_per_device_for_update,
+            c.ppo_epochs,
+            c.max_grad_norm,
+            role="critic",
+        )
+        metrics["critic/vf_explained_var"] = float(
+            explained_variance(batch["values"], batch["returns"], batch["response_mask"])
+        )
+        return metrics
+
+    def save_checkpoint(self, path: Path) -> None:
+        self.model.save_pretrained(path / "critic")
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            path / "critic_state.pt",
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        saved = self._load(str(path / "critic"))
+        self.model.load_state_dict(saved.state_dict())
+        s = torch.load(path / "critic_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scheduler.load_state_dict(s["scheduler"])
