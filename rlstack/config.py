@@ -116,8 +116,16 @@ class ActorConfig:
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.28
     """PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO's clip-higher)."""
-    loss_agg_mode: Literal["token-mean"] = "token-mean"
-    """How token losses become one number: mean over every response token of the mini-batch."""
+    loss_type: Literal["vanilla", "gspo", "gspo_token", "cispo", "sapo"] = "vanilla"
+    """Policy loss: PPO clip (vanilla, with dual clip), GSPO, GSPO-token, CISPO or SAPO."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO)."""
+    clip_ratio_dual: float = 3.0
+    """Dual-clip bound c for negative advantages (loss <= -c * A)."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
     shuffle_mini_batches: bool = False
     """Shuffle trajectories before cutting mini-batches (seeded)."""
 
@@ -204,16 +212,37 @@ class WorkerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo"] = "grpo"
-    """Advantage estimator."""
+    adv_estimator: Literal[
+        "gae",
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "grpo_passk",
+        "loo_std",
+    ] = "grpo"
+    """Advantage estimator (gae needs the critic section; the others use outcome scores)."""
     norm_adv_by_std_in_grpo: bool = True
-    """Divide GRPO advantages by the group's standard deviation."""
+    """Divide group advantages by the group's standard deviation (false: Dr.GRPO)."""
+    gamma: float = 1.0
+    """Discount factor (gae, reinforce_plus_plus)."""
+    lam: float = 1.0
+    """GAE lambda."""
     use_kl_loss: bool = False
     """Add a KL(policy || reference) term to the actor loss (builds a reference model)."""
-    kl_penalty: Literal["low_var_kl"] = "low_var_kl"
-    """KL estimator for the KL loss (k3)."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL per token from the reward before advantages (builds a reference model)."""
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"] = "low_var_kl"
+    """KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); `+`: that value with k2's gradient."""
     kl_coef: float = 1.0e-2
-    """Weight of the KL loss."""
+    """Weight of the KL term (the initial weight with the adaptive controller)."""
+    kl_type: Literal["fixed", "adaptive"] = "fixed"
+    """Keep kl_coef fixed, or adapt it toward kl_target (only with use_kl_in_reward)."""
+    kl_target: float = 0.1
+    """Target KL of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in trajectories) of the adaptive controller."""
 
 
 @dataclass
@@ -228,6 +257,8 @@ class TrainerConfig:
     """Passes over the training rows."""
     max_steps: int | None = None
     """Stop after this many steps (default: the epochs decide)."""
+    critic_warmup: int = 0
+    """Steps that train only the critic before the actor starts updating (gae)."""
     val_freq: int = -1
     """Validate every this many steps (-1: only at the end)."""
     val_before_train: bool = True
@@ -273,7 +304,8 @@ class Config:
         return Path(t.output_dir) / t.project_name / t.experiment_name
 
 
-GROUP_ESTIMATORS = {"grpo"}
+GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "loo_std", "reinforce_plus_plus_baseline"}
+SEQUENCE_LEVEL_LOSSES = {"gspo", "gspo_token"}
 
 
 class ConfigError(RLStackError, ValueError):
@@ -516,6 +548,16 @@ def validate(cfg: Config) -> list[str]:
         ),
         ("worker.actor.ppo_epochs", a.ppo_epochs),
         ("trainer.total_epochs", t.total_epochs),
+        ("worker.critic.global_batch_size", cfg.worker.critic.global_batch_size),
+        (
+            "worker.critic.micro_batch_size_per_device_for_update",
+            cfg.worker.critic.micro_batch_size_per_device_for_update,
+        ),
+        (
+            "worker.critic.micro_batch_size_per_device_for_experience",
+            cfg.worker.critic.micro_batch_size_per_device_for_experience,
+        ),
+        ("worker.critic.ppo_epochs", cfg.worker.critic.ppo_epochs),
     ]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
@@ -535,10 +577,53 @@ def validate(cfg: Config) -> list[str]:
             f"worker.actor.micro_batch_size_per_device_for_update ({a.micro_batch_size_per_device_for_update}); "
             f"pick a divisor such as {_divisors_hint(mini)}"
         )
+    cr = cfg.worker.critic
+    if sizes_ok and cfg.algorithm.adv_estimator == "gae":
+        if d.rollout_batch_size % cr.global_batch_size:
+            p.append(
+                f"data.rollout_batch_size ({d.rollout_batch_size}) must be divisible by "
+                f"worker.critic.global_batch_size ({cr.global_batch_size}); pick a divisor such as "
+                f"{_divisors_hint(d.rollout_batch_size)}"
+            )
+        critic_mini = cr.global_batch_size * r.n
+        if critic_mini % cr.micro_batch_size_per_device_for_update:
+            p.append(
+                f"worker.critic.global_batch_size * worker.rollout.n = {critic_mini} trajectories must be divisible "
+                f"by worker.critic.micro_batch_size_per_device_for_update ({cr.micro_batch_size_per_device_for_update}); "
+                f"pick a divisor such as {_divisors_hint(critic_mini)}"
+            )
+    if t.critic_warmup < 0:
+        p.append(f"trainer.critic_warmup = {t.critic_warmup}: must be 0 or more")
+    if t.critic_warmup and cfg.algorithm.adv_estimator != "gae":
+        p.append(
+            f"trainer.critic_warmup = {t.critic_warmup} only applies to algorithm.adv_estimator=gae (there is no critic "
+            f"with {cfg.algorithm.adv_estimator}); set trainer.critic_warmup=0"
+        )
     if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
         p.append(
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares responses within a group, "
             f"so worker.rollout.n must be at least 2 (got {r.n}); set worker.rollout.n=8 for example"
+        )
+    alg = cfg.algorithm
+    if a.loss_type in SEQUENCE_LEVEL_LOSSES and a.loss_agg_mode != "seq-mean-token-mean":
+        p.append(
+            f"worker.actor.loss_type={a.loss_type} uses a length-normalized sequence ratio, so each sequence must "
+            f"count once: set worker.actor.loss_agg_mode=seq-mean-token-mean (got {a.loss_agg_mode})"
+        )
+    if alg.use_kl_loss and alg.use_kl_in_reward:
+        p.append(
+            "algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: the KL would be counted twice; "
+            "keep one (use_kl_loss for GRPO-style runs, use_kl_in_reward for PPO-style runs)"
+        )
+    if alg.kl_type == "adaptive" and not alg.use_kl_in_reward:
+        p.append(
+            "algorithm.kl_type=adaptive adapts the in-reward KL coefficient: set algorithm.use_kl_in_reward=true, "
+            "or use kl_type=fixed"
+        )
+    if alg.kl_penalty.endswith("+") and alg.use_kl_in_reward:
+        p.append(
+            f"algorithm.kl_penalty={alg.kl_penalty}: the `+` estimators only change the gradient, which an in-reward "
+            "KL never takes; use it with use_kl_loss, or drop the `+`"
         )
     if not 0.0 < r.top_p <= 1.0:
         p.append(f"worker.rollout.top_p = {r.top_p}: must be in (0, 1]")

@@ -144,6 +144,9 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "prompt_length/max": prompt_len.max(),
         "prompt_length/min": prompt_len.min(),
     }
+    if "values" in batch:
+        m["critic/values/mean"] = batch["values"][resp_mask].mean()
+        m["critic/returns/mean"] = batch["returns"][resp_mask].mean()
     components = batch["reward_components"]
     for key in components[0]:
         m[f"reward/{key}"] = sum(c[key] for c in components) / len(components)

@@ -10,7 +10,15 @@ from pathlib import Path
 import torch
 
 from rlstack import checkpoint
-from rlstack.algos.advantages import ESTIMATORS, AdvEstimator, group_index
+from rlstack.algos.advantages import (
+    AdvantageInputs,
+    AdvantageParams,
+    AdvEstimator,
+    compute_advantages,
+    group_index,
+    outcome_token_rewards,
+)
+from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
@@ -19,6 +27,7 @@ from rlstack.rewards.loader import load_reward_function
 from rlstack.rewards.manager import RewardManager
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.workers.actor import ActorWorker, RefWorker
+from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
 
 
@@ -42,15 +51,26 @@ class Trainer:
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
         by_epochs = len(self.loader) * t.total_epochs
         self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
+        alg = cfg.algorithm
         self.mini_batch_size = w.actor.global_batch_size * w.rollout.n
-        # One mini-batch and one epoch: the update's first forward pass is on-policy, so old = current.
-        self.on_policy = w.actor.ppo_epochs == 1 and d.rollout_batch_size == w.actor.global_batch_size
+        # One mini-batch and one epoch: the update's first forward pass is on-policy, so old = current
+        # (an in-reward KL needs the old log-probs before the update, so it computes them).
+        self.on_policy = (
+            w.actor.ppo_epochs == 1
+            and d.rollout_batch_size == w.actor.global_batch_size
+            and not alg.use_kl_in_reward
+        )
         self.actor: WorkerGroup = LocalWorkerGroup(
-            ActorWorker(w.actor, w.rollout, cfg.algorithm, d.max_response_length, self.total_steps)
+            ActorWorker(w.actor, w.rollout, alg, d.max_response_length, self.total_steps)
         )
         self.ref: WorkerGroup | None = None
-        if cfg.algorithm.use_kl_loss:
+        if alg.use_kl_loss or alg.use_kl_in_reward:
             self.ref = LocalWorkerGroup(RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience))
+        self.critic: WorkerGroup | None = None
+        if alg.adv_estimator == AdvEstimator.GAE:
+            self.critic = LocalWorkerGroup(CriticWorker(w.critic, w.actor.model.model_path, self.total_steps))
+        self.kl_coef = alg.kl_coef
+        """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.rewards = RewardManager(
             load_reward_function(w.reward.reward_function), w.reward.reward_function_kwargs
         )
@@ -97,21 +117,35 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         timing: dict[str, float] = defaultdict(float)
+        metrics: dict[str, float] = {}
         with _timer(timing, "step"):
+            prompts = self.loader.next_batch()
             with _timer(timing, "gen"):
-                batch = self.actor.call("generate", self.loader.next_batch())
+                batch = self.actor.call("generate", prompts)
             with _timer(timing, "reward"):
                 batch = self.rewards.score(batch)
+            if self.cfg.algorithm.adv_estimator == AdvEstimator.REMAX:
+                with _timer(timing, "baseline"):
+                    baseline = self.rewards.score(self.actor.call("generate_greedy", prompts))
+                    batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
             if not self.on_policy:
                 with _timer(timing, "old"):
                     batch = self.actor.call("compute_logprobs", batch)
             if self.ref is not None:
                 with _timer(timing, "ref"):
                     batch = self.ref.call("compute_ref_logprobs", batch)
+            if self.critic is not None:
+                with _timer(timing, "values"):
+                    batch = self.critic.call("compute_values", batch)
             with _timer(timing, "adv"):
-                batch["advantages"] = self.advantages(batch)
-            with _timer(timing, "update_actor"):
-                metrics = self.actor.call("update", batch, self.mini_batch_size)
+                metrics |= self.advantages(batch)
+            if self.critic is not None:
+                with _timer(timing, "update_critic"):
+                    critic_mini = self.cfg.worker.critic.global_batch_size * self.cfg.worker.rollout.n
+                    metrics |= self.critic.call("update", batch, critic_mini)
+            if self.step > self.cfg.trainer.critic_warmup:
+                with _timer(timing, "update_actor"):
+                    metrics |= self.actor.call("update", batch, self.mini_batch_size)
         self.tracker.log_generations(
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )
@@ -122,15 +156,31 @@ class Trainer:
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / timing["step"]
         return metrics
 
-    def advantages(self, batch: Batch) -> torch.Tensor:
-        a = self.cfg.algorithm
-        estimator = ESTIMATORS[AdvEstimator(a.adv_estimator)]
-        return estimator(
-            batch["scores"],
-            group_index(batch["uid"]),
-            batch["response_mask"],
-            norm_by_std=a.norm_adv_by_std_in_grpo,
+    def advantages(self, batch: Batch) -> dict[str, float]:
+        """Adds `advantages` and `returns`; subtracts the in-reward KL first when configured."""
+        a, mask = self.cfg.algorithm, batch["response_mask"]
+        token_rewards = outcome_token_rewards(batch["scores"], mask)
+        metrics: dict[str, float] = {}
+        if a.use_kl_in_reward:
+            kl = kl_penalty(KLPenalty(a.kl_penalty), batch["old_logprobs"], batch["ref_logprobs"]) * mask
+            token_rewards = token_rewards - self.kl_coef * kl
+            mean_kl = float((kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean())
+            metrics = {"actor/reward_kl_penalty": mean_kl, "actor/reward_kl_penalty_coeff": self.kl_coef}
+            if a.kl_type == "adaptive":
+                self.kl_coef = adaptive_kl_coef(self.kl_coef, mean_kl, a.kl_target, a.kl_horizon, len(batch))
+        inputs = AdvantageInputs(
+            token_rewards=token_rewards,
+            scores=batch["scores"],
+            groups=group_index(batch["uid"]),
+            response_mask=mask,
+            values=batch.get("values"),
+            baseline_scores=batch.get("baseline_scores"),
         )
+        params = AdvantageParams(gamma=a.gamma, lam=a.lam, norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo)
+        batch["advantages"], batch["returns"] = compute_advantages(
+            AdvEstimator(a.adv_estimator), inputs, params
+        )
+        return metrics
 
     # ------------------------------------------------------------------------------ validation
 
@@ -158,8 +208,15 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         def write(path: Path) -> None:
             self.actor.call("save_checkpoint", path)
+            if self.critic is not None:
+                self.critic.call("save_checkpoint", path)
             torch.save(
-                {"step": self.step, "loader": self.loader.state_dict(), "rng": checkpoint.rng_state()},
+                {
+                    "step": self.step,
+                    "loader": self.loader.state_dict(),
+                    "rng": checkpoint.rng_state(),
+                    "kl_coef": self.kl_coef,
+                },
                 path / "trainer_state.pt",
             )
 
@@ -175,8 +232,10 @@ class Trainer:
         if not (path / "trainer_state.pt").is_file():
             raise FileNotFoundError(f"{path} is not an rlstack checkpoint (no trainer_state.pt)")
         self.actor.call("load_checkpoint", path)
+        if self.critic is not None:
+            self.critic.call("load_checkpoint", path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.step = state["step"]
+        self.step, self.kl_coef = state["step"], state["kl_coef"]
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         print(f"resumed from {path} at step {self.step}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -314,3 +315,97 @@ def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_pat
     metrics = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.val_only=true"))).fit()
     assert "val/addition/accuracy" in metrics
     assert _metrics(tmp_path / "rlstack" / "default")[1]["val/reward_score"] == metrics["val/reward_score"]
+
+
+ESTIMATORS = [
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "grpo_passk",
+    "loo_std",
+]
+LOSSES = [
+    ("vanilla", "token-mean"),
+    ("gspo", "seq-mean-token-mean"),
+    ("gspo_token", "seq-mean-token-mean"),
+    ("cispo", "token-mean"),
+    ("sapo", "seq-mean-token-sum"),
+]
+
+
+def _two_steps(model: Path, out: Path, *extra: str) -> dict[int, dict]:
+    cfg = load_config(
+        _overrides(
+            model,
+            out,
+            "trainer.max_steps=2",
+            "trainer.val_before_train=false",
+            "data.val_files=",
+            "trainer.logger=[file]",
+            "trainer.save_model_only=true",
+            *extra,
+        )
+    )
+    Trainer(cfg).fit()
+    return _metrics(cfg.run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_two_steps_with_each_advantage_estimator(tiny_model_dir: Path, tmp_path: Path, estimator: str):
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path,
+        f"algorithm.adv_estimator={estimator}",
+        "worker.critic.global_batch_size=4",
+        "worker.critic.micro_batch_size_per_device_for_update=8",
+    )
+    for step in (1, 2):
+        assert math.isfinite(m[step]["actor/pg_loss"]) and math.isfinite(m[step]["critic/advantages/mean"])
+    if estimator == "gae":
+        assert {
+            "critic/vf_loss",
+            "critic/vf_explained_var",
+            "timing_s/values",
+            "timing_s/update_critic",
+        } <= set(m[2])
+    if estimator == "remax":
+        assert "timing_s/baseline" in m[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("loss", "agg"), LOSSES)
+def test_two_steps_with_each_policy_loss(tiny_model_dir: Path, tmp_path: Path, loss: str, agg: str):
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path,
+        f"worker.actor.loss_type={loss}",
+        f"worker.actor.loss_agg_mode={agg}",
+        "worker.actor.global_batch_size=2",  # two mini-batches: the second is off-policy
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+    )
+    assert math.isfinite(m[2]["actor/pg_loss"]) and m[2]["actor/ppo_kl"] != 0.0
+
+
+@pytest.mark.slow
+def test_in_reward_kl_with_the_adaptive_controller_and_critic_warmup(tiny_model_dir: Path, tmp_path: Path):
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_type=adaptive",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_penalty=kl",
+        "trainer.critic_warmup=1",
+        "worker.critic.global_batch_size=4",
+        "worker.critic.micro_batch_size_per_device_for_update=8",
+        "worker.actor.entropy_coeff=0.01",
+    )
+    assert "actor/pg_loss" not in m[1] and "critic/vf_loss" in m[1]  # step 1 trains only the critic
+    assert "actor/pg_loss" in m[2]
+    assert m[1]["actor/reward_kl_penalty_coeff"] == 0.05
+    assert m[2]["actor/reward_kl_penalty_coeff"] != 0.05  # adapted after step 1

@@ -343,8 +343,3 @@ def compute_advantages(
     estimator: AdvEstimator | str, inputs: AdvantageInputs, params: AdvantageParams
 ) -> tuple[torch.Tensor, torch.Tensor]:  # advantages, returns: [B, T], 0 outside response_mask
     return ADVANTAGE_ESTIMATORS[AdvEstimator(estimator)](inputs, params)
-
-
-ESTIMATORS: dict[AdvEstimator, Callable[..., torch.Tensor]] = {AdvEstimator.GRPO: grpo_advantages}
-"""The older `(scores, groups, response_mask, norm_by_std=...)` interface, still called by the
-trainer; remove it once the trainer calls `compute_advantages`."""

@@ -49,8 +49,11 @@ def forward_logprobs(
     response_mask: torch.Tensor,  # [B, T]
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `input_ids[b, t]` given `input_ids[b, <t]`, at `temperature`.
+
+    Entropies carry a gradient only with `entropy_grad` (an entropy bonus in the loss).
 
     Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that
     is not needed; only the logits of response columns are materialised (`logits_to_keep`).
@@ -82,7 +85,7 @@ def forward_logprobs(
     full[:, start:] = logp
     ent_full = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = entropy_from_logits(logits)
         ent_full = ent.new_zeros(B, T)
         ent_full[:, start:] = ent

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import torch
 
-from rlstack.algos.kl import KL_ESTIMATORS, KLPenalty
-from rlstack.algos.policy_loss import ppo_clip_loss, token_mean
+from rlstack.algos.kl import KLPenalty, kl_penalty
+from rlstack.algos.policy_loss import (
+    LossAggMode,
+    PolicyLoss,
+    PolicyLossParams,
+    aggregate_loss,
+    policy_loss,
+    token_mean,
+)
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
 from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
@@ -16,8 +23,8 @@ from rlstack.models.logprobs import forward_logprobs
 from rlstack.rollout.hf import HFEngine
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
-# loss_fn(micro_batch, logprobs, normalizer) -> (loss, {metric: value summed over the mini-batch})
-LossFn = Callable[[Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# loss_fn(micro_batch, mini_batch, logprobs, entropy) -> (loss, {metric: contribution summed over the mini-batch})
+LossFn = Callable[[Batch, Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def _model_inputs(b: Batch) -> dict[str, torch.Tensor]:
@@ -41,6 +48,7 @@ class ActorWorker:
         self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code)
         self.model.train()
         self.engine = HFEngine(self.model, self.tokenizer, max_response_length, seed=rollout.seed)
+        self.max_response_length = max_response_length
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
 
     # ------------------------------------------------------------------------------ rollout
@@ -50,6 +58,10 @@ class ActorWorker:
         if validate:
             return self.engine.generate(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
         return self.engine.generate(prompts, r.n, r.temperature, r.top_p, r.top_k)
+
+    def generate_greedy(self, prompts: Batch) -> Batch:
+        """One greedy response per prompt (ReMax's baseline)."""
+        return self.engine.generate(prompts, 1, 0.0, 1.0, -1)
 
     # ----------------------------------------------------------------------------- log-probs
 
@@ -64,39 +76,52 @@ class ActorWorker:
     # -------------------------------------------------------------------------------- update
 
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
-        """PPO-clip update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
-        c = self.cfg
-        kl_fn = KL_ESTIMATORS[KLPenalty(self.algo.kl_penalty)] if self.algo.use_kl_loss else None
+        """Policy update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
+        c, alg = self.cfg, self.algo
+        kind, agg_mode = PolicyLoss(c.loss_type), LossAggMode(c.loss_agg_mode)
+        params = PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual)
+        kl_kind = KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None
 
-        def ppo_loss(mb: Batch, logp: torch.Tensor, normalizer: torch.Tensor):
-            mask = mb["response_mask"].float()
-            old = mb["old_logprobs"] if "old_logprobs" in mb else logp.detach()
-            out = ppo_clip_loss(logp, old, mb["advantages"], mask, c.clip_ratio_low, c.clip_ratio_high)
-            pg_loss = token_mean(out.loss, mask, normalizer)
+        def loss_fn(micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor):
+            mask = micro["response_mask"].float()
+            tokens = mini["response_mask"].sum()
+            seqs = (mini["response_mask"].sum(-1) > 0).sum()
+
+            def agg(x: torch.Tensor) -> torch.Tensor:
+                return aggregate_loss(x, mask, agg_mode, tokens, seqs, self.max_response_length)
+
+            old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach()
+            out = policy_loss(kind, logp, old, micro["advantages"], mask, params)
+            pg_loss = agg(out.loss)
+            loss = pg_loss
             stats = {
                 "actor/pg_loss": pg_loss.detach(),
-                "actor/pg_clipfrac": token_mean(out.clipped, mask, normalizer),
-                "actor/ppo_kl": token_mean(out.approx_kl, mask, normalizer),
+                "actor/pg_clipfrac": token_mean(out.clipped, mask, tokens),
+                "actor/pg_clipfrac_higher": token_mean(out.clipped_high, mask, tokens),
+                "actor/pg_clipfrac_lower": token_mean(out.clipped_low, mask, tokens),
+                "actor/ppo_kl": token_mean(out.approx_kl, mask, tokens),
+                "actor/entropy": token_mean(ent.detach(), mask, tokens),
             }
-            loss = pg_loss
-            if kl_fn is not None:
-                kl_loss = token_mean(kl_fn(logp, mb["ref_logprobs"]), mask, normalizer)
-                loss = loss + self.algo.kl_coef * kl_loss
+            if c.entropy_coeff:
+                loss = loss - c.entropy_coeff * agg(ent)
+            if kl_kind is not None:
+                kl_loss = agg(kl_penalty(kl_kind, logp, micro["ref_logprobs"]))
+                loss = loss + alg.kl_coef * kl_loss
                 stats["actor/kl_loss"] = kl_loss.detach()
             return loss, stats
 
         metrics = self._train(
-            batch, mini_batch_size, ppo_loss, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches
+            batch, mini_batch_size, loss_fn, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches
         )
-        if kl_fn is not None:
-            metrics["actor/kl_coef"] = self.algo.kl_coef
+        if kl_kind is not None:
+            metrics["actor/kl_coef"] = alg.kl_coef
         return metrics
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning: mean NLL of the `response_mask` tokens."""
 
-        def nll(mb: Batch, logp: torch.Tensor, normalizer: torch.Tensor):
-            loss = token_mean(-logp, mb["response_mask"].float(), normalizer)
+        def nll(micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor):
+            loss = token_mean(-logp, micro["response_mask"].float(), mini["response_mask"].sum())
             return loss, {"sft/loss": loss.detach()}
 
         return self._train(batch, len(batch), nll, epochs=1, shuffle=False)
@@ -105,14 +130,17 @@ class ActorWorker:
         self, batch: Batch, mini_batch_size: int, loss_fn: LossFn, epochs: int, shuffle: bool
     ) -> dict[str, float]:
         temperature = batch.meta.get("temperature", 1.0)
+        entropy_grad = self.cfg.entropy_coeff != 0
 
-        def micro_loss(micro: Batch, normalizer: torch.Tensor):
+        def micro_loss(micro: Batch, mini: Batch):
             logp, ent = forward_logprobs(
-                self.model, **_model_inputs(micro), temperature=temperature, with_entropy=True
+                self.model,
+                **_model_inputs(micro),
+                temperature=temperature,
+                with_entropy=True,
+                entropy_grad=entropy_grad,
             )
-            loss, stats = loss_fn(micro, logp, normalizer)
-            stats["actor/entropy"] = token_mean(ent, micro["response_mask"].float(), normalizer)
-            return loss, stats
+            return loss_fn(micro, mini, logp, ent)
 
         c = self.cfg
         return optimizer_steps(

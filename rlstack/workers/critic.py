@@ -59,8 +59,8 @@ class CriticWorker:
         return batch.update({"values": torch.cat(parts)})
 
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
-        def micro_loss(mb: Batch, normalizer: torch.Tensor):
-            mask = mb["response_mask"].float()
+        def micro_loss(mb: Batch, mini: Batch):
+            mask, normalizer = mb["response_mask"].float(), mini["response_mask"].sum()
             out = clipped_value_loss(
                 self._values(mb), mb["values"], mb["returns"], mask, self.cfg.cliprange_value
             )

@@ -1,9 +1,9 @@
 """What the actor and the critic share: the optimizer and schedule, and the loop of optimizer steps.
 
 `optimizer_steps` cuts a batch into mini-batches (one optimizer step each, for `epochs` passes)
-and each mini-batch into micro-batches (gradient accumulation). The loss of a micro-batch is
-normalized by its mini-batch's token count, which `micro_loss` receives, so accumulation does
-not change the gradient. A NaN or infinite loss, gradient norm or weight raises
+and each mini-batch into micro-batches (gradient accumulation). `micro_loss` receives the
+micro-batch and its mini-batch, and normalizes by the mini-batch's token or sequence count, so
+accumulation does not change the gradient. A NaN or infinite loss, gradient norm or weight raises
 `TrainingDiverged` before anything is applied or saved.
 """
 
@@ -19,8 +19,9 @@ from rlstack.batch import Batch
 from rlstack.config import OptimConfig
 from rlstack.errors import TrainingDiverged
 
-# micro_loss(micro_batch, mini_batch_token_count) -> (loss, {metric: contribution summed over the mini-batch})
-MicroLoss = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# micro_loss(micro_batch, mini_batch) -> (loss, {metric: contribution summed over the mini-batch}); the loss
+# is normalized by the mini-batch (its tokens or sequences), so micro-batch losses add up to its loss.
+MicroLoss = Callable[[Batch, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
@@ -61,9 +62,8 @@ def optimizer_steps(
             g = torch.Generator().manual_seed(shuffle_seed * 1_000_003 + step * 101 + epoch)
             order = batch.select(torch.randperm(len(batch), generator=g))
         for mb in order.split(mini_batch_size):
-            normalizer = mb["response_mask"].sum()
             for micro in mb.split(micro_batch_size):
-                loss, stats = micro_loss(micro, normalizer)
+                loss, stats = micro_loss(micro, mb)
                 if not torch.isfinite(loss):
                     optimizer.zero_grad(set_to_none=True)
                     raise TrainingDiverged(f"the {role} loss became {loss.item()} at step {step}")
