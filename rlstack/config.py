@@ -194,6 +194,10 @@ class RewardConfig:
     """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `builtin:math`)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function."""
+    overlong_buffer_length: int = 0
+    """DAPO soft overlong punishment: the last this many tokens before max_response_length are penalized (0: off)."""
+    overlong_penalty_factor: float = 1.0
+    """Penalty at max_response_length; it grows linearly from 0 across the buffer (logged as reward/overlong)."""
 
 
 @dataclass
@@ -243,6 +247,18 @@ class AlgorithmConfig:
     """Target KL of the adaptive controller."""
     kl_horizon: int = 10000
     """Horizon (in trajectories) of the adaptive controller."""
+    online_filtering: bool = False
+    """DAPO dynamic sampling: drop groups whose mean `filter_key` is not strictly inside (filter_low, filter_high), and sample more prompts until the batch is full."""
+    filter_key: str = "overall"
+    """Reward component the online filter looks at (`overall` or a key the reward function returns)."""
+    filter_low: float = 0.01
+    """Keep a group only if its mean filter_key is above this."""
+    filter_high: float = 0.99
+    """Keep a group only if its mean filter_key is below this."""
+    max_try_make_batch: int = 20
+    """Generation rounds allowed to fill one batch with online filtering before the run stops with an error."""
+    mask_truncated_responses: bool = False
+    """DAPO overlong filtering: responses cut at max_response_length get no loss."""
 
 
 @dataclass
@@ -528,6 +544,7 @@ def validate(cfg: Config) -> list[str]:
     """Cross-field rules; each problem says what, why and how to fix it."""
     p: list[str] = []
     d, a, t = cfg.data, cfg.worker.actor, cfg.trainer
+    alg = cfg.algorithm
     r = cfg.worker.rollout
     for key, value in [
         ("data.rollout_batch_size", d.rollout_batch_size),
@@ -592,6 +609,19 @@ def validate(cfg: Config) -> list[str]:
                 f"by worker.critic.micro_batch_size_per_device_for_update ({cr.micro_batch_size_per_device_for_update}); "
                 f"pick a divisor such as {_divisors_hint(critic_mini)}"
             )
+    rw = cfg.worker.reward
+    if rw.overlong_buffer_length < 0 or rw.overlong_buffer_length > d.max_response_length:
+        p.append(
+            f"worker.reward.overlong_buffer_length = {rw.overlong_buffer_length}: must be between 0 (off) and "
+            f"data.max_response_length ({d.max_response_length})"
+        )
+    if alg.online_filtering and not alg.filter_low < alg.filter_high:
+        p.append(
+            f"algorithm.filter_low ({alg.filter_low}) must be below algorithm.filter_high ({alg.filter_high}): "
+            "groups are kept when their mean lies strictly between them"
+        )
+    if alg.online_filtering and alg.max_try_make_batch < 1:
+        p.append(f"algorithm.max_try_make_batch = {alg.max_try_make_batch}: must be at least 1")
     if t.critic_warmup < 0:
         p.append(f"trainer.critic_warmup = {t.critic_warmup}: must be 0 or more")
     if t.critic_warmup and cfg.algorithm.adv_estimator != "gae":
@@ -604,7 +634,6 @@ def validate(cfg: Config) -> list[str]:
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares responses within a group, "
             f"so worker.rollout.n must be at least 2 (got {r.n}); set worker.rollout.n=8 for example"
         )
-    alg = cfg.algorithm
     if a.loss_type in SEQUENCE_LEVEL_LOSSES and a.loss_agg_mode != "seq-mean-token-mean":
         p.append(
             f"worker.actor.loss_type={a.loss_type} uses a length-normalized sequence ratio, so each sequence must "

@@ -18,10 +18,12 @@ from rlstack.algos.advantages import (
     group_index,
     outcome_token_rewards,
 )
+from rlstack.algos.filters import group_filter, select_to_fill, truncation_mask
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
+from rlstack.errors import RLStackError
 from rlstack.models.loading import load_tokenizer, resolve_model_path
 from rlstack.rewards.loader import load_reward_function
 from rlstack.rewards.manager import RewardManager
@@ -44,6 +46,7 @@ class Trainer:
         tokenizer = load_tokenizer(
             w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
         )
+        self.pad_token_id = tokenizer.pad_token_id
         self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d)
         self.val_set = (
             PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples) if d.val_files else None
@@ -72,7 +75,11 @@ class Trainer:
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.rewards = RewardManager(
-            load_reward_function(w.reward.reward_function), w.reward.reward_function_kwargs
+            load_reward_function(w.reward.reward_function),
+            w.reward.reward_function_kwargs,
+            d.max_response_length,
+            w.reward.overlong_buffer_length,
+            w.reward.overlong_penalty_factor,
         )
         self.step = 0
         self.tracker: Tracker | None = None
@@ -119,15 +126,12 @@ class Trainer:
         timing: dict[str, float] = defaultdict(float)
         metrics: dict[str, float] = {}
         with _timer(timing, "step"):
-            prompts = self.loader.next_batch()
-            with _timer(timing, "gen"):
-                batch = self.actor.call("generate", prompts)
-            with _timer(timing, "reward"):
-                batch = self.rewards.score(batch)
-            if self.cfg.algorithm.adv_estimator == AdvEstimator.REMAX:
-                with _timer(timing, "baseline"):
-                    baseline = self.rewards.score(self.actor.call("generate_greedy", prompts))
-                    batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
+            if self.cfg.algorithm.online_filtering:
+                batch = self.collect_filtered(timing, metrics)
+            else:
+                batch = self.rollout(self.loader.next_batch(), timing)
+            if self.cfg.algorithm.mask_truncated_responses:
+                batch["response_mask"] = truncation_mask(batch["truncated"], batch["response_mask"])
             if not self.on_policy:
                 with _timer(timing, "old"):
                     batch = self.actor.call("compute_logprobs", batch)
@@ -155,6 +159,51 @@ class Trainer:
         metrics["perf/time_per_step"] = timing["step"]
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / timing["step"]
         return metrics
+
+    def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
+        """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
+        with _timer(timing, "gen"):
+            batch = self.actor.call("generate", prompts)
+        with _timer(timing, "reward"):
+            batch = self.rewards.score(batch)
+        if self.cfg.algorithm.adv_estimator == AdvEstimator.REMAX:
+            with _timer(timing, "baseline"):
+                baseline = self.rewards.score(self.actor.call("generate_greedy", prompts))
+                batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
+        return batch
+
+    def collect_filtered(self, timing: dict[str, float], metrics: dict[str, float]) -> Batch:
+        """DAPO dynamic sampling: keep groups whose mean `filter_key` lies strictly inside (low, high), and
+        draw more prompts until `rollout_batch_size` groups are kept."""
+        a, want = self.cfg.algorithm, self.cfg.data.rollout_batch_size
+        kept: list[Batch] = []
+        num_kept = tries = 0
+        while num_kept < want:
+            tries += 1
+            if tries > a.max_try_make_batch:
+                raise RLStackError(
+                    f"online filtering kept {num_kept} of {want} prompt groups after algorithm.max_try_make_batch="
+                    f"{a.max_try_make_batch} rounds: nearly every group is all-correct or all-wrong on "
+                    f"{a.filter_key!r}. Widen algorithm.filter_low/filter_high, raise max_try_make_batch, or "
+                    "turn algorithm.online_filtering off"
+                )
+            batch = self.rollout(self.loader.next_batch(), timing)
+            comps = batch["reward_components"][0]
+            if a.filter_key not in comps:
+                raise RLStackError(
+                    f"algorithm.filter_key={a.filter_key!r} is not returned by the reward function "
+                    f"{self.cfg.worker.reward.reward_function}; it returns {sorted(comps)}"
+                )
+            metric = torch.tensor([c[a.filter_key] for c in batch["reward_components"]])
+            groups = group_index(batch["uid"])
+            keep = group_filter(metric, groups, a.filter_low, a.filter_high)
+            rows = select_to_fill(keep, groups, want - num_kept, None)
+            if len(rows):
+                kept.append(batch.select(rows))
+                num_kept += len(set(kept[-1]["uid"]))
+        metrics["online_filtering/num_tries"] = tries
+        metrics["online_filtering/kept_groups_per_try"] = num_kept / tries
+        return Batch.concat(kept, pad_values={"input_ids": self.pad_token_id})
 
     def advantages(self, batch: Batch) -> dict[str, float]:
         """Adds `advantages` and `returns`; subtracts the in-reward KL first when configured."""

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -409,3 +410,85 @@ def test_in_reward_kl_with_the_adaptive_controller_and_critic_warmup(tiny_model_
     assert "actor/pg_loss" in m[2]
     assert m[1]["actor/reward_kl_penalty_coeff"] == 0.05
     assert m[2]["actor/reward_kl_penalty_coeff"] != 0.05  # adapted after step 1
+
+
+PARITY_REWARD = """
+REWARD_TYPE = "batch"
+
+def compute_score(reward_inputs):
+    # deterministic, and mixed within most groups of a random model's samples
+    return [{"overall": float(len(x["response"]) % 2), "parity": float(len(x["response"]) % 2)} for x in reward_inputs]
+"""
+
+
+def _dapo_trainer(model: Path, out: Path, *extra: str) -> Trainer:
+    reward = out / "parity.py"
+    out.mkdir(parents=True, exist_ok=True)
+    reward.write_text(PARITY_REWARD)
+    return Trainer(
+        load_config(
+            _overrides(
+                model,
+                out,
+                "trainer.max_steps=2",
+                "trainer.val_before_train=false",
+                "data.val_files=",
+                "trainer.logger=[file]",
+                "trainer.save_model_only=true",
+                "algorithm.online_filtering=true",
+                f"worker.reward.reward_function={reward}:compute_score",
+                *extra,
+            )
+        )
+    )
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_fills_the_batch_with_mixed_groups_only(tiny_model_dir: Path, tmp_path: Path):
+    trainer = _dapo_trainer(tiny_model_dir, tmp_path, "algorithm.filter_key=parity")
+    metrics: dict[str, float] = {}
+    batch = trainer.collect_filtered(defaultdict(float), metrics)
+    uids = batch["uid"]
+    assert len(set(uids)) == 4 and len(batch) == 16  # rollout_batch_size groups of n
+    for uid in set(uids):
+        group = [s for s, u in zip(batch["scores"].tolist(), uids) if u == uid]
+        assert 0 < sum(group) / len(group) < 1
+    assert metrics["online_filtering/num_tries"] >= 1
+    trainer.fit()  # and the filtered batches train
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_that_cannot_fill_a_batch_stops_with_advice(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.errors import RLStackError
+
+    # exact match on a random model: every group is all-wrong, so nothing is ever kept
+    trainer = _dapo_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "worker.reward.reward_function=builtin:exact_match",
+        "algorithm.max_try_make_batch=2",
+    )
+    with pytest.raises(RLStackError, match="max_try_make_batch=2"):
+        trainer.fit()
+
+
+def test_a_filter_key_the_reward_does_not_return_is_named(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.errors import RLStackError
+
+    trainer = _dapo_trainer(tiny_model_dir, tmp_path, "algorithm.filter_key=acc")
+    with pytest.raises(RLStackError, match=r"filter_key='acc'.*\['overall', 'parity'\]"):
+        trainer.collect_filtered(defaultdict(float), {})
+
+
+@pytest.mark.slow
+def test_overlong_punishment_and_truncation_masking(tiny_model_dir: Path, tmp_path: Path):
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path,
+        "worker.reward.overlong_buffer_length=4",
+        "worker.reward.overlong_penalty_factor=1.0",
+        "algorithm.mask_truncated_responses=true",
+    )
+    # the random model mostly runs to the 6-token limit: penalty -1 there, -0.25 per token into the buffer
+    assert -1.0 <= m[1]["reward/overlong"] < 0
+    assert m[1]["critic/score/mean"] == pytest.approx(m[1]["reward/overall"] + m[1]["reward/overlong"])

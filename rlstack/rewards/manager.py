@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from rlstack.algos.filters import overlong_penalty
 from rlstack.batch import Batch
 from rlstack.errors import RLStackError
 from rlstack.rewards.loader import RewardFunction
@@ -17,9 +18,19 @@ class RewardError(RLStackError, RuntimeError):
 
 
 class RewardManager:
-    def __init__(self, reward_fn: RewardFunction, kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        reward_fn: RewardFunction,
+        kwargs: dict[str, Any] | None = None,
+        max_response_length: int = 0,
+        overlong_buffer_length: int = 0,
+        overlong_penalty_factor: float = 1.0,
+    ):
         self.reward_fn = reward_fn
         self.kwargs = kwargs or {}
+        self.max_response_length = max_response_length
+        self.overlong_buffer_length = overlong_buffer_length
+        self.overlong_penalty_factor = overlong_penalty_factor
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (name -> list of floats)."""
@@ -27,7 +38,18 @@ class RewardManager:
         results = self._call(inputs, batch)
         keys = sorted({k for r in results for k in r})
         components = {k: [float(r.get(k, float("nan"))) for r in results] for k in keys}
-        batch["scores"] = torch.tensor(components["overall"], dtype=torch.float32)
+        scores = torch.tensor(components["overall"], dtype=torch.float32)
+        if self.overlong_buffer_length:
+            penalty = overlong_penalty(
+                batch["response_mask"].sum(-1),
+                self.max_response_length,
+                self.overlong_buffer_length,
+                self.overlong_penalty_factor,
+            )
+            scores = scores + penalty
+            keys.append("overlong")
+            components["overlong"] = penalty.tolist()
+        batch["scores"] = scores
         batch["reward_components"] = [{k: components[k][i] for k in keys} for i in range(len(batch))]
         return batch
 
