@@ -126,6 +126,14 @@ class ActorConfig:
     """Dual-clip bound c for negative advantages (loss <= -c * A)."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
+    top_entropy_quantile: float = 1.0
+    """Train only on this fraction of highest-entropy response tokens of each micro-batch (0.2: the 80/20 rule; 1: all)."""
+    rollout_correction: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    """Importance-sampling correction for rollout-vs-trainer numerics: truncated IS, IcePop, or sequence-masked TIS."""
+    rollout_correction_low: float = 0.5
+    """Lower bound of the kept IS-weight band (icepop, seq-mask-tis)."""
+    rollout_correction_high: float = 2.0
+    """Cap of the IS weight (tis) / upper bound of the kept band (icepop, seq-mask-tis)."""
     shuffle_mini_batches: bool = False
     """Shuffle trajectories before cutting mini-batches (seeded)."""
 
@@ -653,6 +661,15 @@ def validate(cfg: Config) -> list[str]:
         p.append(
             f"algorithm.kl_penalty={alg.kl_penalty}: the `+` estimators only change the gradient, which an in-reward "
             "KL never takes; use it with use_kl_loss, or drop the `+`"
+        )
+    if not 0.0 < a.top_entropy_quantile <= 1.0:
+        p.append(
+            f"worker.actor.top_entropy_quantile = {a.top_entropy_quantile}: must be in (0, 1] (1 trains on every token)"
+        )
+    if a.rollout_correction and not 0 <= a.rollout_correction_low <= a.rollout_correction_high:
+        p.append(
+            f"worker.actor.rollout_correction_low ({a.rollout_correction_low}) and _high ({a.rollout_correction_high}) "
+            "must satisfy 0 <= low <= high"
         )
     if not 0.0 < r.top_p <= 1.0:
         p.append(f"worker.rollout.top_p = {r.top_p}: must be in (0, 1]")

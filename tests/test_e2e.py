@@ -529,3 +529,21 @@ def test_each_recipe_runs_a_step_on_the_tiny_model(tiny_model_dir: Path, tmp_pat
     )
     m = Trainer(cfg).fit()
     assert math.isfinite(m["actor/pg_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("correction", ["tis", "icepop", "seq-mask-tis"])
+def test_rollout_corrections_and_high_entropy_selection_train(
+    tiny_model_dir: Path, tmp_path: Path, correction: str
+):
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path,
+        f"worker.actor.rollout_correction={correction}",
+        "worker.actor.top_entropy_quantile=0.2",
+        "worker.actor.global_batch_size=2",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+    )
+    # the HF engine's numerics match the trainer's, so the weights sit at 1 (or 0 outside a band)
+    assert 0.0 < m[2]["actor/rollout_correction_weight"] <= 1.0 + 1e-4
+    assert math.isfinite(m[2]["actor/pg_loss"])

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import torch
 
+from rlstack.algos.entropy import high_entropy_mask
 from rlstack.algos.kl import KLPenalty, kl_penalty
 from rlstack.algos.policy_loss import (
     LossAggMode,
     PolicyLoss,
     PolicyLossParams,
+    RolloutCorrection,
+    RolloutCorrectionParams,
     aggregate_loss,
     policy_loss,
+    rollout_correction,
     token_mean,
 )
 from rlstack.batch import Batch
@@ -81,6 +85,8 @@ class ActorWorker:
         kind, agg_mode = PolicyLoss(c.loss_type), LossAggMode(c.loss_agg_mode)
         params = PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual)
         kl_kind = KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None
+        correction = RolloutCorrection(c.rollout_correction) if c.rollout_correction else None
+        correction_params = RolloutCorrectionParams(c.rollout_correction_low, c.rollout_correction_high)
 
         def loss_fn(micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor):
             mask = micro["response_mask"].float()
@@ -92,9 +98,19 @@ class ActorWorker:
 
             old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach()
             out = policy_loss(kind, logp, old, micro["advantages"], mask, params)
-            pg_loss = agg(out.loss)
+            token_loss = out.loss
+            stats = {}
+            if correction is not None:
+                weight = rollout_correction(
+                    correction, old, micro["rollout_logprobs"], mask, correction_params
+                )
+                token_loss = token_loss * weight
+                stats["actor/rollout_correction_weight"] = token_mean(weight, mask, tokens)
+            if c.top_entropy_quantile < 1.0:
+                token_loss = token_loss * high_entropy_mask(ent.detach(), mask, c.top_entropy_quantile)
+            pg_loss = agg(token_loss)
             loss = pg_loss
-            stats = {
+            stats |= {
                 "actor/pg_loss": pg_loss.detach(),
                 "actor/pg_clipfrac": token_mean(out.clipped, mask, tokens),
                 "actor/pg_clipfrac_higher": token_mean(out.clipped_high, mask, tokens),
