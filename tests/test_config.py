@@ -402,3 +402,44 @@ def test_every_default_is_reachable_from_config():
 
     walk(Config)
     assert set(_config_dataclasses()) == reachable
+
+
+def test_config_choices_match_the_algorithm_registries():
+    """config.py cannot import algos/ (it sits below it), so its Literal choices are checked here."""
+    import typing
+
+    from rlstack.algos.advantages import ADVANTAGE_ESTIMATORS, AdvEstimator
+    from rlstack.algos.kl import KL_ESTIMATORS, KLPenalty
+    from rlstack.algos.policy_loss import (
+        AGGREGATORS,
+        POLICY_LOSSES,
+        ROLLOUT_CORRECTIONS,
+        LossAggMode,
+        PolicyLoss,
+        RolloutCorrection,
+    )
+    from rlstack.config import ActorConfig, AlgorithmConfig
+
+    def choices(cls, name):
+        tp = typing.get_type_hints(cls)[name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return set(typing.get_args(args[0])) if len(args) == 1 else set(args)
+
+    assert (
+        choices(AlgorithmConfig, "adv_estimator")
+        == {e.value for e in AdvEstimator}
+        == set(ADVANTAGE_ESTIMATORS)
+    )
+    assert choices(ActorConfig, "loss_type") == {e.value for e in PolicyLoss} == set(POLICY_LOSSES)
+    assert choices(ActorConfig, "loss_agg_mode") == {e.value for e in LossAggMode} == set(AGGREGATORS)
+    assert (
+        choices(ActorConfig, "rollout_correction")
+        == {e.value for e in RolloutCorrection}
+        == set(ROLLOUT_CORRECTIONS)
+    )
+    # `full` needs whole distributions from the reference model, which the trainer does not carry yet
+    assert (
+        choices(AlgorithmConfig, "kl_penalty")
+        == {e.value for e in KLPenalty} - {"full"}
+        == set(KL_ESTIMATORS)
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlstack.algos.advantages import AdvEstimator
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
 
@@ -318,16 +319,7 @@ def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_pat
     assert _metrics(tmp_path / "rlstack" / "default")[1]["val/reward_score"] == metrics["val/reward_score"]
 
 
-ESTIMATORS = [
-    "gae",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "grpo_passk",
-    "loo_std",
-]
+ESTIMATORS = [e.value for e in AdvEstimator]
 LOSSES = [
     ("vanilla", "token-mean"),
     ("gspo", "seq-mean-token-mean"),
