@@ -265,6 +265,16 @@ class AlgorithmConfig:
     """Keep a group only if its mean filter_key is below this."""
     max_try_make_batch: int = 20
     """Generation rounds allowed to fill one batch with online filtering before the run stops with an error."""
+    oversample_factor: int = 1
+    """With online filtering, draw this many batches of prompts per generation round (PyVision oversampling)."""
+    rank_groups_by_std: bool = False
+    """With online filtering, fill the batch with the kept groups of highest reward std first (PyVision)."""
+    trajectory_filter_end_reasons: list[str] | None = None
+    """With online filtering, drop trajectories whose end_reason is not listed, after group filtering (None: keep all)."""
+    trajectory_filter_max_length: int | None = None
+    """With online filtering, drop trajectories with more response tokens than this (None: no limit)."""
+    trajectory_filter_require_image: bool = False
+    """With online filtering, drop trajectories that hold no image (agent runs)."""
     mask_truncated_responses: bool = False
     """DAPO overlong filtering: responses cut at max_response_length get no loss."""
 
@@ -630,6 +640,20 @@ def validate(cfg: Config) -> list[str]:
         )
     if alg.online_filtering and alg.max_try_make_batch < 1:
         p.append(f"algorithm.max_try_make_batch = {alg.max_try_make_batch}: must be at least 1")
+    if alg.oversample_factor < 1:
+        p.append(f"algorithm.oversample_factor = {alg.oversample_factor}: must be at least 1")
+    pyvision = (
+        alg.oversample_factor > 1
+        or alg.rank_groups_by_std
+        or alg.trajectory_filter_end_reasons is not None
+        or alg.trajectory_filter_max_length is not None
+        or alg.trajectory_filter_require_image
+    )
+    if pyvision and not alg.online_filtering:
+        p.append(
+            "algorithm.oversample_factor, rank_groups_by_std and trajectory_filter_* act while filtering a batch: "
+            "set algorithm.online_filtering=true (with filter_low=-1e9, filter_high=1e9 to keep every group)"
+        )
     if t.critic_warmup < 0:
         p.append(f"trainer.critic_warmup = {t.critic_warmup}: must be 0 or more")
     if t.critic_warmup and cfg.algorithm.adv_estimator != "gae":

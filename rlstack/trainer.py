@@ -18,7 +18,13 @@ from rlstack.algos.advantages import (
     group_index,
     outcome_token_rewards,
 )
-from rlstack.algos.filters import group_filter, select_to_fill, truncation_mask
+from rlstack.algos.filters import (
+    group_filter,
+    rank_groups_by_std,
+    select_to_fill,
+    trajectory_filter,
+    truncation_mask,
+)
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml
@@ -187,7 +193,8 @@ class Trainer:
                     f"{a.filter_key!r}. Widen algorithm.filter_low/filter_high, raise max_try_make_batch, or "
                     "turn algorithm.online_filtering off"
                 )
-            batch = self.rollout(self.loader.next_batch(), timing)
+            prompts = Batch.concat([self.loader.next_batch() for _ in range(a.oversample_factor)])
+            batch = self.rollout(prompts, timing)
             comps = batch["reward_components"][0]
             if a.filter_key not in comps:
                 raise RLStackError(
@@ -196,14 +203,30 @@ class Trainer:
                 )
             metric = torch.tensor([c[a.filter_key] for c in batch["reward_components"]])
             groups = group_index(batch["uid"])
-            keep = group_filter(metric, groups, a.filter_low, a.filter_high)
-            rows = select_to_fill(keep, groups, want - num_kept, None)
+            keep = group_filter(metric, groups, a.filter_low, a.filter_high) & self._trajectory_filter(batch)
+            order = rank_groups_by_std(batch["scores"], groups) if a.rank_groups_by_std else None
+            rows = select_to_fill(keep, groups, want - num_kept, order)
             if len(rows):
                 kept.append(batch.select(rows))
                 num_kept += len(set(kept[-1]["uid"]))
         metrics["online_filtering/num_tries"] = tries
         metrics["online_filtering/kept_groups_per_try"] = num_kept / tries
         return Batch.concat(kept, pad_values={"input_ids": self.pad_token_id})
+
+    def _trajectory_filter(self, batch: Batch) -> torch.Tensor:
+        """PyVision's trajectory-level filters (end reason, length, has an image), after group filtering."""
+        a = self.cfg.algorithm
+        images = batch.get("images") or [[] for _ in range(len(batch))]
+        return trajectory_filter(
+            batch["end_reason"],
+            batch["response_mask"].sum(-1),
+            torch.tensor([len(im) > 0 for im in images]),
+            set(a.trajectory_filter_end_reasons)
+            if a.trajectory_filter_end_reasons is not None
+            else set(batch["end_reason"]),
+            a.trajectory_filter_max_length,
+            a.trajectory_filter_require_image,
+        )
 
     def advantages(self, batch: Batch) -> dict[str, float]:
         """Adds `advantages` and `returns`; subtracts the in-reward KL first when configured."""

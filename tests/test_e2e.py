@@ -539,3 +539,31 @@ def test_rollout_corrections_and_high_entropy_selection_train(
     # the HF engine's numerics match the trainer's, so the weights sit at 1 (or 0 outside a band)
     assert 0.0 < m[2]["actor/rollout_correction_weight"] <= 1.0 + 1e-4
     assert math.isfinite(m[2]["actor/pg_loss"])
+
+
+@pytest.mark.slow
+def test_pyvision_partial_filtering_oversamples_ranks_and_drops_trajectories(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    trainer = _dapo_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.oversample_factor=2",
+        "algorithm.rank_groups_by_std=true",
+        "algorithm.trajectory_filter_max_length=4",
+        "algorithm.max_try_make_batch=50",
+    )
+    metrics: dict[str, float] = {}
+    batch = trainer.collect_filtered(defaultdict(float), metrics)
+    assert len(set(batch["uid"])) == 4
+    assert (
+        int(batch["response_mask"].sum(-1).max()) <= 4
+    )  # longer trajectories were dropped from their groups
+    assert metrics["online_filtering/kept_groups_per_try"] > 0
+
+
+def test_pyvision_options_without_online_filtering_are_a_config_error():
+    from rlstack.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set algorithm.online_filtering=true"):
+        load_config(["algorithm.rank_groups_by_std=true"])
