@@ -245,8 +245,10 @@ class AlgorithmConfig:
     """Add a KL(policy || reference) term to the actor loss (builds a reference model)."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL per token from the reward before advantages (builds a reference model)."""
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"] = "low_var_kl"
-    """KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); `+`: that value with k2's gradient."""
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+", "full"] = (
+        "low_var_kl"
+    )
+    """KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); `+`: that value with k2's gradient; full: exact KL over the vocabulary (KL loss only)."""
     kl_coef: float = 1.0e-2
     """Weight of the KL term (the initial weight with the adaptive controller)."""
     kl_type: Literal["fixed", "adaptive"] = "fixed"
@@ -680,6 +682,11 @@ def validate(cfg: Config) -> list[str]:
         p.append(
             "algorithm.kl_type=adaptive adapts the in-reward KL coefficient: set algorithm.use_kl_in_reward=true, "
             "or use kl_type=fixed"
+        )
+    if alg.kl_penalty == "full" and alg.use_kl_in_reward:
+        p.append(
+            "algorithm.kl_penalty=full needs the reference model's whole distributions during the update, so it "
+            "works as a KL loss only: set algorithm.use_kl_loss=true and use_kl_in_reward=false, or pick low_var_kl"
         )
     if alg.kl_penalty.endswith("+") and alg.use_kl_in_reward:
         p.append(

@@ -73,7 +73,9 @@ class Trainer:
             ActorWorker(w.actor, w.rollout, alg, d.max_response_length, self.total_steps)
         )
         self.ref: WorkerGroup | None = None
-        if alg.use_kl_loss or alg.use_kl_in_reward:
+        if alg.use_kl_in_reward or (
+            alg.use_kl_loss and alg.kl_penalty != "full"
+        ):  # full: the actor holds one
             self.ref = LocalWorkerGroup(RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience))
         self.critic: WorkerGroup | None = None
         if alg.adv_estimator == AdvEstimator.GAE:

@@ -567,3 +567,29 @@ def test_pyvision_options_without_online_filtering_are_a_config_error():
 
     with pytest.raises(ConfigError, match="set algorithm.online_filtering=true"):
         load_config(["algorithm.rank_groups_by_std=true"])
+
+
+@pytest.mark.slow
+def test_exact_full_kl_loss_uses_a_colocated_reference(tiny_model_dir: Path, tmp_path: Path):
+    reward = tmp_path / "parity.py"
+    reward.write_text(PARITY_REWARD)  # nonzero advantages, so the first update moves the policy
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path,
+            "trainer.max_steps=2",
+            "trainer.val_before_train=false",
+            "data.val_files=",
+            "trainer.logger=[file]",
+            "trainer.save_model_only=true",
+            "algorithm.use_kl_loss=true",
+            "algorithm.kl_penalty=full",
+            f"worker.reward.reward_function={reward}:compute_score",
+        )
+    )
+    trainer = Trainer(cfg)
+    assert trainer.ref is None and trainer.actor.worker.ref_model is not None
+    trainer.fit()
+    m = _metrics(cfg.run_dir)
+    assert m[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
+    assert m[2]["actor/kl_loss"] > 1e-6  # and moves away after one update

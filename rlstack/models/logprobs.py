@@ -54,16 +54,30 @@ def forward_logprobs(
     """Log-probs (and entropies) of `input_ids[b, t]` given `input_ids[b, <t]`, at `temperature`.
 
     Entropies carry a gradient only with `entropy_grad` (an entropy bonus in the loss).
+    Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that is not
+    needed. See `response_logits` for how the forward pass is done.
+    """
+    logits, start = response_logits(model, input_ids, attention_mask, position_ids, response_mask)
+    scaled = logits if temperature == 1.0 else logits / temperature
+    return logprobs_from_response_logits(scaled, input_ids, start, with_entropy, entropy_grad)
 
-    Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that
-    is not needed; only the logits of response columns are materialised (`logits_to_keep`).
+
+def response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T]
+    attention_mask: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T]
+    response_mask: torch.Tensor,  # [B, T]
+) -> tuple[torch.Tensor, int]:
+    """Logits predicting the tokens at columns `start .. T-1` ([B, T-start, V]) and `start`, the first
+    column with a sampled token; only these logits are materialised (`logits_to_keep`).
 
     Consecutive rows with the same prompt (every column before the first response column, as
     `n` samples of one prompt are laid out) share one forward pass of it: see
     `_shared_prompt_logits`. The result, and its gradients, are those of one plain forward pass
     over the whole batch, up to float rounding.
     """
-    B, T = input_ids.shape
+    T = input_ids.shape[1]
     start = max(first_scored_column(response_mask), 1)
     logits = None
     if start < T:
@@ -78,18 +92,30 @@ def forward_logprobs(
             logits_to_keep=keep,
         )
         logits = out.logits[:, :-1, :]  # [B, T-start, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = logprobs_from_logits(logits, input_ids[:, start:])
-    full = logp.new_zeros(B, T)
-    full[:, start:] = logp
-    ent_full = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = entropy_from_logits(logits)
-        ent_full = ent.new_zeros(B, T)
-        ent_full[:, start:] = ent
-    return full, ent_full
+    return logits, start
+
+
+def logprobs_from_response_logits(
+    logits: torch.Tensor,  # [B, T-start, V], already divided by the temperature
+    input_ids: torch.Tensor,  # [B, T]
+    start: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`[B, T]` log-probs of `input_ids` (and entropies) from `response_logits`' output."""
+    logp = to_full_width(logprobs_from_logits(logits, input_ids[:, start:]), input_ids.shape[1], start)
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = entropy_from_logits(logits)
+    return logp, to_full_width(ent, input_ids.shape[1], start)
+
+
+def to_full_width(values: torch.Tensor, width: int, start: int) -> torch.Tensor:
+    """[B, width-start] -> [B, width], zeros before `start`."""
+    full = values.new_zeros(values.shape[0], width)
+    full[:, start:] = values
+    return full
 
 
 def _shared_prompt_logits(

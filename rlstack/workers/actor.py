@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rlstack.algos.entropy import high_entropy_mask
-from rlstack.algos.kl import KLPenalty, kl_penalty
+from rlstack.algos.kl import KLPenalty, kl_full, kl_penalty
 from rlstack.algos.policy_loss import (
     LossAggMode,
     PolicyLoss,
@@ -23,12 +23,21 @@ from rlstack.algos.policy_loss import (
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
 from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlstack.models.logprobs import forward_logprobs
+from rlstack.models.logprobs import (
+    forward_logprobs,
+    logprobs_from_response_logits,
+    response_logits,
+    to_full_width,
+)
 from rlstack.rollout.hf import HFEngine
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
-# loss_fn(micro_batch, mini_batch, logprobs, entropy) -> (loss, {metric: contribution summed over the mini-batch})
-LossFn = Callable[[Batch, Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# loss_fn(micro_batch, mini_batch, logprobs, entropy, exact KL to the reference or None)
+#   -> (loss, {metric: contribution summed over the mini-batch})
+LossFn = Callable[
+    [Batch, Batch, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    tuple[torch.Tensor, dict[str, torch.Tensor]],
+]
 
 
 def _model_inputs(b: Batch) -> dict[str, torch.Tensor]:
@@ -53,6 +62,12 @@ class ActorWorker:
         self.model.train()
         self.engine = HFEngine(self.model, self.tokenizer, max_response_length, seed=rollout.seed)
         self.max_response_length = max_response_length
+        self.ref_model = None
+        """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
+        the reference's whole distributions per micro-batch rather than sampled-token log-probs."""
+        if algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL:
+            self.ref_model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code).eval()
+            self.ref_model.requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
 
     # ------------------------------------------------------------------------------ rollout
@@ -88,7 +103,9 @@ class ActorWorker:
         correction = RolloutCorrection(c.rollout_correction) if c.rollout_correction else None
         correction_params = RolloutCorrectionParams(c.rollout_correction_low, c.rollout_correction_high)
 
-        def loss_fn(micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor):
+        def loss_fn(
+            micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None
+        ):
             mask = micro["response_mask"].float()
             tokens = mini["response_mask"].sum()
             seqs = (mini["response_mask"].sum(-1) > 0).sum()
@@ -121,7 +138,12 @@ class ActorWorker:
             if c.entropy_coeff:
                 loss = loss - c.entropy_coeff * agg(ent)
             if kl_kind is not None:
-                kl_loss = agg(kl_penalty(kl_kind, logp, micro["ref_logprobs"]))
+                per_token = (
+                    exact_kl
+                    if kl_kind == KLPenalty.FULL
+                    else kl_penalty(kl_kind, logp, micro["ref_logprobs"])
+                )
+                kl_loss = agg(per_token)
                 loss = loss + alg.kl_coef * kl_loss
                 stats["actor/kl_loss"] = kl_loss.detach()
             return loss, stats
@@ -136,7 +158,9 @@ class ActorWorker:
     def sft_update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning: mean NLL of the `response_mask` tokens."""
 
-        def nll(micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor):
+        def nll(
+            micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None
+        ):
             loss = token_mean(-logp, micro["response_mask"].float(), mini["response_mask"].sum())
             return loss, {"sft/loss": loss.detach()}
 
@@ -149,14 +173,17 @@ class ActorWorker:
         entropy_grad = self.cfg.entropy_coeff != 0
 
         def micro_loss(micro: Batch, mini: Batch):
-            logp, ent = forward_logprobs(
-                self.model,
-                **_model_inputs(micro),
-                temperature=temperature,
-                with_entropy=True,
-                entropy_grad=entropy_grad,
-            )
-            return loss_fn(micro, mini, logp, ent)
+            logits, start = response_logits(self.model, **_model_inputs(micro))
+            logits = logits / temperature
+            logp, ent = logprobs_from_response_logits(logits, micro["input_ids"], start, True, entropy_grad)
+            exact_kl = None
+            if self.ref_model is not None:  # KL over whole next-token distributions (kl_penalty=full)
+                with torch.no_grad():
+                    ref_logits, _ = response_logits(self.ref_model, **_model_inputs(micro))
+                exact_kl = to_full_width(
+                    kl_full(logits, ref_logits / temperature), logits.shape[1] + start, start
+                )
+            return loss_fn(micro, mini, logp, ent, exact_kl)
 
         c = self.cfg
         return optimizer_steps(
