@@ -174,7 +174,8 @@ class ActorWorker:
 
         def micro_loss(micro: Batch, mini: Batch):
             logits, start = response_logits(self.model, **_model_inputs(micro))
-            logits = logits / temperature
+            if temperature != 1.0:
+                logits = logits / temperature
             logp, ent = logprobs_from_response_logits(logits, micro["input_ids"], start, True, entropy_grad)
             exact_kl = None
             if self.ref_model is not None:  # KL over whole next-token distributions (kl_penalty=full)
