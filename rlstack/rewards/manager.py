@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numbers
+import threading
+import time
 from typing import Any
 
 import torch
@@ -18,6 +20,19 @@ class RewardError(RLStackError, RuntimeError):
 
 
 class RewardManager:
+    """Runs the reward function(s) over a batch.
+
+    - `num_workers`: calls run in that many threads at once (a sequential function: one call per
+      sample; a batch function: the batch cut into `num_workers` chunks).
+    - `timeout_s`: time allowed per sample (a chunk gets `timeout_s * len(chunk)`). A call past it is
+      abandoned: its daemon thread is left to finish on its own, so a reward function that can hang
+      on untrusted input must run that input in the sandbox (`rewards/sandbox.py`).
+    - `on_error`: a call that raises or times out either stops the run (`raise`, naming the sample) or
+      gives its samples `error_score` and counts them in the `errors` component (`reward/errors`).
+    - `extra_functions` / `weights`: more reward functions; `overall` is the weighted sum of their
+      `overall`s, and each extra function's components are logged under `<its name>/<key>`.
+    """
+
     def __init__(
         self,
         reward_fn: RewardFunction,
@@ -25,20 +40,42 @@ class RewardManager:
         max_response_length: int = 0,
         overlong_buffer_length: int = 0,
         overlong_penalty_factor: float = 1.0,
+        num_workers: int = 1,
+        timeout_s: float | None = None,
+        on_error: str = "raise",
+        error_score: float = 0.0,
+        extra_functions: list[RewardFunction] | None = None,
+        weights: list[float] | None = None,
     ):
-        self.reward_fn = reward_fn
+        self.functions = [reward_fn, *(extra_functions or [])]
+        self.weights = weights or [1.0] * len(self.functions)
+        if len(self.weights) != len(self.functions):
+            raise RewardError(
+                f"{len(self.weights)} reward weights for {len(self.functions)} reward functions"
+            )
         self.kwargs = kwargs or {}
         self.max_response_length = max_response_length
         self.overlong_buffer_length = overlong_buffer_length
         self.overlong_penalty_factor = overlong_penalty_factor
+        self.num_workers = max(1, num_workers)
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self.error_score = error_score
 
     def score(self, batch: Batch) -> Batch:
-        """Adds `scores` [B] and `reward_components` (name -> list of floats)."""
+        """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
         inputs = reward_inputs(batch)
-        results = self._call(inputs, batch)
-        keys = sorted({k for r in results for k in r})
-        components = {k: [float(r.get(k, float("nan"))) for r in results] for k in keys}
-        scores = torch.tensor(components["overall"], dtype=torch.float32)
+        overall = torch.zeros(len(batch))
+        components: dict[str, list[float]] = {}
+        for n, (rf, weight) in enumerate(zip(self.functions, self.weights)):
+            results = self._call(rf, self.kwargs if n == 0 else {}, inputs, batch)
+            prefix = "" if n == 0 else f"{_short_name(rf.name)}/"
+            for k in sorted({k for r in results for k in r}):
+                components[prefix + k] = [float(r.get(k, float("nan"))) for r in results]
+            overall += weight * torch.tensor([float(r["overall"]) for r in results])
+        if len(self.functions) > 1:
+            components["overall"] = overall.tolist()
+        scores = overall.float()
         if self.overlong_buffer_length:
             penalty = overlong_penalty(
                 batch["response_mask"].sum(-1),
@@ -47,59 +84,125 @@ class RewardManager:
                 self.overlong_penalty_factor,
             )
             scores = scores + penalty
-            keys.append("overlong")
             components["overlong"] = penalty.tolist()
         batch["scores"] = scores
-        batch["reward_components"] = [{k: components[k][i] for k in keys} for i in range(len(batch))]
+        batch["reward_components"] = [{k: v[i] for k, v in components.items()} for i in range(len(batch))]
         return batch
 
-    def _call(self, inputs: list[dict], batch: Batch) -> list[dict]:
-        fn, name = self.reward_fn.fn, self.reward_fn.name
-        if self.reward_fn.reward_type == "sequential":
-            results = []
-            for i, x in enumerate(inputs):
-                try:
-                    results.append(fn(x, **self.kwargs))
-                except Exception as e:
-                    raise RewardError(
-                        f"reward function {name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
-                    ) from e
+    def _call(self, rf: RewardFunction, kwargs: dict, inputs: list[dict], batch: Batch) -> list[dict]:
+        if rf.reward_type == "sequential":
+            chunks = [[i] for i in range(len(inputs))]
         else:
-            try:
-                results = fn(inputs, **self.kwargs)
-            except Exception as e:
-                raise RewardError(
-                    f"reward function {name} raised on {self._find_culprit(inputs, batch)}"
-                ) from e
-        if not isinstance(results, list) or len(results) != len(inputs):
-            got = (
-                f"{type(results).__name__} of length {len(results)}"
-                if hasattr(results, "__len__")
-                else repr(results)
-            )
-            raise RewardError(f"reward function {name} must return a list of {len(inputs)} dicts, got {got}")
-        for i, r in enumerate(results):
-            if not isinstance(r, dict) or "overall" not in r:
-                raise RewardError(
-                    f"reward function {name} returned {r!r} for {_describe(batch, i)}: each result needs an 'overall' key"
-                )
-            for k, v in r.items():
-                if isinstance(v, torch.Tensor) and v.numel() == 1:
-                    r[k] = v = v.item()
-                if not isinstance(v, numbers.Real) or isinstance(v, bool):
-                    raise RewardError(
-                        f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number"
-                    )
-        return results
+            size = -(-len(inputs) // self.num_workers)
+            chunks = [list(range(i, min(i + size, len(inputs)))) for i in range(0, len(inputs), size)]
 
-    def _find_culprit(self, inputs: list[dict], batch: Batch) -> str:
-        """Re-run a failing batch one sample at a time to name the sample that raises."""
-        for i, x in enumerate(inputs):
+        def task(idx: list[int]):
+            if rf.reward_type == "sequential":
+                return [rf.fn(inputs[idx[0]], **kwargs)]
+            return rf.fn([inputs[i] for i in idx], **kwargs)
+
+        results: list[dict | None] = [None] * len(inputs)
+        errors = [0.0] * len(inputs)
+        for wave in range(0, len(chunks), self.num_workers):
+            runner = _Inline if self.num_workers == 1 and self.timeout_s is None else _Call
+            running = [(idx, runner(task, idx)) for idx in chunks[wave : wave + self.num_workers]]
+            for idx, call in running:
+                outcome, value = call.wait(None if self.timeout_s is None else self.timeout_s * len(idx))
+                if outcome == "ok":
+                    _check_shape(rf.name, value, len(idx))
+                    for i, r in zip(idx, value):
+                        results[i] = r
+                    continue
+                if self.on_error == "raise":
+                    raise RewardError(self._failure_message(rf, kwargs, inputs, batch, idx, outcome, value))
+                for i in idx:
+                    results[i], errors[i] = {"overall": self.error_score}, 1.0
+        for i, r in enumerate(results):
+            _check_result(rf.name, r, batch, i)
+        if self.on_error == "score":
+            for r, e in zip(results, errors):
+                r["errors"] = e  # type: ignore[index]
+        return results  # type: ignore[return-value]
+
+    def _failure_message(self, rf, kwargs, inputs, batch, idx, outcome, value) -> str:
+        if outcome == "timeout":
+            where = _describe(batch, idx[0]) if len(idx) == 1 else f"samples {idx[0]}..{idx[-1]}"
+            return (
+                f"reward function {rf.name} took longer than worker.reward.timeout_s={self.timeout_s} s per sample "
+                f"on {where}; raise the timeout, or set worker.reward.on_error=score to score such samples "
+                f"{self.error_score}"
+            )
+        if len(idx) == 1:
+            return f"reward function {rf.name} raised on {_describe(batch, idx[0])}: {type(value).__name__}: {value}"
+        for i in idx:  # re-run one sample at a time to name the one that raises
             try:
-                self.reward_fn.fn([x], **self.kwargs)
+                rf.fn([inputs[i]], **kwargs)
             except Exception as e:
-                return f"{_describe(batch, i)}: {type(e).__name__}: {e}"
-        return "the whole batch (each sample alone scored fine)"
+                return f"reward function {rf.name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
+        return f"reward function {rf.name} raised on the whole batch (each sample alone scored fine): {value}"
+
+
+class _Call:
+    """A call running in a daemon thread, so that one that never returns cannot block the process exit."""
+
+    def __init__(self, fn, arg):
+        self.box: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, args=(fn, arg), daemon=True)
+        self.started = time.monotonic()
+        self.thread.start()
+
+    def _run(self, fn, arg) -> None:
+        try:
+            self.box["value"] = fn(arg)
+        except Exception as e:
+            self.box["error"] = e
+
+    def wait(self, timeout: float | None) -> tuple[str, Any]:
+        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - self.started))
+        self.thread.join(remaining)
+        if self.thread.is_alive():
+            return "timeout", None
+        return ("error", self.box["error"]) if "error" in self.box else ("ok", self.box["value"])
+
+
+class _Inline:
+    """A call made right away in this thread (no workers, no timeout): math-verify's own timeouts use
+    `signal.alarm`, which works only in the main thread."""
+
+    def __init__(self, fn, arg):
+        try:
+            self.outcome = ("ok", fn(arg))
+        except Exception as e:
+            self.outcome = ("error", e)
+
+    def wait(self, timeout: float | None) -> tuple[str, Any]:
+        return self.outcome
+
+
+def _short_name(ref: str) -> str:
+    return ref.rsplit(":", 1)[-1]
+
+
+def _check_shape(name: str, results: Any, n: int) -> None:
+    if not isinstance(results, list) or len(results) != n:
+        got = (
+            f"{type(results).__name__} of length {len(results)}"
+            if hasattr(results, "__len__")
+            else repr(results)
+        )
+        raise RewardError(f"reward function {name} must return a list of {n} dicts, got {got}")
+
+
+def _check_result(name: str, r: Any, batch: Batch, i: int) -> None:
+    if not isinstance(r, dict) or "overall" not in r:
+        raise RewardError(
+            f"reward function {name} returned {r!r} for {_describe(batch, i)}: each result needs an 'overall' key"
+        )
+    for k, v in r.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            r[k] = v = v.item()
+        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+            raise RewardError(f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number")
 
 
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:

@@ -1,0 +1,392 @@
+"""Scoring responses with an LLM judge served behind any OpenAI-compatible endpoint (`vllm serve`, ...).
+
+Three prompt templates, chosen per item from `TEMPLATES`:
+  - `consistency`: the two-answer consistency judge of DeepEyes (Zheng et al., 2025, "DeepEyes: Incentivizing
+    'Thinking with Images' via Reinforcement Learning"): few-shot examples, then the question, the ground
+    truth and the model's answer; the judge ends with `Judgement: 1` (same answer) or `Judgement: 0`.
+    The prompt text is ours, not DeepEyes'.
+  - `verifier`: the judge answers TRUE or FALSE to "is the response correct given the reference".
+  - `rubric`: the judge grades the response against a rubric (passed as `answer`) with a score in [0, 1].
+
+Every call is retried (exponential backoff with jitter) on connection errors, timeouts, HTTP 429/5xx,
+malformed bodies and unparseable verdicts. A (template, question, answer, response) is sent once per client:
+results are cached and identical items in flight share one request. When the endpoint stays down,
+`on_error="raise"` raises `JudgeUnavailable` naming the endpoint and the sample; `on_error="score"` returns
+`error_score` and counts the failure in `JudgeClient.errors` (log it as `reward/judge_errors`). Never a
+silent 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import openai
+
+from rlstack.errors import RLStackError
+
+TemplateName = Literal["consistency", "verifier", "rubric"]
+Messages = list[dict[str, str]]
+
+
+class JudgeError(RLStackError, RuntimeError):
+    """A judge endpoint that is not configured, or a judge call that failed for good."""
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge endpoint failed every attempt for a sample, under `on_error="raise"`."""
+
+
+class UnparseableVerdict(JudgeError, ValueError):
+    """The judge's reply holds no verdict its template can read; retried like an endpoint failure."""
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """OpenAI-compatible endpoint, e.g. http://host:18901/v1; empty: env LLM_AS_A_JUDGE_BASE."""
+    api_key: str = ""
+    """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
+    model: str = ""
+    """Served model name; empty: the first model the endpoint lists at GET /models."""
+    max_concurrency: int = 16
+    """Judge requests in flight at once, across all batches of this client."""
+    timeout: float = 60.0
+    """Seconds one request may take before it counts as a failed attempt."""
+    max_attempts: int = 4
+    """Attempts per sample (the first call plus retries) before `on_error` applies."""
+    backoff_base: float = 1.0
+    """Seconds before the first retry; doubles each retry, with jitter in [50%, 100%] of the delay."""
+    backoff_max: float = 30.0
+    """Longest wait between two attempts, in seconds."""
+    on_error: Literal["raise", "score"] = "raise"
+    """When every attempt failed: `raise` JudgeUnavailable, or `score` with error_score and count it."""
+    error_score: float = 0.0
+    """Score given to a sample whose judging failed, with on_error=score (counted in reward/judge_errors)."""
+    max_tokens: int = 512
+    """Longest judge reply, in tokens."""
+    seed: int = 0
+    """Seed of the backoff jitter."""
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    question: str
+    answer: str
+    """Ground-truth answer (consistency, verifier) or the rubric (rubric)."""
+    response: str
+    """The policy's answer being judged."""
+    template: TemplateName = "consistency"
+
+
+@dataclass
+class JudgeResult:
+    verdict: str | None
+    """Normalized: "1"/"0" (consistency), "TRUE"/"FALSE" (verifier), score text (rubric); None: failed."""
+    score: float
+    """Reward in [0, 1]; error_score when judging failed under on_error=score."""
+    cached: bool
+    """True when no request was sent for this item (from the cache or an identical item in flight)."""
+    attempts: int
+    """Requests sent for this item (0 when cached)."""
+    error: str | None = None
+    """Why judging failed, with on_error=score; None on success."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+_CONSISTENCY_INSTRUCTIONS = """\
+You compare two answers to the same question: a reference answer known to be correct, and a candidate \
+answer written by a student model. Decide whether the candidate gives the same final answer as the \
+reference. Ignore wording, formatting, units written differently and extra explanation; only the final \
+answer matters. A candidate that hedges between several answers, or gives none, does not match.
+Write at most one short sentence of reasoning, then end with "Judgement: 1" if the answers match or \
+"Judgement: 0" if they do not."""
+
+_CONSISTENCY_EXAMPLES = [
+    (
+        "How many apples are left if Tom has 12 and gives away 5?",
+        "7",
+        "Tom starts with 12 and gives 5 away, so seven apples remain.",
+        "Seven is the same number as 7. Judgement: 1",
+    ),
+    (
+        "What colour is the traffic light in the picture?",
+        "green",
+        "The light is red, so cars must stop.",
+        "Red is not green. Judgement: 0",
+    ),
+    (
+        "Which option shows the largest area? (A) 2 m^2 (B) 3.5 m^2 (C) 3 m^2",
+        "B",
+        "(B) 3.5 m^2",
+        "Option B is the reference answer. Judgement: 1",
+    ),
+    (
+        "What is the capital of Australia?",
+        "Canberra",
+        "It is either Sydney or Canberra.",
+        "The candidate hedges between two answers. Judgement: 0",
+    ),
+]
+
+
+def _consistency_block(question: str, answer: str, response: str) -> str:
+    return f"Question: {question}\nReference answer: {answer}\nCandidate answer: {response}\n"
+
+
+def consistency_prompt(question: str, answer: str, response: str) -> Messages:
+    shots = "\n".join(_consistency_block(q, a, r) + j + "\n" for q, a, r, j in _CONSISTENCY_EXAMPLES)
+    user = (
+        f"{_CONSISTENCY_INSTRUCTIONS}\n\nExamples:\n\n{shots}\nNow judge this one.\n\n"
+        + _consistency_block(question, answer, response)
+    )
+    return [{"role": "system", "content": "You are a careful grader."}, {"role": "user", "content": user}]
+
+
+def verifier_prompt(question: str, answer: str, response: str) -> Messages:
+    user = (
+        "Decide whether the response correctly answers the question, using the reference answer as the "
+        "truth. Equivalent forms (fractions vs decimals, different wording) count as correct.\n\n"
+        f"Question: {question}\nReference answer: {answer}\nResponse: {response}\n\n"
+        "Reply with exactly one word: TRUE if the response is correct, FALSE otherwise."
+    )
+    return [{"role": "system", "content": "You are a strict verifier."}, {"role": "user", "content": user}]
+
+
+def rubric_prompt(question: str, answer: str, response: str) -> Messages:
+    user = (
+        "Grade the response to the task below against the rubric. Give a score between 0 and 1, where 0 "
+        "means no rubric item is met and 1 means every item is fully met.\n\n"
+        f"Task: {question}\n\nRubric:\n{answer}\n\nResponse:\n{response}\n\n"
+        'Write at most two sentences of justification, then end with "Score: <number between 0 and 1>".'
+    )
+    return [{"role": "system", "content": "You are a fair grader."}, {"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Verdict parsing: judge text -> (normalized verdict, score), or UnparseableVerdict
+
+
+_BINARY_LABELLED = re.compile(r"judge?ment\W{0,5}([01])(?!\.?\d)", re.IGNORECASE)
+_BINARY_ALONE = re.compile(r"\W*([01])\W*")
+_BOOL_LABELLED = re.compile(r"(?:verdict|answer|judge?ment)\W{0,5}(true|false)\b", re.IGNORECASE)
+_BOOL_WORD = re.compile(r"\b(true|false)\b", re.IGNORECASE)
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)(?!\.?\d)"
+_SCORE_LABELLED = re.compile(r"score[^\w.]{0,5}" + _NUMBER, re.IGNORECASE)
+_NUMBER_ANY = re.compile(r"(?<![\d.])" + _NUMBER)
+
+
+def _unparseable(text: str, expected: str) -> UnparseableVerdict:
+    snippet = text if len(text) <= 200 else text[:197] + "..."
+    return UnparseableVerdict(f"judge reply has no {expected}: {snippet!r}")
+
+
+def parse_consistency(text: str) -> tuple[str, float]:
+    """`Judgement: 1` (last one wins, any case and punctuation), or a reply that is only 0 or 1."""
+    labelled = _BINARY_LABELLED.findall(text)
+    alone = _BINARY_ALONE.fullmatch(text)
+    digit = labelled[-1] if labelled else alone.group(1) if alone else None
+    if digit is None:
+        raise _unparseable(text, '"Judgement: 0/1"')
+    return digit, float(digit)
+
+
+def parse_verifier(text: str) -> tuple[str, float]:
+    """TRUE/FALSE: after a `Verdict:`-style label, else the only one of the two words the reply uses."""
+    labelled = _BOOL_LABELLED.findall(text)
+    words = {w.upper() for w in (labelled[-1:] if labelled else _BOOL_WORD.findall(text))}
+    if len(words) != 1:
+        raise _unparseable(text, "single TRUE/FALSE verdict")
+    word = words.pop()
+    return word, float(word == "TRUE")
+
+
+def parse_rubric(text: str) -> tuple[str, float]:
+    """A number in [0, 1]: after `Score:` (last one wins), else the only number in the reply."""
+    labelled = _SCORE_LABELLED.findall(text)
+    numbers = labelled[-1:] if labelled else _NUMBER_ANY.findall(text)
+    if len(numbers) != 1 or not 0.0 <= float(numbers[0]) <= 1.0:
+        raise _unparseable(text, "single score in [0, 1]")
+    score = float(numbers[0])
+    return f"{score:g}", score
+
+
+@dataclass(frozen=True)
+class Template:
+    prompt: Callable[[str, str, str], Messages]
+    parse: Callable[[str], tuple[str, float]]
+
+
+TEMPLATES: dict[str, Template] = {
+    "consistency": Template(consistency_prompt, parse_consistency),
+    "verifier": Template(verifier_prompt, parse_verifier),
+    "rubric": Template(rubric_prompt, parse_rubric),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Client
+
+
+_RETRYABLE = (openai.APIConnectionError, openai.APITimeoutError, openai.APIResponseValidationError)
+
+
+class _Failed(Exception):
+    """Every attempt for one item failed (or one failed in a way retrying cannot fix)."""
+
+    def __init__(self, reason: str, attempts: int):
+        super().__init__(reason)
+        self.reason, self.attempts = reason, attempts
+
+
+class JudgeClient:
+    """Thread-safe, one per trainer. Log `errors` as reward/judge_errors; `close()` when done."""
+
+    def __init__(self, config: JudgeConfig):
+        self.config = config
+        self.base_url = config.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE", "")
+        if not self.base_url:
+            raise JudgeError(
+                "no judge endpoint: set worker.reward.judge.base_url or the LLM_AS_A_JUDGE_BASE environment "
+                "variable to the OpenAI-compatible URL of the judge server, e.g. http://host:18901/v1"
+            )
+        if config.on_error not in ("raise", "score"):
+            raise JudgeError(f"judge on_error={config.on_error!r}: must be 'raise' or 'score'")
+        if config.max_concurrency < 1 or config.max_attempts < 1:
+            raise JudgeError("judge max_concurrency and max_attempts must be at least 1")
+        api_key = config.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._openai = openai.OpenAI(
+            base_url=self.base_url, api_key=api_key, timeout=config.timeout, max_retries=0
+        )
+        self.model = config.model
+        self.errors = 0
+        """Items scored with error_score because judging failed (cumulative; log as reward/judge_errors)."""
+        self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="judge")
+        self._cache: dict[JudgeItem, Future[JudgeResult]] = {}
+        self._lock = threading.Lock()
+        self._model_lock = threading.Lock()
+        self._rng = random.Random(config.seed)
+
+    def judge(self, item: JudgeItem) -> JudgeResult:
+        return self.judge_batch([item])[0]
+
+    def judge_batch(self, items: list[JudgeItem]) -> list[JudgeResult]:
+        """One result per item, in order; JudgeUnavailable (on_error=raise) names the failing sample."""
+        for item in items:
+            if item.template not in TEMPLATES:
+                raise JudgeError(f"judge template {item.template!r}: must be one of {sorted(TEMPLATES)}")
+        futures: list[tuple[Future[JudgeResult], bool]] = []
+        with self._lock:
+            for item in items:
+                future = self._cache.get(item)
+                fresh = future is None
+                if fresh:
+                    future = self._pool.submit(self._judge_one, item)
+                    self._cache[item] = future
+                futures.append((future, fresh))
+        results = []
+        for i, (future, fresh) in enumerate(futures):
+            try:
+                result = future.result()
+            except _Failed as e:
+                self._forget(items[i], future)
+                if self.config.on_error == "raise":
+                    self._cancel_pending(items, futures)
+                    raise JudgeUnavailable(
+                        f"judge endpoint {self.base_url} (model {self.model or '?'}) failed on sample {i} "
+                        f"after {e.attempts} attempt(s): {e.reason}; sample: {_describe(items[i])}. Check "
+                        "the judge server, or set worker.reward.judge.on_error=score to score such samples "
+                        "with error_score and count them in reward/judge_errors"
+                    ) from e
+                with self._lock:
+                    self.errors += 1
+                result = JudgeResult(None, self.config.error_score, False, e.attempts, e.reason)
+                results.append(result if fresh else replace(result, cached=True, attempts=0))
+                continue
+            results.append(result if fresh else replace(result, cached=True, attempts=0))
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._openai.close()
+
+    def __enter__(self) -> JudgeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _forget(self, item: JudgeItem, future: Future[JudgeResult]) -> None:
+        """Failures are not cached: a later call for the same item tries the endpoint again."""
+        with self._lock:
+            if self._cache.get(item) is future:
+                del self._cache[item]
+
+    def _cancel_pending(
+        self, items: list[JudgeItem], futures: list[tuple[Future[JudgeResult], bool]]
+    ) -> None:
+        for item, (future, fresh) in zip(items, futures):
+            if fresh and future.cancel():
+                self._forget(item, future)
+
+    def _judge_one(self, item: JudgeItem) -> JudgeResult:
+        template = TEMPLATES[item.template]
+        messages = template.prompt(item.question, item.answer, item.response)
+        reason = ""
+        for attempt in range(1, self.config.max_attempts + 1):
+            if attempt > 1:
+                time.sleep(self._backoff(attempt - 1))
+            try:
+                verdict, score = template.parse(self._complete(messages))
+                return JudgeResult(verdict, score, False, attempt)
+            except openai.APIStatusError as e:
+                reason = f"HTTP {e.status_code}: {_short(e.message)}"
+                if e.status_code != 429 and e.status_code < 500:
+                    raise _Failed(reason, attempt) from e
+            except (*_RETRYABLE, UnparseableVerdict, ValueError) as e:
+                reason = f"{type(e).__name__}: {_short(str(e))}"
+        raise _Failed(reason, self.config.max_attempts)
+
+    def _backoff(self, retry: int) -> float:
+        delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retry - 1))
+        with self._lock:
+            return delay * (0.5 + 0.5 * self._rng.random())
+
+    def _complete(self, messages: Messages) -> str:
+        completion = self._openai.chat.completions.create(
+            model=self._model(), messages=messages, temperature=0.0, max_tokens=self.config.max_tokens
+        )
+        choices = getattr(completion, "choices", None)
+        content = choices[0].message.content if choices else None
+        if not isinstance(content, str):
+            raise ValueError(f"chat completion without message content: {_short(repr(completion))}")
+        return content
+
+    def _model(self) -> str:
+        """The configured model, else the first one GET /models lists (asked once, retried like a request)."""
+        with self._model_lock:
+            if not self.model:
+                models = [m.id for m in self._openai.models.list()]
+                if not models:
+                    raise ValueError(f"judge endpoint {self.base_url} lists no models at /models")
+                self.model = models[0]
+            return self.model
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(item: JudgeItem) -> str:
+    question, response = _short(item.question, 80), _short(item.response, 80)
+    return f"template={item.template}, question={question!r}, response={response!r}"

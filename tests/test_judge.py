@@ -1,0 +1,377 @@
+"""The LLM judge client against a real local HTTP server speaking the OpenAI chat-completions protocol."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlstack.errors import RLStackError
+from rlstack.rewards.judge import (
+    JudgeClient,
+    JudgeConfig,
+    JudgeError,
+    JudgeItem,
+    JudgeUnavailable,
+    UnparseableVerdict,
+    parse_consistency,
+    parse_rubric,
+    parse_verifier,
+)
+
+# A scripted action: ("ok", text) | ("status", code) | ("sleep", seconds, text) | ("malformed",) | ("drop",)
+Action = tuple
+
+
+class JudgeServer:
+    """OpenAI-compatible judge: pops scripted actions in request order, then falls back to `default`."""
+
+    def __init__(self, default: Callable[[dict], Action] = lambda body: ("ok", "Judgement: 1")):
+        self.script: list[Action] = []
+        self.default = default
+        self.chat_requests: list[dict] = []
+        self.model_requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
+        self.thread.start()
+        self.closed = False
+
+    def stop(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.httpd.shutdown()
+            self.httpd.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes) -> None:
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_GET(self) -> None:
+                assert self.path == "/v1/models", self.path
+                with server.lock:
+                    server.model_requests += 1
+                models = [{"id": "judge-72b", "object": "model", "created": 0, "owned_by": "test"}]
+                self._send(200, json.dumps({"object": "list", "data": models}).encode())
+
+            def do_POST(self) -> None:
+                assert self.path == "/v1/chat/completions", self.path
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.chat_requests.append(body)
+                    action = server.script.pop(0) if server.script else server.default(body)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._act(action, body)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def _act(self, action: Action, body: dict) -> None:
+                kind = action[0]
+                if kind == "status":
+                    self._send(
+                        action[1], json.dumps({"error": {"message": "boom", "type": "server"}}).encode()
+                    )
+                elif kind == "malformed":
+                    self._send(200, b'{"id": "x", "choices": [{"message": ')
+                elif kind == "drop":
+                    server.stop_soon()
+                    self.close_connection = True
+                else:
+                    if kind == "sleep":
+                        time.sleep(action[1])
+                    self._send(200, json.dumps(completion(body["model"], action[-1])).encode())
+
+        return Handler
+
+    def stop_soon(self) -> None:
+        """Shut the server down from inside a request (the endpoint goes away mid-run)."""
+        self.closed = True
+        self.httpd.server_close()  # no new connections from now on
+        threading.Thread(target=self.httpd.shutdown, daemon=True).start()
+
+
+def completion(model: str, text: str) -> dict:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
+
+
+@pytest.fixture
+def server():
+    s = JudgeServer()
+    yield s
+    s.stop()
+
+
+def make_client(server: JudgeServer, **overrides) -> JudgeClient:
+    config = dict(
+        base_url=server.url, model="judge", timeout=2.0, max_attempts=3, backoff_base=0.01, backoff_max=0.02
+    )
+    config.update(overrides)
+    return JudgeClient(JudgeConfig(**config))
+
+
+def item(i: int = 0, template: str = "consistency") -> JudgeItem:
+    return JudgeItem(f"What is {i} + {i}?", str(2 * i), f"The answer is {2 * i}.", template)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parsing realistic judge replies
+
+
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("Judgement: 1", "1"),
+        ("judgement: 0", "0"),
+        ("The candidate says 7, the reference is 7. Judgement: 1.", "1"),
+        ("Both answers name Canberra.\n\n**Judgement:** 1", "1"),
+        ("JUDGMENT - 0", "0"),
+        ("1", "1"),
+        (" 0.\n", "0"),
+        ("Judgement: 0 ... wait, they match after simplification. Judgement: 1", "1"),
+    ],
+)
+def test_parse_consistency(text, verdict):
+    assert parse_consistency(text) == (verdict, float(verdict))
+
+
+@pytest.mark.parametrize(
+    "text", ["The answers match.", "Judgement: yes", "Judgement: 10", "Judgement: 0.5", "", "I think 1 or 0"]
+)
+def test_parse_consistency_rejects(text):
+    with pytest.raises(UnparseableVerdict):
+        parse_consistency(text)
+
+
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("TRUE", "TRUE"),
+        ("false", "FALSE"),
+        ("TRUE.", "TRUE"),
+        ("**False**", "FALSE"),
+        ("The response gives 3/4, which equals the reference 0.75, so it is True.", "TRUE"),
+        ("It is not true that 5 = 6.\nVerdict: FALSE", "FALSE"),
+    ],
+)
+def test_parse_verifier(text, verdict):
+    assert parse_verifier(text) == (verdict, float(verdict == "TRUE"))
+
+
+@pytest.mark.parametrize("text", ["Correct", "TRUE or FALSE, hard to say", "", "yes"])
+def test_parse_verifier_rejects(text):
+    with pytest.raises(UnparseableVerdict):
+        parse_verifier(text)
+
+
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("0.8", 0.8),
+        ("Score: 1", 1.0),
+        ("score: .25", 0.25),
+        ("The response meets 3 of the 4 rubric items but misses the edge case.\nScore: 0.75.", 0.75),
+        ("**Score**: 0", 0.0),
+    ],
+)
+def test_parse_rubric(text, score):
+    verdict, got = parse_rubric(text)
+    assert got == pytest.approx(score) and float(verdict) == pytest.approx(score)
+
+
+@pytest.mark.parametrize("text", ["Score: 8", "Score: 1.5", "good answer", "It meets 3 of 4 items", ""])
+def test_parse_rubric_rejects(text):
+    with pytest.raises(UnparseableVerdict):
+        parse_rubric(text)
+
+
+def test_templates_end_to_end(server):
+    """Each template's prompt reaches the server and its reply is parsed into a score."""
+    replies = {"Reference answer: 4\nCandidate": "Judgement: 0", "TRUE if": "TRUE.", "Rubric:": "Score: 0.6"}
+
+    def default(body):
+        prompt = body["messages"][-1]["content"]
+        return ("ok", next(r for key, r in replies.items() if key in prompt))
+
+    server.default = default
+    with make_client(server) as client:
+        results = client.judge_batch(
+            [
+                JudgeItem("What is 2 + 2?", "4", "5", "consistency"),
+                JudgeItem("What is 2 + 2?", "4", "four", "verifier"),
+                JudgeItem("Write a haiku.", "- 3 lines\n- 5/7/5 syllables", "old pond...", "rubric"),
+            ]
+        )
+    assert [(r.verdict, r.score) for r in results] == [("0", 0.0), ("TRUE", 1.0), ("0.6", 0.6)]
+    prompts = [r["messages"][-1]["content"] for r in server.chat_requests]
+    few_shot = [p for p in prompts if "Examples:" in p]
+    assert len(few_shot) == 1 and few_shot[0].count("Judgement:") >= 4
+
+
+def test_unknown_template_is_a_clear_error(server):
+    with make_client(server) as client, pytest.raises(JudgeError, match="must be one of"):
+        client.judge_batch([JudgeItem("q", "a", "r", "likert")])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Endpoint, model and cache
+
+
+def test_model_discovery_and_env_base_url(server, monkeypatch):
+    monkeypatch.setenv("LLM_AS_A_JUDGE_BASE", server.url)
+    with JudgeClient(JudgeConfig(backoff_base=0.01)) as client:
+        assert client.judge(item(1)).score == 1.0
+        client.judge(item(2))
+    assert server.model_requests == 1
+    assert [r["model"] for r in server.chat_requests] == ["judge-72b", "judge-72b"]
+
+
+def test_missing_endpoint_says_how_to_fix(monkeypatch):
+    monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
+    with pytest.raises(RLStackError, match="LLM_AS_A_JUDGE_BASE"):
+        JudgeClient(JudgeConfig())
+
+
+def test_cache_sends_each_triple_once(server):
+    with make_client(server, max_concurrency=4) as client:
+        first = client.judge_batch([item(1), item(1), item(2)] + [item(3)] * 8)
+        assert len(server.chat_requests) == 3
+        assert [r.cached for r in first[:3]] == [False, True, False]
+        assert sum(not r.cached for r in first[3:]) == 1 and first[4].attempts == 0
+        again = client.judge_batch([item(1), item(2)])
+        assert len(server.chat_requests) == 3
+        assert all(r.cached and r.score == 1.0 for r in again)
+        # a different template on the same triple is a different judgement
+        client.judge(replace(item(1), template="rubric"))
+        assert len(server.chat_requests) == 4
+
+
+def test_concurrency_is_bounded(server):
+    server.default = lambda body: ("sleep", 0.05, "Judgement: 1")
+    with make_client(server, max_concurrency=3) as client:
+        results = client.judge_batch([item(i) for i in range(12)])
+    assert all(r.score == 1.0 and r.attempts == 1 for r in results)
+    assert len(server.chat_requests) == 12
+    assert 2 <= server.max_in_flight <= 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Faults
+
+
+def test_http_500_is_retried(server):
+    server.script = [("status", 500), ("status", 503), ("ok", "Judgement: 1")]
+    with make_client(server, max_attempts=4) as client:
+        result = client.judge(item())
+    assert (result.score, result.attempts, result.error) == (1.0, 3, None)
+    assert len(server.chat_requests) == 3
+
+
+def test_http_4xx_is_not_retried(server):
+    server.script = [("status", 404)]
+    with make_client(server, max_attempts=4) as client, pytest.raises(JudgeUnavailable, match="HTTP 404"):
+        client.judge(item())
+    assert len(server.chat_requests) == 1
+
+
+def test_timeout_is_retried(server):
+    server.script = [("sleep", 1.0, "Judgement: 0"), ("ok", "Judgement: 1")]
+    with make_client(server, timeout=0.2) as client:
+        start = time.monotonic()
+        result = client.judge(item())
+    assert (result.score, result.attempts) == (1.0, 2)
+    assert time.monotonic() - start < 0.9
+
+
+def test_malformed_json_is_retried(server):
+    server.script = [("malformed",), ("ok", "Judgement: 1")]
+    with make_client(server) as client:
+        result = client.judge(item())
+    assert (result.score, result.attempts) == (1.0, 2)
+
+
+def test_unparseable_verdict_is_retried(server):
+    server.script = [("ok", "The two answers look similar to me."), ("ok", "Judgement: 0")]
+    with make_client(server) as client:
+        result = client.judge(item())
+    assert (result.verdict, result.score, result.attempts) == ("0", 0.0, 2)
+
+
+def test_unparseable_every_time_follows_failure_policy(server):
+    server.default = lambda body: ("ok", "no idea")
+    with make_client(server, on_error="score", error_score=-1.0) as client:
+        result = client.judge(item())
+        assert client.errors == 1
+    assert (result.verdict, result.score, result.attempts) == (None, -1.0, 3)
+    assert "UnparseableVerdict" in result.error and "no idea" in result.error
+
+
+def test_backoff_is_exponential_capped_and_seeded(server):
+    delays = []
+    for _ in range(2):
+        client = make_client(server, backoff_base=1.0, backoff_max=3.0, seed=7)
+        delays.append([client._backoff(k) for k in range(1, 5)])
+        client.close()
+    assert delays[0] == delays[1]
+    for k, d in enumerate(delays[0], start=1):
+        cap = min(3.0, 2 ** (k - 1))
+        assert cap / 2 <= d <= cap
+
+
+def test_server_gone_mid_run_raises_naming_endpoint_and_sample(server):
+    server.script = [("ok", "Judgement: 1"), ("drop",)]
+    with make_client(server, max_concurrency=1) as client, pytest.raises(JudgeUnavailable) as info:
+        client.judge_batch([item(i) for i in range(4)])
+    message = str(info.value)
+    assert server.url in message and "sample 1" in message and "What is 1 + 1?" in message
+    assert "on_error=score" in message
+
+
+def test_server_gone_mid_run_scores_and_counts(server):
+    server.script = [("ok", "Judgement: 1"), ("drop",)]
+    with make_client(server, max_concurrency=1, on_error="score", error_score=0.0) as client:
+        results = client.judge_batch([item(i) for i in range(4)])
+        assert [r.score for r in results] == [1.0, 0.0, 0.0, 0.0]
+        assert results[0].error is None and all(r.error and r.verdict is None for r in results[1:])
+        assert all(r.attempts == 3 for r in results[1:])
+        assert client.errors == 3
+
+
+def test_failures_are_not_cached(server):
+    server.default = lambda body: ("status", 500)
+    with make_client(server, on_error="score") as client:
+        assert client.judge(item()).error.startswith("HTTP 500")
+        server.default = lambda body: ("ok", "Judgement: 1")
+        result = client.judge(item())
+    assert (result.score, result.cached, result.attempts) == (1.0, False, 1)
+    assert len(server.chat_requests) == 4

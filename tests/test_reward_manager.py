@@ -1,0 +1,122 @@
+"""The reward manager's workers, per-sample timeout, failure policy and weighted combination."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlstack.batch import Batch
+from rlstack.rewards.loader import load_reward_function
+from rlstack.rewards.manager import RewardError, RewardManager
+
+FUNCTIONS = """
+import time
+
+REWARD_TYPE = "sequential"
+
+def slow_on_hang(x):
+    if x["response"] == "hang":
+        time.sleep(30)
+    time.sleep(0.2)
+    return {"overall": float(x["response"] == x["ground_truth"]), "acc": 1.0}
+
+def boom_on_bad(x):
+    if x["response"] == "bad":
+        raise ValueError("cannot grade this")
+    return {"overall": 1.0}
+
+def length(x):
+    return {"overall": float(len(x["response"])), "len": float(len(x["response"]))}
+"""
+
+
+def _batch(responses: list[str], truths: list[str]) -> Batch:
+    n = len(responses)
+    return Batch(
+        {
+            "response_text": responses,
+            "response_mask": torch.ones(n, 3, dtype=torch.long),
+            "ground_truth": truths,
+            "prompt": ["p"] * n,
+            "data_source": ["d"] * n,
+            "extra": [{} for _ in range(n)],
+            "where": [f"f.jsonl:{i + 1}" for i in range(n)],
+        }
+    )
+
+
+@pytest.fixture()
+def module(tmp_path: Path) -> Path:
+    path = tmp_path / "fns.py"
+    path.write_text(FUNCTIONS)
+    return path
+
+
+def test_workers_run_samples_in_parallel(module: Path):
+    fn = load_reward_function(f"{module}:slow_on_hang")
+    start = time.perf_counter()
+    out = RewardManager(fn, num_workers=4, timeout_s=5).score(
+        _batch(["a", "b", "c", "d"], ["a", "x", "c", "x"])
+    )
+    elapsed = time.perf_counter() - start
+    assert out["scores"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert elapsed < 0.6  # four 0.2 s calls at once, not 0.8 s in a row
+
+
+def test_a_hanging_sample_times_out_and_is_named(module: Path):
+    fn = load_reward_function(f"{module}:slow_on_hang")
+    start = time.perf_counter()
+    with pytest.raises(RewardError, match=r"timeout_s=0.5.*sample 1 \(row f.jsonl:2"):
+        RewardManager(fn, num_workers=2, timeout_s=0.5).score(_batch(["a", "hang"], ["a", "a"]))
+    assert time.perf_counter() - start < 3
+
+
+def test_score_policy_gives_the_error_score_and_counts_errors(module: Path):
+    fn = load_reward_function(f"{module}:boom_on_bad")
+    out = RewardManager(fn, on_error="score", error_score=-1.0).score(
+        _batch(["ok", "bad", "ok"], ["", "", ""])
+    )
+    assert out["scores"].tolist() == [1.0, -1.0, 1.0]
+    assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0, 0.0]
+
+
+def test_timeouts_under_the_score_policy_do_not_stop_the_run(module: Path):
+    fn = load_reward_function(f"{module}:slow_on_hang")
+    out = RewardManager(fn, num_workers=2, timeout_s=0.5, on_error="score").score(
+        _batch(["a", "hang"], ["a", "a"])
+    )
+    assert out["scores"].tolist() == [1.0, 0.0]
+    assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
+
+
+def test_raise_policy_names_the_sample_that_raised(module: Path):
+    fn = load_reward_function(f"{module}:boom_on_bad")
+    with pytest.raises(RewardError, match=r"sample 1 \(row f.jsonl:2.*ValueError: cannot grade this"):
+        RewardManager(fn).score(_batch(["ok", "bad"], ["", ""]))
+
+
+def test_weighted_combination_of_several_functions(module: Path):
+    main = load_reward_function("builtin:exact_match")
+    extra = load_reward_function(f"{module}:length")
+    out = RewardManager(main, extra_functions=[extra], weights=[1.0, 0.5]).score(
+        _batch(["ab", "x"], ["ab", "y"])
+    )
+    # overall = 1.0 * exact + 0.5 * len: [1 + 1.0, 0 + 0.5]
+    assert out["scores"].tolist() == [2.0, 0.5]
+    comps = out["reward_components"]
+    assert comps[0]["accuracy"] == 1.0 and comps[0]["length/len"] == 2.0 and comps[0]["overall"] == 2.0
+    with pytest.raises(RewardError, match="2 reward weights for 1 reward functions"):
+        RewardManager(main, weights=[1.0, 2.0])
+
+
+def test_no_thread_is_used_without_workers_or_timeout(module: Path):
+    seen = []
+    fn = load_reward_function(f"{module}:length")
+    original = fn.fn
+    fn.fn = lambda x: seen.append(threading.get_ident()) or original(x)
+    RewardManager(fn).score(_batch(["a", "b"], ["", ""]))
+    assert set(seen) == {threading.get_ident()}  # math-verify needs the main thread

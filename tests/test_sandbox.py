@@ -1,0 +1,191 @@
+"""Hostile programs through the code reward: clean result, trainer unharmed, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+
+import pytest
+
+from rlstack.rewards import sandbox
+from rlstack.rewards.code import score_code
+from rlstack.rewards.sandbox import SandboxLimits, processes_of_uid, run_python
+
+SMALL = SandboxLimits(
+    wall_s=2.0, cpu_s=2.0, memory_mb=256, file_size_mb=16, max_processes=16, max_output_bytes=1 << 16
+)
+ONE_TEST = {"verifier_metadata": {"unit_tests": {"inputs": ["1 2\n"], "outputs": ["3\n"]}}}
+
+
+def _fence(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}\n```\n"
+
+
+@pytest.fixture
+def listener():
+    """A socket listening on 127.0.0.1 that counts connections it accepts."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], accepted
+    stop.set()
+    t.join()
+    srv.close()
+
+
+def _tmp_entries() -> set[str]:
+    return set(os.listdir(tempfile.gettempdir())) | set(os.listdir("/dev/shm"))
+
+
+HOSTILE = {
+    "infinite_loop": ("while True:\n    pass", "time_limit"),
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", None),
+    "allocate_8gb": ("x = bytearray(8 * 1024**3)\nprint(len(x))", "memory_limit"),
+    "write_2gb_file": (
+        "with open('big.bin', 'wb') as f:\n    for _ in range(2048):\n        f.write(b'x' * 1024**2)",
+        "runtime_error",
+    ),
+    "print_200mb": ("import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 1024**2)", "output_limit"),
+    "ignore_sigterm": (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)",
+        "time_limit",
+    ),
+    "deep_recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "runtime_error"),
+    "deep_recursion_no_limit": (
+        "import sys\nsys.setrecursionlimit(10**9)\ndef f(n):\n    return f(n + 1) + 1\nf(0)",
+        "runtime_error",
+    ),
+    "segfault": ("import ctypes\nctypes.string_at(0)", "runtime_error"),
+    "kill_parent": ("import os\nos.kill(os.getppid(), 9)\nprint(3)", "runtime_error"),
+    "write_outside": (
+        "import os\nfor p in ['/tmp/rlstack-escape', '/dev/shm/rlstack-escape', '/rlstack-escape']:\n"
+        "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\nprint(3)",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_program_scores_zero_and_leaves_nothing(name, monkeypatch):
+    code, sandbox_status = HOSTILE[name]
+    seen_uids = []
+    real_run = sandbox.run_python
+
+    def spy(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        seen_uids.append(result.uid)
+        return result
+
+    monkeypatch.setattr("rlstack.rewards.code.run_python", spy)
+    before = _tmp_entries()
+    out = score_code(_fence(code), ONE_TEST, test_time_s=SMALL.wall_s, memory_mb=SMALL.memory_mb)
+    if name == "write_outside":
+        # It prints the right answer; the point is that the filesystem outside is untouched.
+        assert out["status"] == "passed"
+    else:
+        assert out["overall"] == 0.0 and out["pass_rate"] == 0.0
+        assert out["status"] != "passed" and out["reason"]
+        if sandbox_status is not None:
+            assert out["status"] == sandbox_status, out
+    if name == "kill_parent":
+        assert "PermissionError" in out["reason"]  # and we are still here
+    assert all(uid is not None and processes_of_uid(uid) == [] for uid in seen_uids)
+    assert _tmp_entries() <= before
+    assert not os.path.exists("/rlstack-escape")
+
+
+def test_environment_secrets_are_not_visible(monkeypatch):
+    monkeypatch.setenv("SECRET_API_KEY", "hunter2-do-not-leak")
+    code = (
+        "import os\nleak = 'hunter2' in repr(dict(os.environ))\n"
+        "try:\n    leak = leak or 'hunter2' in open(f'/proc/{os.getppid()}/environ').read()\n"
+        "except OSError:\n    pass\nprint(3 if not leak else 'LEAK')"
+    )
+    out = score_code(_fence(code), ONE_TEST, test_time_s=2.0)
+    assert out["status"] == "passed", out
+    r = run_python("import os; print(sorted(os.environ))", limits=SMALL)
+    assert "SECRET_API_KEY" not in r.stdout
+
+
+def test_socket_to_localhost_cannot_connect(listener):
+    port, accepted = listener
+    code = (
+        "import socket\ntry:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('CONNECTED')\n"
+        "except OSError as e:\n    print(3)"
+    )
+    out = score_code(_fence(code), ONE_TEST, test_time_s=2.0)
+    assert out["status"] == "passed", out
+    assert accepted == []
+    r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL)
+    assert r.status == "runtime_error" and "Error" in r.error_line
+    assert r.network in ("namespace", "blocked")
+
+
+def test_blocked_socket_fallback(listener, monkeypatch):
+    port, accepted = listener
+    monkeypatch.setattr(sandbox, "_netns_available", lambda: False)
+    r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL)
+    assert r.network == "blocked"
+    assert r.status == "runtime_error" and "PermissionError" in r.error_line, r
+    assert accepted == []
+    assert run_python("print(input())", "ok", SMALL).stdout == "ok\n"
+
+
+def test_detached_daemon_is_killed():
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(3)"
+    )
+    r = run_python(code, limits=SMALL)
+    assert r.status == "ok" and r.stdout == "3\n"
+    assert r.uid is not None and processes_of_uid(r.uid) == []
+    out = score_code(_fence(code), ONE_TEST, test_time_s=2.0)
+    assert out["status"] == "passed"
+
+
+def test_fork_bomb_is_bounded_and_reaped():
+    r = run_python("import os\nwhile True:\n    os.fork()", limits=SMALL)
+    assert r.status in ("runtime_error", "time_limit")
+    assert processes_of_uid(r.uid) == []
+
+
+def test_cpu_limit_and_results():
+    r = run_python("while True:\n    pass", limits=SMALL._replace(wall_s=10.0, cpu_s=1.0))
+    assert r.status == "time_limit" and r.wall_s < 5
+    r = run_python("import sys\nprint('a')\nprint('b', file=sys.stderr)\nraise KeyError('k')", limits=SMALL)
+    assert (r.status, r.exit_code, r.stdout, r.error_line) == ("runtime_error", 1, "a\n", "KeyError: 'k'")
+    assert "b\n" in r.stderr
+
+
+def test_files_and_workdir_removed():
+    r = run_python(
+        "import os\nprint(open('data/in.txt').read(), os.getcwd())",
+        limits=SMALL,
+        files={"data/in.txt": b"hi"},
+    )
+    assert r.status == "ok" and r.stdout.startswith("hi ")
+    assert not os.path.exists(r.stdout.split()[1])
+    r = run_python("pass", limits=SMALL, files={"../escape.txt": b"x"})
+    assert r.status == "sandbox_error"
