@@ -38,6 +38,8 @@ class DataConfig:
     """Training rows: a JSONL/JSON/parquet file, a directory of them, an HF dataset `name@split`, or `builtin:<task>@<split>`."""
     val_files: str = "builtin:addition@test"
     """Validation rows, in any form `train_files` accepts; empty string disables validation."""
+    format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl"] = "auto"
+    """Known row layout to convert to problem/answer/data_source/images/extra (auto: detect per file; none: as is)."""
     prompt_key: str = "problem"
     """Row field holding the prompt: a string, or a list of chat messages."""
     answer_key: str = "answer"

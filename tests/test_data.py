@@ -323,7 +323,16 @@ def test_max_samples_and_batch(tmp_path, tok):
     assert b["uid"] == ["e0-1", "e0-0"]
     assert b["prompt"] == ["10+20=", "1+2="]
     assert b["ground_truth"] == ["30", "3"]
-    assert set(b.keys()) == {"prompt_ids", "prompt", "ground_truth", "data_source", "extra", "where", "uid"}
+    assert set(b.keys()) == {
+        "prompt_ids",
+        "prompt",
+        "ground_truth",
+        "data_source",
+        "extra",
+        "images",
+        "where",
+        "uid",
+    }
 
 
 def test_sft_batch_masks_answer_and_eos(tmp_path, tok):

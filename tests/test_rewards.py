@@ -12,7 +12,6 @@ import torch
 from rlstack.batch import Batch
 from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
-from rlstack.rewards.builtin import extract_answer, extract_boxed
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager, reward_inputs
 
@@ -311,17 +310,6 @@ def test_exact_match_strips_whitespace():
     ]
 
 
-def test_extract_boxed_and_answer():
-    assert extract_boxed(r"so \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
-    assert extract_boxed(r"\boxed{1} then \boxed{2}") == "2"
-    assert extract_boxed(r"\boxed{unclosed") is None
-    assert extract_boxed("no box") is None
-    assert extract_answer("think <answer> 3 </answer>") == "3"
-    assert extract_answer(r"<answer>\boxed{4}</answer>") == "4"
-    assert extract_answer("<answer>1</answer> <answer>2</answer>") == "2"
-    assert extract_answer(" plain ") == "plain"
-
-
 @pytest.mark.parametrize(
     ("response", "truth", "expected"),
     [
@@ -331,17 +319,17 @@ def test_extract_boxed_and_answer():
         ("<answer>4</answer>", "3", 0.0),
         (r"\boxed{\frac{1}{3}}", "0.5", 0.0),
         ("", "3", 0.0),
-        ("42", "42", 1.0),
+        ("The answer is 42", "42", 1.0),
+        ("42", "42", 0.0),  # as in EasyR1: a bare number is not a marked answer
     ],
 )
 def test_math_builtin(response, truth, expected):
-    assert builtin.math([{"response": response, "ground_truth": truth}]) == [
-        {"overall": expected, "accuracy": expected}
-    ]
+    out = builtin.math([{"response": response, "ground_truth": truth}], format_weight=0.0)
+    assert out == [{"overall": expected, "accuracy": expected, "format": 0.0}]
 
 
 def test_math_through_the_manager():
-    manager = RewardManager(load_reward_function("builtin:math"))
+    manager = RewardManager(load_reward_function("builtin:math"), kwargs={"format_weight": 0.0})
     out = manager.score(
         make_batch([r"\boxed{\frac{1}{2}}", "<answer>3</answer>", "<answer>5</answer>"], ["0.5", "3", "3"])
     )

@@ -67,9 +67,10 @@ HOSTILE = {
         "time_limit",
     ),
     "deep_recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "runtime_error"),
+    # the C stack overflows (SIGSEGV) or the wall clock runs out first, depending on the machine's load
     "deep_recursion_no_limit": (
         "import sys\nsys.setrecursionlimit(10**9)\ndef f(n):\n    return f(n + 1) + 1\nf(0)",
-        "runtime_error",
+        ("runtime_error", "time_limit"),
     ),
     "segfault": ("import ctypes\nctypes.string_at(0)", "runtime_error"),
     "kill_parent": ("import os\nos.kill(os.getppid(), 9)\nprint(3)", "runtime_error"),
@@ -102,7 +103,8 @@ def test_hostile_program_scores_zero_and_leaves_nothing(name, monkeypatch):
         assert out["overall"] == 0.0 and out["pass_rate"] == 0.0
         assert out["status"] != "passed" and out["reason"]
         if sandbox_status is not None:
-            assert out["status"] == sandbox_status, out
+            allowed = sandbox_status if isinstance(sandbox_status, tuple) else (sandbox_status,)
+            assert out["status"] in allowed, out
     if name == "kill_parent":
         assert "PermissionError" in out["reason"]  # and we are still here
     assert all(uid is not None and processes_of_uid(uid) == [] for uid in seen_uids)

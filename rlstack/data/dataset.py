@@ -10,6 +10,7 @@ import torch
 
 from rlstack.batch import Batch
 from rlstack.config import DataConfig
+from rlstack.data.formats import normalize_rows
 from rlstack.data.readers import DataError, read_rows
 
 
@@ -34,8 +35,10 @@ class PromptDataset:
         max_prompt_length: int = 1024,
         filter_overlong_prompts: bool = True,
         max_samples: int = -1,
+        data_format: str | None = "auto",
     ):
         rows, where = read_rows(spec)
+        rows = normalize_rows(rows, where, data_format)
         if max_samples > 0:
             rows, where = rows[:max_samples], where[:max_samples]
         if not rows:
@@ -69,7 +72,10 @@ class PromptDataset:
                     f"{loc}: prompt has {len(ids)} tokens, more than data.max_prompt_length={max_prompt_length}. "
                     "Raise data.max_prompt_length or set data.filter_overlong_prompts=true."
                 )
-            extra = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, data_source_key)}
+            # a known format's row keeps its metadata under `extra`; other fields join it
+            nested = row.get("extra") if isinstance(row.get("extra"), dict) else {}
+            skip = (prompt_key, answer_key, data_source_key, "extra", "images")
+            extra = {**nested, **{k: v for k, v in row.items() if k not in skip}}
             self.items.append(
                 {
                     "prompt_ids": list(ids),
@@ -77,6 +83,7 @@ class PromptDataset:
                     "ground_truth": row[answer_key],
                     "data_source": str(row.get(data_source_key, default_source)),
                     "extra": extra,
+                    "images": list(row.get("images") or []),
                     "where": loc,
                 }
             )
@@ -98,6 +105,7 @@ class PromptDataset:
             max_prompt_length=d.max_prompt_length,
             filter_overlong_prompts=d.filter_overlong_prompts,
             max_samples=max_samples,
+            data_format=d.format,
         )
 
     def __len__(self) -> int:

@@ -6,13 +6,9 @@ input with `overall` (the reward) and other components that are logged as `rewar
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 REWARD_TYPE = "batch"
-
-_BOXED = re.compile(r"\\boxed\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def exact_match(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -24,41 +20,18 @@ def exact_match(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
     return out
 
 
-def extract_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}`, braces balanced; None when there is none."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    if not starts:
-        return None
-    i = starts[-1]
-    depth = 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None
+def math(reward_inputs: list[dict[str, Any]], format_weight: float = 0.1) -> list[dict[str, float]]:
+    """Math answers by math-verify (`rlstack.rewards.math`): overall = (1 - w) * accuracy + w * format."""
+    from rlstack.rewards import math as math_reward
+
+    return math_reward.compute_score(reward_inputs, format_weight=format_weight)
 
 
-def extract_answer(response: str) -> str:
-    """The answer part of a response: `<answer>` tags, else the last `\\boxed{}`, else the whole text."""
-    tags = _ANSWER_TAG.findall(response)
-    if tags:
-        response = tags[-1]
-    boxed = extract_boxed(response)
-    return (boxed if boxed is not None else response).strip()
+def code(reward_inputs: list[dict[str, Any]], mode: str = "fraction") -> list[dict[str, float]]:
+    """Unit tests from `ground_truth` run in the sandbox (`rlstack.rewards.code`); overall = pass rate."""
+    from rlstack.rewards import code as code_reward
+
+    return code_reward.compute_score(reward_inputs, mode=mode)
 
 
-def math(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Mathematical equivalence of the extracted answer and the ground truth, by math-verify."""
-    from math_verify import parse, verify
-
-    out = []
-    for x in reward_inputs:
-        answer = extract_answer(str(x["response"]))
-        gold = parse(f"${x['ground_truth']}$")
-        pred = parse(f"${answer}$") if answer else []
-        hit = float(bool(gold) and bool(pred) and verify(gold, pred))
-        out.append({"overall": hit, "accuracy": hit})
-    return out
-
-
-BUILTINS = {"exact_match": exact_match, "math": math}
+BUILTINS = {"exact_match": exact_match, "math": math, "code": code}
