@@ -34,4 +34,11 @@ def code(reward_inputs: list[dict[str, Any]], mode: str = "fraction") -> list[di
     return code_reward.compute_score(reward_inputs, mode=mode)
 
 
-BUILTINS = {"exact_match": exact_match, "math": math, "code": code}
+def agent(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Tool-using agents (`rlstack.rewards.agent`): 0.8 accuracy + 0.2 format + 1.2 tool bonus, as DeepEyes."""
+    from rlstack.rewards import agent as agent_reward
+
+    return agent_reward.compute_score(reward_inputs)
+
+
+BUILTINS = {"exact_match": exact_match, "math": math, "code": code, "agent": agent}
