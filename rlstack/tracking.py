@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from rlstack.batch import Batch
@@ -172,4 +171,4 @@ def generation_rows(batch: Batch, limit: int, step: int) -> list[dict[str, Any]]
 
 
 def total_tokens(batch: Batch) -> int:
-    return int(torch.as_tensor(batch["attention_mask"]).sum())
+    return int(batch["attention_mask"].sum())

@@ -15,7 +15,6 @@ from rlstack.algos.advantages import (
     AdvantageParams,
     AdvEstimator,
     compute_advantages,
-    group_index,
     outcome_token_rewards,
 )
 from rlstack.algos.filters import (
@@ -25,6 +24,7 @@ from rlstack.algos.filters import (
     trajectory_filter,
     truncation_mask,
 )
+from rlstack.algos.groups import group_index
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from rlstack.algos.advantages import ADVANTAGE_ESTIMATORS, AdvEstimator, group_index, grpo_advantages
+from rlstack.algos.advantages import ADVANTAGE_ESTIMATORS, AdvEstimator, grpo_advantages
+from rlstack.algos.groups import group_index
 from rlstack.algos.kl import KL_ESTIMATORS, KLPenalty, low_var_kl
 from rlstack.algos.policy_loss import ppo_clip_loss, token_mean
 

@@ -309,14 +309,20 @@ def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
 
 
 def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_path: Path):
-    Trainer(
-        load_config(
-            _overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1", "trainer.val_before_train=false")
-        )
-    ).fit()
-    metrics = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.val_only=true"))).fit()
-    assert "val/addition/accuracy" in metrics
-    assert _metrics(tmp_path / "rlstack" / "default")[1]["val/reward_score"] == metrics["val/reward_score"]
+    from transformers import AutoModelForCausalLM
+
+    Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1"))).fit()
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "rlstack" / "default" / "huggingface")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not torch.equal(trained.model.embed_tokens.weight, base.model.embed_tokens.weight)
+
+    trainer = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.val_only=true")))
+    metrics = trainer.fit()
+    assert "val/addition/accuracy" in metrics and trainer.step == 1
+    # the validated weights are the checkpoint's, not the base model's
+    assert torch.equal(
+        trainer.actor.worker.model.model.embed_tokens.weight, trained.model.embed_tokens.weight
+    )
 
 
 ESTIMATORS = [e.value for e in AdvEstimator]

@@ -71,11 +71,13 @@ then divides by ~eps; here s_i is exactly 0 whenever the other responses are all
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import Enum
 from typing import NamedTuple
 
 import torch
+
+from rlstack.algos.groups import group_stats
 
 
 class AdvEstimator(str, Enum):
@@ -112,12 +114,6 @@ class AdvantageParams(NamedTuple):
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], tuple[torch.Tensor, torch.Tensor]]
 
 
-def group_index(uids: Sequence[str]) -> torch.Tensor:
-    """Map each row's uid to a dense group id, in order of first appearance. -> [B] long."""
-    ids: dict[str, int] = {}
-    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
-
-
 def outcome_token_rewards(
     scores: torch.Tensor,  # [B]
     response_mask: torch.Tensor,  # [B, T]
@@ -133,24 +129,12 @@ def outcome_token_rewards(
 # ---------------------------------------------------------------------------------------- helpers
 
 
-def _group_stats(
-    scores: torch.Tensor,  # [B]
-    groups: torch.Tensor,  # [B] long
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # count, mean, unbiased std: [G] each
-    num_groups = int(groups.max()) + 1
-    count = scores.new_zeros(num_groups).index_add_(0, groups, torch.ones_like(scores))  # [G]
-    mean = scores.new_zeros(num_groups).index_add_(0, groups, scores) / count  # [G]
-    sq_dev = (scores - mean[groups]) ** 2  # [B]
-    var = scores.new_zeros(num_groups).index_add_(0, groups, sq_dev) / (count - 1).clamp(min=1)
-    return count, mean, var.sqrt()
-
-
 def _leave_one_out_stats(
     scores: torch.Tensor,  # [B]
     groups: torch.Tensor,  # [B] long
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # count, mean, unbiased std of the others: [B]
     """Statistics of the other responses to each row's prompt; std is exactly 0 if they are all equal."""
-    count, _, _ = _group_stats(scores, groups)
+    count, _, _ = group_stats(scores, groups)
     order = torch.argsort(groups, stable=True)  # [B] rows sorted by group
     start = torch.cumsum(count, 0).long() - count.long()  # [G] first sorted position of each group
     slot = torch.empty_like(groups)
@@ -231,7 +215,7 @@ def grpo_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:  # [B, T]
-    count, mean, std = _group_stats(scores, groups)
+    count, mean, std = group_stats(scores, groups)
     adv = scores - mean[groups]  # [B]
     if norm_by_std:
         adv = adv / (std[groups] + eps)
@@ -283,7 +267,7 @@ def reinforce_plus_plus(
 def reinforce_plus_plus_baseline(
     inputs: AdvantageInputs, params: AdvantageParams
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    count, mean, _ = _group_stats(inputs.scores, inputs.groups)  # [G] each
+    count, mean, _ = group_stats(inputs.scores, inputs.groups)  # [G] each
     has_group = count[inputs.groups] > 1  # [B]
     centred = torch.where(has_group, inputs.scores - mean[inputs.groups], torch.zeros_like(inputs.scores))
     mask = inputs.response_mask.to(centred.dtype) * has_group[:, None]  # [B, T]
@@ -304,7 +288,7 @@ def remax(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tenso
 @torch.no_grad()
 def grpo_passk(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     scores, groups = inputs.scores, inputs.groups  # [B]
-    count, _, std = _group_stats(scores, groups)  # [G] each
+    count, _, std = group_stats(scores, groups)  # [G] each
     rows = torch.arange(len(scores), device=scores.device)
     best = torch.full_like(count, -torch.inf).scatter_reduce(0, groups, scores, "amax")  # [G]
     first_best = torch.where(scores == best[groups], rows, len(scores))  # [B]

@@ -33,15 +33,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _group_count_mean(
-    values: torch.Tensor,  # [B]
-    groups: torch.Tensor,  # [B] long group ids
-) -> tuple[torch.Tensor, torch.Tensor]:  # [G] row count, [G] mean (0 for an id with no rows)
-    num_groups = int(groups.max()) + 1 if groups.numel() else 0
-    count = values.new_zeros(num_groups).index_add_(0, groups, torch.ones_like(values))
-    mean = values.new_zeros(num_groups).index_add_(0, groups, values) / count.clamp(min=1)
-    return count, mean
+from rlstack.algos.groups import group_stats
 
 
 def group_filter(
@@ -51,7 +43,7 @@ def group_filter(
     high: float,
 ) -> torch.Tensor:  # [B] bool
     """Keep every row of a group whose mean metric is strictly inside (low, high)."""
-    _, mean = _group_count_mean(metric.to(torch.float64), groups)  # [G]
+    _, mean, _ = group_stats(metric.to(torch.float64), groups)  # [G]
     row_mean = mean[groups]  # [B]
     return (row_mean > low) & (row_mean < high)
 
@@ -106,10 +98,7 @@ def rank_groups_by_std(
     groups: torch.Tensor,  # [B] long group ids
 ) -> torch.Tensor:  # [G'] long: the ids present in `groups`, by descending std
     """Group ids ordered by the unbiased std of their scores, highest first; ties by lower id."""
-    values = scores.to(torch.float64)
-    count, mean = _group_count_mean(values, groups)  # [G], [G]
-    sq_dev = (values - mean[groups]) ** 2  # [B]
-    std = (mean.new_zeros(len(mean)).index_add_(0, groups, sq_dev) / (count - 1).clamp(min=1)).sqrt()  # [G]
+    count, _, std = group_stats(scores.to(torch.float64), groups)  # [G] each
     present = (count > 0).nonzero().flatten()  # [G']
     order = torch.sort(std[present], descending=True, stable=True).indices
     return present[order]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -21,8 +22,6 @@ class ModelLoadError(RLStackError, RuntimeError):
 
 
 def cache_dir() -> Path:
-    import os
-
     return Path(os.environ.get("RLSTACK_CACHE", Path.home() / ".cache" / "rlstack"))
 
 
