@@ -199,15 +199,109 @@ class RefConfig:
 
 
 @dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """OpenAI-compatible endpoint, e.g. http://host:18901/v1; empty: env LLM_AS_A_JUDGE_BASE."""
+    api_key: str = ""
+    """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
+    model: str = ""
+    """Served model name; empty: the first model the endpoint lists at GET /models."""
+    template: Literal["consistency", "verifier", "rubric"] = "consistency"
+    """Judge prompt: DeepEyes' two-answer consistency judge, a TRUE/FALSE verifier, or a 0-1 rubric grader."""
+    max_concurrency: int = 16
+    """Judge requests in flight at once."""
+    timeout: float = 60.0
+    """Seconds one request may take before it counts as a failed attempt."""
+    max_attempts: int = 4
+    """Attempts per sample (the first call plus retries) before `on_error` applies."""
+    backoff_base: float = 1.0
+    """Seconds before the first retry; doubles each retry, with jitter in [50%, 100%] of the delay."""
+    backoff_max: float = 30.0
+    """Longest wait between two attempts, in seconds."""
+    on_error: Literal["raise", "score"] = "raise"
+    """When every attempt failed: `raise` (stop the run, naming the sample), or `score` with error_score, counted in reward/judge_errors."""
+    error_score: float = 0.0
+    """Score given to a sample whose judging failed, with on_error=score."""
+    max_tokens: int = 512
+    """Longest judge reply, in tokens."""
+    seed: int = 0
+    """Seed of the backoff jitter."""
+
+
+@dataclass
+class MathRewardConfig:
+    format_weight: float = 0.1
+    """`builtin:math`: overall = (1 - format_weight) * accuracy + format_weight * format."""
+    judge_fallback: bool = False
+    """Ask the judge (`worker.reward.judge`) about answers math-verify cannot parse (free text, words)."""
+    timeout_s: int = 5
+    """math-verify's own parse/verify timeout per sample, in seconds (main thread only)."""
+    max_answer_chars: int = 1000
+    """Longer extracted answers score 0 without being parsed."""
+
+
+@dataclass
+class CodeRewardConfig:
+    mode: Literal["fraction", "all_or_nothing"] = "fraction"
+    """`builtin:code` score: the fraction of tests passed, or 1 only when every test passes."""
+    stop_at_first_failure: bool = False
+    """Stop running a response's tests at its first failure (faster; the rest count as failed)."""
+    test_time_s: float = 5.0
+    """Wall-clock and CPU seconds allowed per test."""
+    total_time_s: float = 60.0
+    """Seconds allowed for all the tests of one response; tests not started by then fail."""
+    memory_mb: int = 1024
+    """Address-space limit of the program, in MiB."""
+    sandbox: Literal["local", "fusion"] = "local"
+    """Where programs run: the local sandbox (own uid, no network, rlimits) or a SandboxFusion server."""
+    sandbox_url: str = ""
+    """SandboxFusion base URL (e.g. http://host:8080) for sandbox=fusion; programs go to POST <url>/run_code."""
+
+
+@dataclass
+class AgentRewardConfig:
+    accuracy_weight: float = 0.8
+    """`builtin:agent`: weight of the answer's accuracy (DeepEyes: 0.8)."""
+    format_weight: float = 0.2
+    """Weight of the format check: balanced tool tags, one answer, short enough (DeepEyes: 0.2)."""
+    tool_bonus: float = 1.2
+    """Added only when the answer is correct and a tool call succeeded (DeepEyes: 1.2)."""
+    max_answer_chars: int = 200
+    """Longest answer the format check accepts."""
+    judge_fallback: bool = False
+    """Ask the judge (`worker.reward.judge`) about answers the rule cannot decide."""
+
+
+@dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `builtin:math`)."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments passed to the reward function."""
+    """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
+    extra_reward_functions: list[str] = field(default_factory=list)
+    """More reward functions; overall = the weighted sum of every function's overall."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per function (reward_function first, then the extra ones); empty: all 1."""
+    num_workers: int = 1
+    """Reward calls run at once, in threads (sequential functions: one sample per call; batch functions: a chunk)."""
+    timeout_s: float | None = None
+    """Seconds allowed per sample (None: no limit); a call past it follows on_error."""
+    on_error: Literal["raise", "score"] = "raise"
+    """A reward call that raises or times out: `raise` (stop, naming the sample) or `score` with error_score, counted in reward/errors."""
+    error_score: float = 0.0
+    """Score of a sample whose reward call failed, with on_error=score."""
     overlong_buffer_length: int = 0
     """DAPO soft overlong punishment: the last this many tokens before max_response_length are penalized (0: off)."""
     overlong_penalty_factor: float = 1.0
     """Penalty at max_response_length; it grows linearly from 0 across the buffer (logged as reward/overlong)."""
+    math: MathRewardConfig = field(default_factory=MathRewardConfig)
+    """Settings of `builtin:math`."""
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """Settings of `builtin:code`."""
+    agent: AgentRewardConfig = field(default_factory=AgentRewardConfig)
+    """Settings of `builtin:agent`."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The LLM judge, used by the built-ins' judge_fallback (and available to user functions)."""
 
 
 @dataclass
@@ -637,6 +731,33 @@ def validate(cfg: Config) -> list[str]:
             f"worker.reward.overlong_buffer_length = {rw.overlong_buffer_length}: must be between 0 (off) and "
             f"data.max_response_length ({d.max_response_length})"
         )
+    functions = [rw.reward_function, *rw.extra_reward_functions]
+    if rw.reward_weights and len(rw.reward_weights) != len(functions):
+        p.append(
+            f"worker.reward.reward_weights has {len(rw.reward_weights)} weight(s) for {len(functions)} reward "
+            f"function(s) ({', '.join(functions)}): give one weight per function, reward_function first, or none"
+        )
+    if rw.num_workers < 1:
+        p.append(f"worker.reward.num_workers = {rw.num_workers}: must be at least 1")
+    if rw.timeout_s is not None and rw.timeout_s <= 0:
+        p.append(f"worker.reward.timeout_s = {rw.timeout_s}: must be positive, or null for no limit")
+    if rw.code.sandbox == "fusion" and not rw.code.sandbox_url:
+        p.append(
+            "worker.reward.code.sandbox=fusion needs worker.reward.code.sandbox_url (the SandboxFusion server, "
+            "e.g. http://host:8080), or use sandbox=local"
+        )
+    judged = [s for s, on in (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback)) if on]
+    if judged and not (rw.judge.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE")):
+        p.append(
+            f"worker.reward.{judged[0]}.judge_fallback=true needs a judge endpoint: set worker.reward.judge.base_url "
+            "(or the LLM_AS_A_JUDGE_BASE environment variable) to an OpenAI-compatible URL such as http://host:18901/v1"
+        )
+    for key, value in [
+        ("worker.reward.judge.max_concurrency", rw.judge.max_concurrency),
+        ("worker.reward.judge.max_attempts", rw.judge.max_attempts),
+    ]:
+        if value < 1:
+            p.append(f"{key} = {value}: must be at least 1")
     if alg.online_filtering and not alg.filter_low < alg.filter_high:
         p.append(
             f"algorithm.filter_low ({alg.filter_low}) must be below algorithm.filter_high ({alg.filter_high}): "
@@ -724,14 +845,13 @@ def validate(cfg: Config) -> list[str]:
         problem = _check_path(key, path)
         if problem:
             p.append(problem)
-    fn = cfg.worker.reward.reward_function
-    if not fn.startswith("builtin:") and ":" in fn:
-        file_part = fn.rsplit(":", 1)[0]
-        if file_part.endswith(".py") and not os.path.isfile(file_part):
-            p.append(
-                f"worker.reward.reward_function: file {file_part!r} does not exist "
-                "(expected path/to/file.py:function_name)"
-            )
+    for key, fn in [("worker.reward.reward_function", rw.reward_function)] + [
+        (f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)
+    ]:
+        if not fn.startswith("builtin:") and ":" in fn:
+            file_part = fn.rsplit(":", 1)[0]
+            if file_part.endswith(".py") and not os.path.isfile(file_part):
+                p.append(f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)")
     unknown_loggers = set(t.logger) - {"console", "file", "tensorboard", "wandb"}
     if unknown_loggers:
         p.append(

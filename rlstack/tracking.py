@@ -164,6 +164,7 @@ def generation_rows(batch: Batch, limit: int, step: int) -> list[dict[str, Any]]
                 "ground_truth": batch["ground_truth"][i],
                 "score": float(batch["scores"][i]),
                 "reward_components": batch["reward_components"][i],
+                "reward_info": batch["reward_info"][i] if "reward_info" in batch else {},
                 "end_reason": batch["end_reason"][i],
             }
         )

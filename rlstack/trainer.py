@@ -31,8 +31,7 @@ from rlstack.config import Config, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_tokenizer, resolve_model_path
-from rlstack.rewards.loader import load_reward_function
-from rlstack.rewards.manager import RewardManager
+from rlstack.rewards.manager import build_reward_manager
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.workers.actor import ActorWorker, RefWorker
 from rlstack.workers.critic import CriticWorker
@@ -82,13 +81,7 @@ class Trainer:
             self.critic = LocalWorkerGroup(CriticWorker(w.critic, w.actor.model.model_path, self.total_steps))
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
-        self.rewards = RewardManager(
-            load_reward_function(w.reward.reward_function),
-            w.reward.reward_function_kwargs,
-            d.max_response_length,
-            w.reward.overlong_buffer_length,
-            w.reward.overlong_penalty_factor,
-        )
+        self.rewards = build_reward_manager(w.reward, d.max_response_length)
         self.step = 0
         self.tracker: Tracker | None = None
 
@@ -128,6 +121,7 @@ class Trainer:
             self.actor.call("save_model", self.run_dir / "huggingface")
         finally:
             self.tracker.close()
+            self.rewards.close()
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -162,6 +156,7 @@ class Trainer:
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )
         metrics |= batch_metrics(batch)
+        metrics |= self.rewards.pop_metrics()
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
         metrics["perf/total_num_tokens"] = total_tokens(batch)
         metrics["perf/time_per_step"] = timing["step"]
@@ -272,6 +267,7 @@ class Trainer:
         metrics = {f"val/{s}/accuracy": sum(v) / len(v) for s, v in per_source.items()}
         metrics["val/reward_score"] = float(val["scores"].mean())
         metrics["val/response_length/mean"] = float(val["response_mask"].sum(-1).float().mean())
+        metrics |= {f"val/{k}": v for k, v in self.rewards.pop_metrics().items()}
         if self.tracker is not None:
             rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
             self.tracker.log_generations(rows, self.step, "val")

@@ -149,7 +149,8 @@ def test_compute_score_batch_interface():
     ]
     out = compute_score(rows)
     assert [r["overall"] for r in out] == pytest.approx([1.0, 1 / 3, 0.0])
-    assert all(set(r) == {"overall", "pass_rate"} for r in out)
+    assert all(set(r) == {"overall", "pass_rate", "status", "reason"} for r in out)
+    assert [r["status"] for r in out] == ["passed", "wrong_answer", "no_code"]
 
 
 def test_throughput():

@@ -324,8 +324,13 @@ def test_exact_match_strips_whitespace():
     ],
 )
 def test_math_builtin(response, truth, expected):
-    out = builtin.math([{"response": response, "ground_truth": truth}], format_weight=0.0)
-    assert out == [{"overall": expected, "accuracy": expected, "format": 0.0}]
+    (out,) = builtin.math([{"response": response, "ground_truth": truth}], format_weight=0.0)
+    assert {k: out[k] for k in ("overall", "accuracy", "format")} == {
+        "overall": expected,
+        "accuracy": expected,
+        "format": 0.0,
+    }
+    assert out["reason"] and isinstance(out["answer"], str)  # written to generations/, not logged
 
 
 def test_math_through_the_manager():

@@ -3,11 +3,17 @@
 `addition`: "a+b=" for integers 0..99, answer the sum. The 10,000 problems are split once by a
 fixed hash (sha256 of the problem, modulo 10) into `train` (8,982 rows) and a held-out `test`
 (1,018 rows) that shares no problem with it.
+
+`visual`: read a tiny digit in a cluttered 224x224 picture, where a zoom/crop tool helps;
+`train` 2,000 rows, `test` 200, drawn in code and deterministic per (split, index); see
+`rlstack.data.visual`.
 """
 
 from __future__ import annotations
 
 import hashlib
+
+from rlstack.data import visual
 
 
 def _addition(split: str) -> list[dict]:
@@ -20,7 +26,7 @@ def _addition(split: str) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": _addition}
+TASKS = {"addition": _addition, "visual": visual.rows}
 SPLITS = ("train", "test")
 
 

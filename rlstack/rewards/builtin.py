@@ -20,25 +20,41 @@ def exact_match(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
     return out
 
 
-def math(reward_inputs: list[dict[str, Any]], format_weight: float = 0.1) -> list[dict[str, float]]:
-    """Math answers by math-verify (`rlstack.rewards.math`): overall = (1 - w) * accuracy + w * format."""
+def math(
+    reward_inputs: list[dict[str, Any]], format_weight: float = 0.1, **settings: Any
+) -> list[dict[str, Any]]:
+    """Math answers by math-verify (`rlstack.rewards.math`): overall = (1 - w) * accuracy + w * format.
+
+    `settings`: `fallback` (judge for unparseable answers), `timeout_seconds`, `max_answer_chars`
+    (from `worker.reward.math`). Each result also carries the extracted answer and the reason.
+    """
     from rlstack.rewards import math as math_reward
 
-    return math_reward.compute_score(reward_inputs, format_weight=format_weight)
+    details = math_reward.score_details(reward_inputs, format_weight=format_weight, **settings)
+    return [d.scores() | {"answer": d.answer or "", "reason": d.reason} for d in details]
 
 
-def code(reward_inputs: list[dict[str, Any]], mode: str = "fraction") -> list[dict[str, float]]:
-    """Unit tests from `ground_truth` run in the sandbox (`rlstack.rewards.code`); overall = pass rate."""
+def code(
+    reward_inputs: list[dict[str, Any]], mode: str = "fraction", **settings: Any
+) -> list[dict[str, Any]]:
+    """Unit tests from `ground_truth` run in the sandbox (`rlstack.rewards.code`); overall = pass rate.
+
+    `settings`: `stop_at_first_failure`, `test_time_s`, `total_time_s`, `memory_mb`, `runner` (from
+    `worker.reward.code`). Each result also carries the status of the first failure and its reason.
+    """
     from rlstack.rewards import code as code_reward
 
-    return code_reward.compute_score(reward_inputs, mode=mode)
+    return code_reward.compute_score(reward_inputs, mode=mode, **settings)
 
 
-def agent(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Tool-using agents (`rlstack.rewards.agent`): 0.8 accuracy + 0.2 format + 1.2 tool bonus, as DeepEyes."""
+def agent(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str, float]]:
+    """Tool-using agents (`rlstack.rewards.agent`): 0.8 accuracy + 0.2 format + 1.2 tool bonus, as DeepEyes.
+
+    `settings`: the weights, `max_answer_chars` and `judge` (from `worker.reward.agent`).
+    """
     from rlstack.rewards import agent as agent_reward
 
-    return agent_reward.compute_score(reward_inputs)
+    return agent_reward.compute_score(reward_inputs, **settings)
 
 
 BUILTINS = {"exact_match": exact_match, "math": math, "code": code, "agent": agent}

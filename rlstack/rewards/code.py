@@ -19,15 +19,19 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
-from rlstack.rewards.sandbox import SandboxLimits, run_python
+from rlstack.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 REWARD_TYPE = "batch"
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _CODE_TAG = re.compile(r"<code>(.*?)</code>", re.DOTALL)
 _TOL = 1e-6
+
+Runner = Callable[[str, str, SandboxLimits], SandboxResult]
+"""Runs (program, stdin, limits): the local sandbox's `run_python` or a SandboxFusion client."""
 
 
 def extract_code(response: str) -> str | None:
@@ -77,6 +81,7 @@ def score_code(
     test_time_s: float = 5.0,
     total_time_s: float = 60.0,
     memory_mb: int = 1024,
+    runner: Runner = run_python,
 ) -> dict[str, Any]:
     """Score a response's program against `tests`.
 
@@ -102,7 +107,7 @@ def score_code(
             if not reason:
                 status, reason = "time_limit", f"total time limit of {total_time_s:g}s spent before test {i}"
             break
-        result = run_python(code + suffix, stdin, limits._replace(wall_s=min(test_time_s, remaining)))
+        result = runner(code + suffix, stdin, limits._replace(wall_s=min(test_time_s, remaining)))
         if result.status == "ok" and (expected is None or outputs_match(result.stdout, expected)):
             passed += 1
             continue
@@ -128,14 +133,30 @@ def _score(passed: int, total: int, mode: str, status: str, reason: str) -> dict
 
 
 def compute_score(
-    reward_inputs: list[dict[str, Any]], mode: str = "fraction", stop_at_first_failure: bool = False
+    reward_inputs: list[dict[str, Any]],
+    mode: str = "fraction",
+    stop_at_first_failure: bool = False,
+    test_time_s: float = 5.0,
+    total_time_s: float = 60.0,
+    memory_mb: int = 1024,
+    runner: Runner = run_python,
 ) -> list[dict[str, Any]]:
     """EasyR1 batch interface: tests from each input's `ground_truth` (a dict or its JSON string).
 
-    Only the numeric components are returned (they are logged as `reward/<key>`).
+    Numeric results (`overall`, `pass_rate`) are logged as `reward/<key>`; `status` and `reason` (why
+    the first failing test failed) are written with the generations.
     """
     out = []
     for x in reward_inputs:
-        s = score_code(str(x["response"]), x["ground_truth"], mode, stop_at_first_failure)
-        out.append({"overall": s["overall"], "pass_rate": s["pass_rate"]})
+        s = score_code(
+            str(x["response"]),
+            x["ground_truth"],
+            mode,
+            stop_at_first_failure,
+            test_time_s,
+            total_time_s,
+            memory_mb,
+            runner,
+        )
+        out.append({k: s[k] for k in ("overall", "pass_rate", "status", "reason")})
     return out

@@ -30,6 +30,7 @@ from typing import Literal
 
 import openai
 
+from rlstack.config import JudgeConfig
 from rlstack.errors import RLStackError
 
 TemplateName = Literal["consistency", "verifier", "rubric"]
@@ -46,34 +47,6 @@ class JudgeUnavailable(JudgeError):
 
 class UnparseableVerdict(JudgeError, ValueError):
     """The judge's reply holds no verdict its template can read; retried like an endpoint failure."""
-
-
-@dataclass
-class JudgeConfig:
-    base_url: str = ""
-    """OpenAI-compatible endpoint, e.g. http://host:18901/v1; empty: env LLM_AS_A_JUDGE_BASE."""
-    api_key: str = ""
-    """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
-    model: str = ""
-    """Served model name; empty: the first model the endpoint lists at GET /models."""
-    max_concurrency: int = 16
-    """Judge requests in flight at once, across all batches of this client."""
-    timeout: float = 60.0
-    """Seconds one request may take before it counts as a failed attempt."""
-    max_attempts: int = 4
-    """Attempts per sample (the first call plus retries) before `on_error` applies."""
-    backoff_base: float = 1.0
-    """Seconds before the first retry; doubles each retry, with jitter in [50%, 100%] of the delay."""
-    backoff_max: float = 30.0
-    """Longest wait between two attempts, in seconds."""
-    on_error: Literal["raise", "score"] = "raise"
-    """When every attempt failed: `raise` JudgeUnavailable, or `score` with error_score and count it."""
-    error_score: float = 0.0
-    """Score given to a sample whose judging failed, with on_error=score (counted in reward/judge_errors)."""
-    max_tokens: int = 512
-    """Longest judge reply, in tokens."""
-    seed: int = 0
-    """Seed of the backoff jitter."""
 
 
 @dataclass(frozen=True)

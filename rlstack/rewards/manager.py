@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import threading
 import time
@@ -11,8 +12,9 @@ import torch
 
 from rlstack.algos.filters import overlong_penalty
 from rlstack.batch import Batch
+from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
-from rlstack.rewards.loader import RewardFunction
+from rlstack.rewards.loader import RewardFunction, load_reward_function
 
 
 class RewardError(RLStackError, RuntimeError):
@@ -31,6 +33,9 @@ class RewardManager:
       gives its samples `error_score` and counts them in the `errors` component (`reward/errors`).
     - `extra_functions` / `weights`: more reward functions; `overall` is the weighted sum of their
       `overall`s, and each extra function's components are logged under `<its name>/<key>`.
+
+    Numeric values a function returns are components (logged as `reward/<key>`); string values
+    (a failure reason, a status) are kept per row in `reward_info` and written to `generations/`.
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class RewardManager:
         error_score: float = 0.0,
         extra_functions: list[RewardFunction] | None = None,
         weights: list[float] | None = None,
+        judge: Any = None,
     ):
         self.functions = [reward_fn, *(extra_functions or [])]
         self.weights = weights or [1.0] * len(self.functions)
@@ -61,15 +67,23 @@ class RewardManager:
         self.timeout_s = timeout_s
         self.on_error = on_error
         self.error_score = error_score
+        self.judge = judge
+        """The JudgeClient behind the built-ins' judge fallback (closed by `close`), or None."""
+        self._judge_calls = 0
+        self._judge_errors_seen = 0
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
         inputs = reward_inputs(batch)
         overall = torch.zeros(len(batch))
         components: dict[str, list[float]] = {}
+        info: list[dict[str, str]] = [{} for _ in range(len(batch))]
         for n, (rf, weight) in enumerate(zip(self.functions, self.weights)):
             results = self._call(rf, self.kwargs if n == 0 else {}, inputs, batch)
             prefix = "" if n == 0 else f"{_short_name(rf.name)}/"
+            for i, r in enumerate(results):
+                for k in [k for k, v in r.items() if isinstance(v, str)]:
+                    info[i][prefix + k] = r.pop(k)
             for k in sorted({k for r in results for k in r}):
                 components[prefix + k] = [float(r.get(k, float("nan"))) for r in results]
             overall += weight * torch.tensor([float(r["overall"]) for r in results])
@@ -87,7 +101,33 @@ class RewardManager:
             components["overlong"] = penalty.tolist()
         batch["scores"] = scores
         batch["reward_components"] = [{k: v[i] for k, v in components.items()} for i in range(len(batch))]
+        batch["reward_info"] = info
         return batch
+
+    def judge_fallback(self, queries: list[tuple[str, str, str]]) -> list[float]:
+        """(question, ground truth, response) -> judge scores, for the built-ins' `judge_fallback`."""
+        from rlstack.rewards.judge import JudgeItem
+
+        assert self.judge is not None
+        template = self.judge.config.template
+        results = self.judge.judge_batch([JudgeItem(q, g, r, template) for q, g, r in queries])
+        with _COUNT_LOCK:
+            self._judge_calls += len(queries)
+        return [r.score for r in results]
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Judge activity since the last call: `reward/judge_calls` (samples sent to the judge) and
+        `reward/judge_errors` (samples scored `error_score` because judging failed)."""
+        if self.judge is None:
+            return {}
+        errors = self.judge.errors - self._judge_errors_seen
+        self._judge_errors_seen = self.judge.errors
+        calls, self._judge_calls = self._judge_calls, 0
+        return {"reward/judge_calls": float(calls), "reward/judge_errors": float(errors)}
+
+    def close(self) -> None:
+        if self.judge is not None:
+            self.judge.close()
 
     def _call(self, rf: RewardFunction, kwargs: dict, inputs: list[dict], batch: Batch) -> list[dict]:
         if rf.reward_type == "sequential":
@@ -115,8 +155,11 @@ class RewardManager:
                     continue
                 if self.on_error == "raise":
                     raise RewardError(self._failure_message(rf, kwargs, inputs, batch, idx, outcome, value))
+                why = (
+                    f"timed out after {self.timeout_s} s per sample" if outcome == "timeout" else repr(value)
+                )
                 for i in idx:
-                    results[i], errors[i] = {"overall": self.error_score}, 1.0
+                    results[i], errors[i] = {"overall": self.error_score, "error": why}, 1.0
         for i, r in enumerate(results):
             _check_result(rf.name, r, batch, i)
         if self.on_error == "score":
@@ -140,6 +183,9 @@ class RewardManager:
             except Exception as e:
                 return f"reward function {rf.name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
         return f"reward function {rf.name} raised on the whole batch (each sample alone scored fine): {value}"
+
+
+_COUNT_LOCK = threading.Lock()
 
 
 class _Call:
@@ -201,8 +247,13 @@ def _check_result(name: str, r: Any, batch: Batch, i: int) -> None:
     for k, v in r.items():
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             r[k] = v = v.item()
+        if isinstance(v, str) and k != "overall":
+            continue
         if not isinstance(v, numbers.Real) or isinstance(v, bool):
-            raise RewardError(f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number")
+            raise RewardError(
+                f"reward function {name}: {k}={v!r} for {_describe(batch, i)} is not a number "
+                "(components are numbers; strings such as a failure reason are kept in reward_info)"
+            )
 
 
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
@@ -224,3 +275,73 @@ def _describe(batch: Batch, i: int) -> str:
     text = batch["response_text"][i]
     snippet = text if len(text) <= 80 else text[:77] + "..."
     return f"sample {i} (row {batch['where'][i]}, response {snippet!r})"
+
+
+def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardManager:
+    """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings,
+    the judge client built when a built-in's judge_fallback asks for it."""
+    refs = [cfg.reward_function, *cfg.extra_reward_functions]
+    functions = [load_reward_function(ref) for ref in refs]
+    builtins_used = {ref.removeprefix("builtin:") for ref in refs if ref.startswith("builtin:")}
+    wants_judge = ("math" in builtins_used and cfg.math.judge_fallback) or (
+        "agent" in builtins_used and cfg.agent.judge_fallback
+    )
+    judge = None
+    if wants_judge:
+        from rlstack.rewards.judge import JudgeClient
+
+        judge = JudgeClient(cfg.judge)
+    manager = RewardManager(
+        functions[0],
+        cfg.reward_function_kwargs,
+        max_response_length,
+        cfg.overlong_buffer_length,
+        cfg.overlong_penalty_factor,
+        cfg.num_workers,
+        cfg.timeout_s,
+        cfg.on_error,
+        cfg.error_score,
+        functions[1:],
+        list(cfg.reward_weights) or None,
+        judge,
+    )
+    for rf in functions:
+        if rf.name.startswith("builtin:"):
+            settings = _builtin_settings(rf.name.removeprefix("builtin:"), cfg, manager)
+            rf.fn = functools.partial(rf.fn, **settings)
+    return manager
+
+
+def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> dict[str, Any]:
+    """Keyword arguments of a built-in reward from its config section (user kwargs still win)."""
+    fallback = manager.judge_fallback if manager.judge is not None else None
+    if name == "math":
+        m = cfg.math
+        return {
+            "format_weight": m.format_weight,
+            "fallback": fallback if m.judge_fallback else None,
+            "timeout_seconds": m.timeout_s,
+            "max_answer_chars": m.max_answer_chars,
+        }
+    if name == "code":
+        from rlstack.rewards.sandbox_fusion import make_runner
+
+        c = cfg.code
+        return {
+            "mode": c.mode,
+            "stop_at_first_failure": c.stop_at_first_failure,
+            "test_time_s": c.test_time_s,
+            "total_time_s": c.total_time_s,
+            "memory_mb": c.memory_mb,
+            "runner": make_runner(c.sandbox, c.sandbox_url or None),
+        }
+    if name == "agent":
+        a = cfg.agent
+        return {
+            "accuracy_weight": a.accuracy_weight,
+            "format_weight": a.format_weight,
+            "tool_bonus": a.tool_bonus,
+            "max_answer_chars": a.max_answer_chars,
+            "judge": fallback if a.judge_fallback else None,
+        }
+    return {}

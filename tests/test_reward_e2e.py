@@ -1,0 +1,251 @@
+"""The reward settings of `worker.reward` wired through the trainer: judge fallback, code settings, reasons."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from judge_server import JudgeServer
+
+from rlstack.batch import Batch
+from rlstack.config import ConfigError, load_config
+from rlstack.rewards.manager import build_reward_manager
+from rlstack.sft import run_sft
+from rlstack.trainer import Trainer
+
+# Questions whose answers are words: math-verify cannot parse them, so the rule leaves them to the judge.
+QUESTIONS = [
+    ("Which day follows Sunday?", "Monday", "Mon"),
+    ("Which day follows Monday?", "Tuesday", "Tue"),
+    ("What colour is the sky?", "blue", "blu"),
+    ("What colour is grass?", "green", "gre"),
+]
+
+
+def _write_rows(path: Path, answers: list[str]) -> Path:
+    with path.open("w") as f:
+        for (question, _, _), answer in zip(QUESTIONS, answers):
+            f.write(json.dumps({"problem": question, "answer": answer}) + "\n")
+    return path
+
+
+def _common(model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        f"worker.actor.model.model_path={model}",
+        f"trainer.output_dir={out}",
+        "data.val_files=",
+        "data.rollout_batch_size=4",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "data.max_response_length=24",
+        "trainer.logger=[file]",
+        "trainer.num_threads=1",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def answering_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model after 150 SFT steps (about 2 s): it writes `<answer>` + an abbreviation + `</answer>`."""
+    tmp = tmp_path_factory.mktemp("answering")
+    rows = _write_rows(tmp / "sft.jsonl", [f"<answer>{short}</answer>" for _, _, short in QUESTIONS])
+    cfg = load_config(
+        _common(
+            tiny_model_dir,
+            tmp,
+            f"data.train_files={rows}",
+            "worker.actor.optim.lr=3e-3",
+            "trainer.max_steps=150",
+            "trainer.experiment_name=sft",
+        )
+    )
+    return run_sft(cfg)
+
+
+def _judge_by_prefix(body: dict) -> tuple[str, str]:
+    """Judgement 1 when the candidate's answer is a 3+ letter prefix of the reference answer."""
+    user = body["messages"][-1]["content"]
+    reference = re.findall(r"Reference answer: (.*)", user)[-1].strip()
+    candidate = re.findall(r"Candidate answer: (.*)", user)[-1]
+    inner = re.search(r"<answer>(.*?)</answer>", candidate)
+    said = inner.group(1).strip() if inner else ""
+    same = len(said) >= 3 and reference.lower().startswith(said.lower())
+    return "ok", f"Judgement: {int(same)}"
+
+
+@pytest.mark.slow
+def test_math_with_judge_fallback_against_a_local_judge_server(answering_model: Path, tmp_path: Path):
+    server = JudgeServer(default=_judge_by_prefix)
+    server.script = [("status", 500)]  # the first request fails and is retried
+    try:
+        rows = _write_rows(tmp_path / "rl.jsonl", [gold for _, gold, _ in QUESTIONS])
+        cfg = load_config(
+            _common(
+                answering_model,
+                tmp_path,
+                f"data.train_files={rows}",
+                "worker.rollout.n=4",
+                "worker.actor.optim.lr=1e-4",
+                "trainer.max_steps=2",
+                "trainer.total_epochs=2",
+                "trainer.train_generations_to_log=16",
+                "worker.reward.reward_function=builtin:math",
+                "worker.reward.math.judge_fallback=true",
+                f"worker.reward.judge.base_url={server.url}",
+                "worker.reward.judge.backoff_base=0.01",
+                "worker.reward.judge.backoff_max=0.02",
+                "trainer.save_model_only=true",
+            )
+        )
+        Trainer(cfg).fit()
+    finally:
+        server.stop()
+    metrics = {
+        json.loads(line)["step"]: json.loads(line)
+        for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    }
+    calls = sum(metrics[s]["reward/judge_calls"] for s in (1, 2))
+    assert calls > 0 and metrics[1]["reward/judge_errors"] == metrics[2]["reward/judge_errors"] == 0
+    # each distinct (question, gold, response) is sent once; the 500 adds one retried request
+    assert server.model_requests == 1  # the model name was discovered once via GET /models
+    assert 1 < len(server.chat_requests) <= calls + 1
+    assert server.chat_requests[0]["model"] == "judge-72b"
+
+    judged = 0
+    for step in (1, 2):
+        for line in (cfg.run_dir / "generations" / f"train_step_{step}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            info, accuracy = row["reward_info"], row["reward_components"]["accuracy"]
+            if info["reason"].startswith("fallback"):
+                judged += 1
+                verdict = _judge_by_prefix(
+                    {
+                        "messages": [
+                            {
+                                "content": f"Reference answer: {row['ground_truth']}\nCandidate answer: "
+                                f"{row['response']}"
+                            }
+                        ]
+                    }
+                )[1]
+                assert accuracy == float(verdict.endswith("1")), row
+            elif info["answer"] == "":
+                assert info["reason"] == "no answer" and accuracy == 0.0
+    assert judged > 0 and metrics[1]["reward/accuracy"] > 0
+
+
+def test_judge_fallback_without_an_endpoint_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
+    with pytest.raises(ConfigError, match="judge_fallback=true needs a judge endpoint"):
+        load_config(["worker.reward.reward_function=builtin:math", "worker.reward.math.judge_fallback=true"])
+
+
+def test_judge_that_stays_down_scores_and_counts_with_on_error_score():
+    server = JudgeServer(default=lambda body: ("status", 503))
+    try:
+        cfg = load_config(
+            [
+                "worker.reward.reward_function=builtin:math",
+                "worker.reward.math.judge_fallback=true",
+                f"worker.reward.judge.base_url={server.url}",
+                "worker.reward.judge.model=j",
+                "worker.reward.judge.max_attempts=2",
+                "worker.reward.judge.backoff_base=0.01",
+                "worker.reward.judge.on_error=score",
+                "worker.reward.judge.error_score=0.25",
+            ]
+        )
+        manager = build_reward_manager(cfg.worker.reward, 16)
+        batch = manager.score(_batch(["<answer>Mon</answer>", "<answer>7</answer>"], ["Monday", "7"]))
+        manager.close()
+    finally:
+        server.stop()
+    accuracy = [c["accuracy"] for c in batch["reward_components"]]
+    assert accuracy == [0.25, 1.0]  # the rule decides "7" itself; the word goes to the (down) judge
+    assert batch["reward_info"][0]["reason"].startswith("fallback")
+    assert manager.pop_metrics() == {"reward/judge_calls": 1.0, "reward/judge_errors": 1.0}
+    assert len(server.chat_requests) == 2  # max_attempts
+
+
+def _batch(responses: list[str], truths: list[str]) -> Batch:
+    import torch
+
+    n = len(responses)
+    return Batch(
+        {
+            "response_text": responses,
+            "response_mask": torch.ones(n, 3, dtype=torch.long),
+            "ground_truth": truths,
+            "prompt": ["q"] * n,
+            "data_source": ["d"] * n,
+            "extra": [{} for _ in range(n)],
+            "where": [f"f.jsonl:{i + 1}" for i in range(n)],
+        }
+    )
+
+
+CODE_RESPONSE = "```python\nprint(int(input()) * 2)\n```"
+
+
+def test_code_settings_reach_the_builtin_code_reward():
+    tests = json.dumps({"inputs": ["1", "2", "3"], "outputs": ["2", "4", "7"]})
+    fraction = load_config(["worker.reward.reward_function=builtin:code"])
+    strict = load_config(
+        [
+            "worker.reward.reward_function=builtin:code",
+            "worker.reward.code.mode=all_or_nothing",
+            "worker.reward.code.stop_at_first_failure=true",
+        ]
+    )
+    out = build_reward_manager(fraction.worker.reward, 16).score(_batch([CODE_RESPONSE], [tests]))
+    assert out["reward_components"][0]["pass_rate"] == pytest.approx(2 / 3)
+    assert out["reward_info"][0] == {"status": "wrong_answer", "reason": "test 2: wrong answer"}
+    out = build_reward_manager(strict.worker.reward, 16).score(_batch([CODE_RESPONSE], [tests]))
+    assert out["scores"].tolist() == [0.0]
+
+
+def test_code_on_a_sandboxfusion_server_needs_its_url():
+    with pytest.raises(ConfigError, match="sandbox=fusion needs worker.reward.code.sandbox_url"):
+        load_config(["worker.reward.reward_function=builtin:code", "worker.reward.code.sandbox=fusion"])
+
+
+def test_extra_functions_and_weights_from_config(tmp_path: Path):
+    extra = tmp_path / "length.py"
+    extra.write_text("def score(xs):\n    return [{'overall': float(len(x['response']))} for x in xs]\n")
+    cfg = load_config(
+        [
+            f"worker.reward.extra_reward_functions=[{extra}:score]",
+            "worker.reward.reward_weights=[2.0,0.5]",
+        ]
+    )
+    out = build_reward_manager(cfg.worker.reward, 16).score(_batch(["ab", "x"], ["ab", "y"]))
+    assert out["scores"].tolist() == [2.0 * 1 + 0.5 * 2, 2.0 * 0 + 0.5 * 1]
+    assert out["reward_components"][0]["score/overall"] == 2.0
+    with pytest.raises(ConfigError, match="1 weight\\(s\\) for 2 reward function"):
+        load_config(
+            [f"worker.reward.extra_reward_functions=[{extra}:score]", "worker.reward.reward_weights=[2.0]"]
+        )
+
+
+def test_reward_errors_are_scored_and_explained_with_on_error_score(tmp_path: Path):
+    fn = tmp_path / "boom.py"
+    fn.write_text(
+        "REWARD_TYPE = 'sequential'\n"
+        "def score(x):\n"
+        "    if x['response'] == 'bad':\n"
+        "        raise ValueError('cannot grade')\n"
+        "    return {'overall': 1.0}\n"
+    )
+    cfg = load_config(
+        [
+            f"worker.reward.reward_function={fn}:score",
+            "worker.reward.on_error=score",
+            "worker.reward.error_score=-1",
+        ]
+    )
+    out = build_reward_manager(cfg.worker.reward, 16).score(_batch(["ok", "bad"], ["", ""]))
+    assert out["scores"].tolist() == [1.0, -1.0]
+    assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
+    assert "cannot grade" in out["reward_info"][1]["error"]
