@@ -1,0 +1,156 @@
+"""Code-reward throughput: unit tests per second through the sandbox, against an unsandboxed baseline.
+
+Baseline: what veRL forks do by default, `subprocess.run([python, "-c", program], input=stdin,
+timeout=...)` in the trainer's own environment, one process per test, no isolation. rlstack:
+`rlstack.rewards.code.score_code` (a fresh sandbox per test: own uid, network namespace, rlimits,
+temporary directory, group kill), sequentially and through the reward manager with
+`num_workers` threads. The same problems, solutions and tests on each side, in ABBA order.
+
+Workload: 3 competitive-programming problems (sum of pairs, reverse a line, count primes below n)
+with a correct solution each; each problem has `--tests` stdin/stdout tests.
+
+    .venv/bin/python bench/bench_code_reward.py          # writes bench/results/code_reward.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlstack.batch import Batch
+from rlstack.rewards.code import outputs_match, score_code
+from rlstack.rewards.loader import RewardFunction
+from rlstack.rewards.manager import RewardManager
+from rlstack.rewards.sandbox import _interpreter
+
+PROBLEMS = {
+    "sum_pair": (
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        lambda i: (f"{i} {3 * i}\n", f"{4 * i}\n"),
+    ),
+    "reverse": (
+        "print(input()[::-1])\n",
+        lambda i: (f"abc{i}xyz\n", f"zyx{str(i)[::-1]}cba\n"),
+    ),
+    "count_primes": (
+        "n = int(input())\nsieve = [True] * max(n, 2)\nsieve[0] = sieve[1] = False\n"
+        "for p in range(2, int(n ** 0.5) + 1):\n"
+        "    if sieve[p]:\n        sieve[p * p :: p] = [False] * len(sieve[p * p :: p])\n"
+        "print(sum(sieve[:n]))\n",
+        lambda i: (f"{1000 + i}\n", f"{_count_primes(1000 + i)}\n"),
+    ),
+}
+
+
+def _count_primes(n: int) -> int:
+    return sum(all(k % d for d in range(2, int(k**0.5) + 1)) for k in range(2, n))
+
+
+def _tests(name: str, n: int) -> dict[str, list[str]]:
+    pairs = [PROBLEMS[name][1](i) for i in range(n)]
+    return {"inputs": [p[0] for p in pairs], "outputs": [p[1] for p in pairs]}
+
+
+def run_baseline(n_tests: int) -> tuple[int, float]:
+    """Unsandboxed: one `python -c` per test in the caller's environment."""
+    python = _interpreter() or sys.executable
+    passed, start = 0, time.perf_counter()
+    for name, (program, _) in PROBLEMS.items():
+        tests = _tests(name, n_tests)
+        for stdin, expected in zip(tests["inputs"], tests["outputs"]):
+            out = subprocess.run(
+                [python, "-c", program], input=stdin, capture_output=True, text=True, timeout=10
+            )
+            passed += out.returncode == 0 and outputs_match(out.stdout, expected)
+    return passed, time.perf_counter() - start
+
+
+def run_sandboxed(n_tests: int) -> tuple[int, float]:
+    passed, start = 0, time.perf_counter()
+    for name, (program, _) in PROBLEMS.items():
+        result = score_code(f"```python\n{program}```", _tests(name, n_tests))
+        passed += result["passed"]
+    return passed, time.perf_counter() - start
+
+
+def run_manager(n_tests: int, workers: int) -> tuple[int, float]:
+    """The reward manager with `workers` threads, one response per problem split into chunks of tests."""
+    chunks = max(1, workers * 2)
+    rows, truths = [], []
+    for name, (program, _) in PROBLEMS.items():
+        tests = _tests(name, n_tests)
+        for c in range(chunks):
+            rows.append(f"```python\n{program}```")
+            truths.append({k: v[c::chunks] for k, v in tests.items()})
+
+    def sequential(x: dict) -> dict:
+        s = score_code(x["response"], x["ground_truth"])
+        return {"overall": s["overall"], "passed": float(s["passed"])}
+
+    n = len(rows)
+    batch = Batch(
+        {
+            "response_text": rows,
+            "response_mask": torch.ones(n, 1, dtype=torch.long),
+            "ground_truth": truths,
+            "prompt": [""] * n,
+            "data_source": ["bench"] * n,
+            "extra": [{} for _ in range(n)],
+            "where": [f"bench:{i}" for i in range(n)],
+        }
+    )
+    manager = RewardManager(
+        RewardFunction(sequential, "sequential", "bench"), num_workers=workers, timeout_s=60
+    )
+    start = time.perf_counter()
+    out = manager.score(batch)
+    elapsed = time.perf_counter() - start
+    return int(sum(c["passed"] for c in out["reward_components"])), elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tests", type=int, default=20, help="tests per problem (3 problems)")
+    parser.add_argument("--workers", type=int, default=2, help="reward manager threads")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "code_reward.json"))
+    args = parser.parse_args()
+    total = 3 * args.tests
+    times: dict[str, list[float]] = {"baseline": [], "sandbox": [], "sandbox_workers": []}
+    for order in (("baseline", "sandbox", "sandbox_workers"), ("sandbox_workers", "sandbox", "baseline")):
+        for side in order:
+            if side == "baseline":
+                passed, t = run_baseline(args.tests)
+            elif side == "sandbox":
+                passed, t = run_sandboxed(args.tests)
+            else:
+                passed, t = run_manager(args.tests, args.workers)
+            assert passed == total, f"{side}: {passed} of {total} tests passed"
+            times[side].append(t)
+    rate = {k: total / (sum(v) / len(v)) for k, v in times.items()}
+    result = {
+        "tests": total,
+        "tests_per_s": {k: round(v, 2) for k, v in rate.items()},
+        "sandbox_vs_baseline": round(rate["sandbox"] / rate["baseline"], 3),
+        "sandbox_workers_vs_baseline": round(rate["sandbox_workers"] / rate["baseline"], 3),
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "root": os.geteuid() == 0,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
