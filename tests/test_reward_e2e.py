@@ -249,3 +249,74 @@ def test_reward_errors_are_scored_and_explained_with_on_error_score(tmp_path: Pa
     assert out["scores"].tolist() == [1.0, -1.0]
     assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
     assert "cannot grade" in out["reward_info"][1]["error"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+PROGRAMS = [  # the fixture's three problems: sum of two numbers, 1 + ... + n, reverse a line
+    "```python\na,b=map(int,input().split())\nprint(a+b)\n```",
+    "```python\nn=int(input())\nprint(n*(n+1)//2)\n```",
+    "```python\nprint(input()[::-1])\n```",
+]
+
+
+@pytest.mark.slow
+def test_code_grpo_on_nemotron_rows_runs_programs_in_the_sandbox(tiny_model_dir: Path, tmp_path: Path):
+    """Nemotron-RL rows, detected and converted; a warm-started tiny model writes programs that the
+    built-in code reward runs in the sandbox, some passing, some not."""
+    from rlstack.data.formats import normalize_rows
+    from rlstack.data.readers import read_rows
+
+    raw, where = read_rows(str(FIXTURES / "nemotron_code.jsonl"))
+    rows = normalize_rows(raw, where, "auto")
+    sft_rows = tmp_path / "sft.jsonl"
+    sft_rows.write_text(
+        "".join(json.dumps({"problem": r["problem"], "answer": p}) + "\n" for r, p in zip(rows, PROGRAMS))
+    )
+    sizes = ["data.rollout_batch_size=3", "worker.actor.global_batch_size=3", "data.max_prompt_length=256"]
+    sft = load_config(
+        _common(
+            tiny_model_dir,
+            tmp_path,
+            *sizes,
+            f"data.train_files={sft_rows}",
+            "data.max_response_length=64",
+            "worker.actor.micro_batch_size_per_device_for_update=3",
+            "worker.actor.optim.lr=3e-3",
+            "trainer.max_steps=150",
+            "trainer.experiment_name=sft",
+        )
+    )
+    model = run_sft(sft)
+    cfg = load_config(
+        _common(
+            model,
+            tmp_path,
+            *sizes,
+            f"data.train_files={FIXTURES / 'nemotron_code.jsonl'}",
+            "data.max_response_length=64",
+            "worker.rollout.n=4",
+            "worker.actor.micro_batch_size_per_device_for_update=12",
+            "worker.actor.optim.lr=1e-4",
+            "worker.reward.reward_function=builtin:code",
+            "worker.reward.num_workers=2",
+            "worker.reward.code.test_time_s=2",
+            "trainer.max_steps=2",
+            "trainer.total_epochs=2",
+            "trainer.train_generations_to_log=12",
+            "trainer.save_model_only=true",
+        )
+    )
+    trainer = Trainer(cfg)
+    assert set(trainer.train_set.items[0]["ground_truth"]) == {"inputs", "outputs"}
+    trainer.fit()
+    lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    metrics = {json.loads(line)["step"]: json.loads(line) for line in lines}
+    assert {"reward/overall", "reward/pass_rate"} <= set(metrics[2])
+    statuses = []
+    for step in (1, 2):
+        for line in (cfg.run_dir / "generations" / f"train_step_{step}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            statuses.append(row["reward_info"]["status"])
+            assert (row["reward_info"]["status"] == "passed") == (row["score"] == 1.0), row
+    assert "passed" in statuses  # programs really ran and passed in the sandbox
+    assert max(metrics[s]["reward/pass_rate"] for s in (1, 2)) > 0
