@@ -2,7 +2,7 @@
 
 rlstack train config=path.yaml a.b=c ... [--print-config]
 rlstack sft   config=path.yaml a.b=c ... [--print-config]
-rlstack init-model OUT_DIR [--hidden-size 128 --num-layers 3 ...]
+rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--workdir outputs/demo]
 rlstack config-keys
 """
@@ -31,8 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p = sub.add_parser("init-model", help="build a tiny Qwen2 model and tokenizer offline")
+    p = sub.add_parser("init-model", help="build a tiny Qwen2 (or Qwen2.5-VL) model and tokenizer offline")
     p.add_argument("out_dir")
+    p.add_argument(
+        "--vision",
+        action="store_true",
+        help="a tiny Qwen2.5-VL with its image processor; the size options apply to its language model",
+    )
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=3)
     p.add_argument("--num-heads", type=int, default=4)
@@ -82,13 +87,17 @@ def _run(args: argparse.Namespace) -> int:
 
         out = write_model_dir(
             Path(args.out_dir),
+            vision=args.vision,
             hidden_size=args.hidden_size,
             num_layers=args.num_layers,
             num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads,
             seed=args.seed,
         )
-        print(f"tiny Qwen2 model and tokenizer written to {out}")
+        what = (
+            "Qwen2.5-VL model, tokenizer and image processor" if args.vision else "Qwen2 model and tokenizer"
+        )
+        print(f"tiny {what} written to {out}")
         return 0
     if args.command == "demo":
         from rlstack.demo import run_demo

@@ -66,6 +66,12 @@ class DataConfig:
     """Seed of the shuffling."""
     filter_overlong_prompts: bool = True
     """Drop rows whose prompt is longer than `max_prompt_length` (otherwise such a row is an error)."""
+    image_dir: str | None = None
+    """Folder that relative image paths in the rows are relative to (default: the data file's folder)."""
+    min_pixels: int = 262144
+    """Vision models: images smaller than this many pixels are scaled up (aspect kept, sides multiples of 28)."""
+    max_pixels: int = 4194304
+    """Vision models: images larger than this many pixels are scaled down; bounds the image tokens per image."""
 
 
 @dataclass
@@ -138,6 +144,24 @@ class ActorConfig:
     """Cap of the IS weight (tis) / upper bound of the kept band (icepop, seq-mask-tis)."""
     shuffle_mini_batches: bool = False
     """Shuffle trajectories before cutting mini-batches (seeded)."""
+    freeze_vision_tower: bool = False
+    """Vision models: keep the vision encoder's weights fixed (only the language model and merger train)."""
+
+
+@dataclass
+class AgentConfig:
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Tools the policy may call, each {name, import_path (builtin:python, builtin:zoom, pkg.mod:Class or file.py:Class), kwargs, schema}; empty: single-turn generation."""
+    tool_call_format: Literal["code", "hermes"] = "code"
+    """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes)."""
+    max_turns: int = 4
+    """Assistant turns per trajectory; a trajectory still calling tools after this many ends with end_reason max_turns."""
+    max_images: int = 8
+    """Images per trajectory (input images included); a tool result that would exceed it ends the trajectory (max_images)."""
+    system_prompt: str | None = None
+    """File holding the system prompt (Hermes format: the tools' JSON schemas are appended in a <tools> block)."""
+    max_tool_workers: int = 8
+    """Tool calls run at once across the trajectories of a batch (threads; each Python tool runs in its own sandbox)."""
 
 
 @dataclass
@@ -160,6 +184,8 @@ class RolloutConfig:
     """Responses per validation prompt."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The multi-turn agent loop (tools); off while `tools` is empty."""
 
 
 @dataclass
@@ -375,6 +401,22 @@ class AlgorithmConfig:
     """With online filtering, drop trajectories that hold no image (agent runs)."""
     mask_truncated_responses: bool = False
     """DAPO overlong filtering: responses cut at max_response_length get no loss."""
+    use_vppo_on_perception: bool = False
+    """VPPO (vision models): train only on the response tokens whose distribution depends most on the image."""
+    top_p_perception_tokens: float = 0.4
+    """VPPO: fraction of each response's tokens kept, those of highest visual dependency."""
+    use_advantage_shaping: bool = False
+    """VPPO: scale each trajectory's advantages by its mean visual dependency (mean scale 1)."""
+    advantage_scaling_min: float = 0.9
+    """VPPO: the scale given to the least image-dependent trajectory of the batch."""
+    use_entropy_penalty: bool = False
+    """VPPO: add entropy_penalty_coef * mean(-log pi) of the sampled tokens to the loss."""
+    entropy_penalty_coef: float = 0.06
+    """VPPO: weight of the entropy penalty."""
+    vppo_mask_prob: float = 0.5
+    """VPPO: probability that each image patch is blacked out when measuring visual dependency."""
+    vppo_dependency_clamp: float = 10.0
+    """VPPO: upper clamp of the per-token visual dependency (k3 estimate of the KL)."""
 
 
 @dataclass
@@ -832,6 +874,39 @@ def validate(cfg: Config) -> list[str]:
             f"worker.rollout.temperature = {r.temperature}: training samples need a positive temperature "
             "(greedy decoding is for validation: worker.rollout.val_temperature=0)"
         )
+    ag = r.agent
+    for key, value in [
+        ("worker.rollout.agent.max_turns", ag.max_turns),
+        ("worker.rollout.agent.max_images", ag.max_images),
+        ("worker.rollout.agent.max_tool_workers", ag.max_tool_workers),
+    ]:
+        if value < 1:
+            p.append(f"{key} = {value}: must be at least 1")
+    for i, spec in enumerate(ag.tools):
+        missing = [k for k in ("name", "import_path") if not spec.get(k)]
+        if missing:
+            p.append(
+                f"worker.rollout.agent.tools[{i}] has no {' or '.join(missing)}: each tool needs a name and an "
+                "import_path (builtin:python, builtin:zoom, package.module:Class or path/to/file.py:Class)"
+            )
+    names = [spec.get("name") for spec in ag.tools]
+    if len(set(names)) != len(names):
+        p.append(f"worker.rollout.agent.tools: tool names must be unique, got {names}")
+    if not 0.0 < alg.top_p_perception_tokens <= 1.0:
+        p.append(f"algorithm.top_p_perception_tokens = {alg.top_p_perception_tokens}: must be in (0, 1]")
+    if not 0.0 <= alg.advantage_scaling_min <= 1.0:
+        p.append(f"algorithm.advantage_scaling_min = {alg.advantage_scaling_min}: must be in [0, 1]")
+    if not 0.0 < alg.vppo_mask_prob < 1.0:
+        p.append(f"algorithm.vppo_mask_prob = {alg.vppo_mask_prob}: must be strictly between 0 and 1")
+    if (alg.use_advantage_shaping or alg.use_entropy_penalty) and not alg.use_vppo_on_perception:
+        p.append(
+            "algorithm.use_advantage_shaping and use_entropy_penalty are parts of VPPO: set "
+            "algorithm.use_vppo_on_perception=true"
+        )
+    if d.min_pixels < 1 or d.max_pixels < d.min_pixels:
+        p.append(
+            f"data.min_pixels ({d.min_pixels}) and data.max_pixels ({d.max_pixels}) must satisfy 1 <= min <= max"
+        )
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"trainer.max_steps = {t.max_steps}: must be at least 1, or null to let epochs decide")
     for key, path in [
@@ -841,6 +916,8 @@ def validate(cfg: Config) -> list[str]:
         ("trainer.load_checkpoint_path", t.load_checkpoint_path),
         ("worker.actor.model.model_path", a.model.model_path),
         ("worker.actor.model.tokenizer_path", a.model.tokenizer_path),
+        ("worker.rollout.agent.system_prompt", r.agent.system_prompt),
+        ("data.image_dir", d.image_dir),
     ]:
         problem = _check_path(key, path)
         if problem:
@@ -877,7 +954,12 @@ def _check_path(key: str, path: str | None) -> str | None:
         ".yaml",
     }
     hub_name = re.fullmatch(r"[\w.-]+/[\w.-]+", local) is not None and not Path(local).exists()
-    must_exist = key in ("data.format_prompt", "trainer.load_checkpoint_path")
+    must_exist = key in (
+        "data.format_prompt",
+        "trainer.load_checkpoint_path",
+        "worker.rollout.agent.system_prompt",
+        "data.image_dir",
+    )
     checked = must_exist or looks_local or (key.startswith("worker.actor.model") and not hub_name)
     if checked and not Path(os.path.expanduser(local)).exists():
         return f"{key}: {path!r} does not exist (check the path, relative to {os.getcwd()})"

@@ -11,7 +11,9 @@ import torch
 from rlstack.batch import Batch
 from rlstack.config import DataConfig
 from rlstack.data.formats import normalize_rows
+from rlstack.data.images import fit_pixels, load_image
 from rlstack.data.readers import DataError, read_rows
+from rlstack.models.vision import VisionProcessor, encode_prompt
 
 
 class PromptDataset:
@@ -20,7 +22,13 @@ class PromptDataset:
     A row must hold `prompt_key` (a string, or a list of chat messages) and `answer_key`.
     With `format_prompt`, the Jinja2 file is rendered with the row's fields and `content` (the
     prompt) to form the user message. With `apply_chat_template` and a tokenizer that has a chat
-    template, the messages are wrapped with it and the generation prompt is appended.
+    template, the messages are wrapped with it and the generation prompt is appended; a
+    `system_prompt` becomes the first message unless the row brings its own.
+
+    Images (`images` field) are decoded (`data.images.load_image`; relative paths from `image_dir`,
+    default the data file's folder) and resized into [min_pixels, max_pixels]. With a vision
+    `processor`, each `<image>` placeholder of the prompt becomes that image's tokens and the row
+    carries `pixel_values` / `image_grid_thw`; a text-only model keeps the images for tools only.
     """
 
     def __init__(
@@ -36,6 +44,11 @@ class PromptDataset:
         filter_overlong_prompts: bool = True,
         max_samples: int = -1,
         data_format: str | None = "auto",
+        processor: VisionProcessor | None = None,
+        system_prompt: str | None = None,
+        image_dir: str | None = None,
+        min_pixels: int = 262144,
+        max_pixels: int = 4194304,
     ):
         rows, where = read_rows(spec)
         rows = normalize_rows(rows, where, data_format)
@@ -46,6 +59,9 @@ class PromptDataset:
         template = _load_template(format_prompt) if format_prompt else None
         use_chat = apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
         default_source = Path(spec.split("@")[0]).stem if not spec.startswith("builtin:") else spec
+        local = Path(spec.split("@")[0])
+        image_root = image_dir or (str(local if local.is_dir() else local.parent) if local.exists() else None)
+        factor = processor.factor if processor is not None else 28
         self.items: list[dict[str, Any]] = []
         self.num_filtered = 0
         for row, loc in zip(rows, where):
@@ -56,7 +72,21 @@ class PromptDataset:
                         f"Set {name} to the field that holds it."
                     )
             messages = _messages(row[prompt_key], row, template, loc, format_prompt)
-            if use_chat:
+            if system_prompt and messages[0]["role"] != "system":
+                messages = [{"role": "system", "content": system_prompt}, *messages]
+            images = [
+                fit_pixels(
+                    load_image(v, f"{loc} images[{k}]", image_root), min_pixels, max_pixels, factor, loc
+                )
+                for k, v in enumerate(row.get("images") or [])
+            ]
+            vision = {}
+            if processor is not None:
+                encoded = encode_prompt(processor, messages, images, loc)
+                ids = encoded.input_ids.tolist()
+                text = processor.tokenizer.decode(ids)
+                vision = {"pixel_values": encoded.pixel_values, "image_grid_thw": encoded.image_grid_thw}
+            elif use_chat:
                 ids = tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
@@ -83,8 +113,9 @@ class PromptDataset:
                     "ground_truth": row[answer_key],
                     "data_source": str(row.get(data_source_key, default_source)),
                     "extra": extra,
-                    "images": list(row.get("images") or []),
+                    "images": images,
                     "where": loc,
+                    **vision,
                 }
             )
         if not self.items:
@@ -93,7 +124,15 @@ class PromptDataset:
             )
 
     @classmethod
-    def from_config(cls, spec: str, tokenizer, d: DataConfig, max_samples: int = -1) -> PromptDataset:
+    def from_config(
+        cls,
+        spec: str,
+        tokenizer,
+        d: DataConfig,
+        max_samples: int = -1,
+        processor: VisionProcessor | None = None,
+        system_prompt: str | None = None,
+    ) -> PromptDataset:
         return cls(
             spec,
             tokenizer,
@@ -106,6 +145,11 @@ class PromptDataset:
             filter_overlong_prompts=d.filter_overlong_prompts,
             max_samples=max_samples,
             data_format=d.format,
+            processor=processor,
+            system_prompt=system_prompt,
+            image_dir=d.image_dir,
+            min_pixels=d.min_pixels,
+            max_pixels=d.max_pixels,
         )
 
     def __len__(self) -> int:

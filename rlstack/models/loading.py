@@ -1,4 +1,5 @@
-"""Loading Hugging Face causal LMs and tokenizers from local paths, with clear errors."""
+"""Loading Hugging Face causal LMs, vision-language models, tokenizers and processors from local
+paths, with clear errors; the `builtin:` tiny models are built on first use and cached."""
 
 from __future__ import annotations
 
@@ -7,14 +8,24 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from rlstack.config import BUILTIN_MODEL
 from rlstack.errors import RLStackError
 from rlstack.models.tiny import init_model
+from rlstack.models.vision import VisionProcessor, init_vision_model, is_vision_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERIC_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+BUILTIN_VISION_MODEL = "builtin:tiny-qwen2.5-vl"
+BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
 
 
 class ModelLoadError(RLStackError, RuntimeError):
@@ -26,24 +37,26 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(model_path: str) -> str:
-    """`builtin:tiny-qwen2` becomes a cached directory (built on first use); others pass through."""
-    if model_path != BUILTIN_MODEL:
+    """`builtin:tiny-qwen2` and `builtin:tiny-qwen2.5-vl` become cached directories (built on first
+    use); other paths pass through."""
+    if model_path not in BUILTIN_DIRS:
         return model_path
-    out = cache_dir() / "models" / "tiny-qwen2"
+    out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
     if not (out / "config.json").is_file():
-        write_model_dir(out)
+        write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
     return str(out)
 
 
-def write_model_dir(out: Path, **sizes: int) -> Path:
-    """Build a tiny model into a temporary folder and move it in place, so a crash leaves nothing half-written."""
+def write_model_dir(out: Path, vision: bool = False, **sizes: int) -> Path:
+    """Build a tiny model (a Qwen2.5-VL with `vision`) into a temporary folder and move it in place,
+    so a crash leaves nothing half-written."""
     import shutil
     import tempfile
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        init_model(tmp, **sizes)
+        (init_vision_model if vision else init_model)(tmp, **sizes)
         mark_generic_tokenizer(tmp)
         if out.exists():
             shutil.rmtree(out)
@@ -81,10 +94,29 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
     return tok
 
 
-def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcessor | None:
+    """The tokenizer and image processor of the vision-language model at `path`; None for a text-only model."""
     _require_dir(path, "model", "config.json")
+    if not is_vision_model(path):
+        return None
+    if not (Path(path) / "preprocessor_config.json").is_file():
+        raise ModelLoadError(
+            f"{path!r} holds a vision-language model but no preprocessor_config.json (its image processor); "
+            "copy it from the model's original files, or build a tiny model with `rlstack init-model --vision DIR`."
+        )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not load the image processor of {path!r}: {e}") from e
+    return VisionProcessor(load_tokenizer(path, trust_remote_code), image_processor)
+
+
+def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM at `path`, or the vision-language model (image-text-to-text class) for a VL directory."""
+    _require_dir(path, "model", "config.json")
+    auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    try:
+        model = auto_class.from_pretrained(
             path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, attn_implementation="sdpa"
         )
     except (OSError, ValueError) as e:

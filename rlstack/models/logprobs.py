@@ -1,10 +1,17 @@
-"""Per-token log-probabilities and entropies of a causal LM over a `[B, T]` batch."""
+"""Per-token log-probabilities and entropies of a causal LM over a `[B, T]` batch.
+
+Vision-language batches carry `[B, 3, T]` M-RoPE position ids and per-row images
+(`pixel_values`, `image_grid_thw`: lists with one tensor per row, see `rlstack.models.vision`);
+they take one plain forward pass, without prompt sharing.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -45,11 +52,13 @@ def forward_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,  # [B, T]
     attention_mask: torch.Tensor,  # [B, T]
-    position_ids: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T], or [B, 3, T] (M-RoPE)
     response_mask: torch.Tensor,  # [B, T]
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
+    image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `input_ids[b, t]` given `input_ids[b, <t]`, at `temperature`.
 
@@ -57,7 +66,9 @@ def forward_logprobs(
     Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that is not
     needed. See `response_logits` for how the forward pass is done.
     """
-    logits, start = response_logits(model, input_ids, attention_mask, position_ids, response_mask)
+    logits, start = response_logits(
+        model, input_ids, attention_mask, position_ids, response_mask, pixel_values, image_grid_thw
+    )
     scaled = logits if temperature == 1.0 else logits / temperature
     return logprobs_from_response_logits(scaled, input_ids, start, with_entropy, entropy_grad)
 
@@ -66,8 +77,10 @@ def response_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,  # [B, T]
     attention_mask: torch.Tensor,  # [B, T]
-    position_ids: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T], or [B, 3, T] (M-RoPE)
     response_mask: torch.Tensor,  # [B, T]
+    pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
+    image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
 ) -> tuple[torch.Tensor, int]:
     """Logits predicting the tokens at columns `start .. T-1` ([B, T-start, V]) and `start`, the first
     column with a sampled token; only these logits are materialised (`logits_to_keep`).
@@ -75,21 +88,28 @@ def response_logits(
     Consecutive rows with the same prompt (every column before the first response column, as
     `n` samples of one prompt are laid out) share one forward pass of it: see
     `_shared_prompt_logits`. The result, and its gradients, are those of one plain forward pass
-    over the whole batch, up to float rounding.
+    over the whole batch, up to float rounding. Batches with M-RoPE positions (vision-language
+    models) take the plain pass, with the rows' images; every row's image tokens are checked
+    against its images first.
     """
     T = input_ids.shape[1]
     start = max(first_scored_column(response_mask), 1)
     logits = None
-    if start < T:
+    images = {}
+    if image_grid_thw is not None:
+        check_batch_image_tokens(model, input_ids, image_grid_thw)
+        images = multimodal_inputs(pixel_values, image_grid_thw, input_ids.device)
+    if start < T and position_ids.dim() == 2 and not images:
         logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start)
     if logits is None:
         keep = T - start + 1  # logits at columns start-1 .. T-1 predict tokens start .. T
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids,
+            position_ids=as_model_positions(position_ids),
             use_cache=False,
             logits_to_keep=keep,
+            **images,
         )
         logits = out.logits[:, :-1, :]  # [B, T-start, V]
     return logits, start

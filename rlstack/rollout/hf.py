@@ -3,7 +3,11 @@
 The engine shares the actor's model object (colocated, so weights never need syncing), keeps a
 KV cache across decode steps, and samples with a seeded `torch.Generator` whose state is saved
 in checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neighbouring rows
-with the same prompt (the `n` samples of a prompt) are prefilled once and share its KV cache.
+with the same prompt (the `n` samples of a prompt; for a vision-language model, the same images
+too) are prefilled once and share its KV cache. Vision-language prompts get M-RoPE positions from
+the model's `get_rope_index`; each decoded token takes the prompt's largest position + 1 + its
+index, in all three dimensions, which is what `get_rope_index` gives the response tokens of the
+finished sequence. Rows end at EOS or, optionally, at stop strings (`StopStrings`).
 
 `rollout_logprobs` are log-probabilities under the temperature-scaled distribution before top-k
 / top-p truncation, which is the distribution the actor scores (`logits / temperature`): at
@@ -13,6 +17,7 @@ temperature 1 with no truncation they equal a separate forward pass.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -21,6 +26,12 @@ from transformers.generation.logits_process import LogitsProcessorList, TopKLogi
 from rlstack.batch import Batch
 from rlstack.errors import TrainingDiverged
 from rlstack.models.logprobs import run_starts
+from rlstack.models.vision import (
+    as_model_positions,
+    check_batch_image_tokens,
+    mrope_position_ids,
+    multimodal_inputs,
+)
 
 
 def _cloned_out_of_inference_mode(fn):
@@ -32,6 +43,41 @@ def _cloned_out_of_inference_mode(fn):
         return {k: v.clone() for k, v in fn(*args, **kwargs).items()}
 
     return wrapper
+
+
+class StopStrings:
+    """Ends a row once the text of its response (special tokens left out, as in `response_text`)
+    contains one of `strings` (e.g. `</code>`, `</tool_call>`).
+
+    A string is looked for in the decoded text of the row's last tokens: enough of them to give
+    as many characters as the longest string has, so a check costs about the same at every step.
+    The token that completes the string is kept whole (the response is not cut inside it), as
+    vLLM's `stop` keeps the sampled token ids.
+    """
+
+    def __init__(self, tokenizer, strings: Sequence[str]):
+        if not strings or any(not s for s in strings):
+            raise ValueError(f"stop strings must be non-empty, got {list(strings)!r}")
+        self.tokenizer = tokenizer
+        self.strings = tuple(strings)
+        self.window = max(len(s) for s in self.strings)
+
+    def hit(self, tokens: list[torch.Tensor], active: torch.Tensor) -> torch.Tensor:
+        """[B] bool: rows in `active` whose response so far (`tokens`: one [B] tensor per step) has a stop string."""
+        hits = torch.zeros_like(active)
+        rows = active.nonzero().flatten().tolist()
+        n = self.window
+        while rows:
+            tail = torch.stack(tokens[-n:], dim=1)[rows].tolist()
+            short = []
+            for b, ids in zip(rows, tail):
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if any(s in text for s in self.strings):
+                    hits[b] = True
+                elif len(text) < self.window and n < len(tokens):
+                    short.append(b)  # special tokens in the tail: look further back
+            rows, n = short, 2 * n
+        return hits
 
 
 @_cloned_out_of_inference_mode
@@ -46,12 +92,20 @@ def sample(
     top_p: float = 1.0,
     top_k: int = -1,
     generator: torch.Generator | None = None,
+    pixel_values: list[torch.Tensor] | None = None,
+    image_grid_thw: list[torch.Tensor] | None = None,
+    stop: StopStrings | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample one response per prompt. `temperature == 0` decodes greedily.
 
+    A vision-language model's prompts come with their images: `pixel_values` and `image_grid_thw`,
+    one tensor per prompt (empty for a prompt without images), as `encode_prompt` makes them.
+    A row ends at EOS, or at a stop string with `stop`; an ended row gets padding, masked out.
+
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
-    longest response R): input_ids, attention_mask, position_ids, response_mask,
-    rollout_logprobs; and `truncated` [B] (no EOS within `max_new_tokens`).
+    longest response R): input_ids, attention_mask, position_ids (`[B, 3, P + R]` M-RoPE ids
+    with images), response_mask, rollout_logprobs; and `truncated` [B] (neither EOS nor a stop
+    string within `max_new_tokens`).
     """
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -61,7 +115,13 @@ def sample(
         prompt_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
         prompt_mask[i, P - len(p) :] = 1
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    multimodal = image_grid_thw is not None
+    if multimodal:
+        prompt_pos = mrope_position_ids(model, prompt_ids, prompt_mask, image_grid_thw)  # [B, 3, P]
+        next_pos = prompt_pos.amax(dim=(1, 2)) + 1  # text after the prompt continues from its largest id
+    else:
+        prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        next_pos = prompt_pos[:, -1] + 1
 
     warpers = LogitsProcessorList()
     if top_k > 0:
@@ -71,18 +131,28 @@ def sample(
 
     # Rows come in runs of identical prompts (HFEngine repeats each prompt n times): prefill each
     # distinct prompt once, then copy its KV cache and next-token logits to every row of its run.
-    # A row's cache and logits depend only on its own tokens, so this samples what prefilling
-    # every row would (the generator draws per row, as before).
+    # A row's cache and logits depend only on its own tokens (and images), so this samples what
+    # prefilling every row would (the generator draws per row, as before).
     starts = run_starts(prompt_ids, prompt_mask)
+    if multimodal:
+        check_batch_image_tokens(model, prompt_ids, image_grid_thw)
+        starts |= ~_same_images_as_previous(pixel_values, image_grid_thw, device)
     rows = starts.nonzero().squeeze(-1)
+    picked = rows.tolist()
+    images = (
+        multimodal_inputs([pixel_values[r] for r in picked], [image_grid_thw[r] for r in picked], device)
+        if multimodal
+        else {}
+    )
     cache = DynamicCache(config=model.config)
     out = model(
         input_ids=prompt_ids[rows],
         attention_mask=prompt_mask[rows],
-        position_ids=prompt_pos[rows],
+        position_ids=as_model_positions(prompt_pos[rows]),
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **images,
     )
     next_logits = out.logits[:, -1, :]
     if len(rows) < B:
@@ -91,9 +161,9 @@ def sample(
         next_logits = next_logits[run_of_row]
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths = torch.zeros(B, dtype=torch.long, device=device)
     attn = prompt_mask
-    pos = prompt_pos[:, -1:]
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         logits = next_logits.float()  # [B, V]
         if not bool(torch.isfinite(logits).all()):
             raise TrainingDiverged(
@@ -111,15 +181,19 @@ def sample(
         tokens.append(tok)
         logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
         newly_valid = ~done
-        done = done | (tok == eos_token_id)
+        lengths += newly_valid.long()
+        ended = tok == eos_token_id
+        if stop is not None:
+            ended |= stop.hit(tokens, newly_valid & ~ended)
+        done = done | ended
         if bool(done.all()):
             break
         attn = torch.cat([attn, newly_valid[:, None].long()], dim=-1)
-        pos = pos + 1
+        pos = next_pos + step  # [B]: the same id in all three M-RoPE dims
         out = model(
             input_ids=tok[:, None],
             attention_mask=attn,
-            position_ids=pos,
+            position_ids=pos[None, :, None].expand(3, B, 1) if multimodal else pos[:, None],
             past_key_values=cache,
             use_cache=True,
         )
@@ -127,15 +201,16 @@ def sample(
 
     resp = torch.stack(tokens, dim=1)  # [B, R]
     resp_logp = torch.stack(logps, dim=1)
-    # A token is part of the response if no EOS came before it.
-    eos_seen = (resp == eos_token_id).long().cumsum(-1)
-    valid = (eos_seen - (resp == eos_token_id).long()) == 0  # up to and including the first EOS
+    # A row's response is its tokens up to and including the one that ended it.
+    valid = torch.arange(resp.shape[1], device=device)[None, :] < lengths[:, None]
     resp_mask = valid.long()
-    truncated = ~(resp == eos_token_id).any(-1)
 
     input_ids = torch.cat([prompt_ids, torch.where(valid, resp, pad_token_id)], dim=1)
     attention_mask = torch.cat([prompt_mask, resp_mask], dim=1)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if multimodal:
+        position_ids = mrope_position_ids(model, input_ids, attention_mask, image_grid_thw)
+    else:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     zeros = torch.zeros_like(prompt_ids)
     return {
         "input_ids": input_ids,
@@ -143,8 +218,23 @@ def sample(
         "position_ids": position_ids,
         "response_mask": torch.cat([zeros, resp_mask], dim=1),
         "rollout_logprobs": torch.cat([zeros.float(), resp_logp * resp_mask], dim=1),
-        "truncated": truncated,
+        "truncated": ~done,
     }
+
+
+def _same_images_as_previous(
+    pixel_values: list[torch.Tensor], image_grid_thw: list[torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """[B] bool: row b has the same images as row b-1 (False for row 0)."""
+    same = [False] + [
+        (pixel_values[b] is pixel_values[b - 1] and image_grid_thw[b] is image_grid_thw[b - 1])
+        or (
+            torch.equal(image_grid_thw[b], image_grid_thw[b - 1])
+            and torch.equal(pixel_values[b], pixel_values[b - 1])
+        )
+        for b in range(1, len(image_grid_thw))
+    ]
+    return torch.tensor(same, device=device)
 
 
 class HFEngine:
@@ -164,9 +254,13 @@ class HFEngine:
         top_p: float,
         top_k: int,
         chunk_size: int | None = None,
+        stop: Sequence[str] = (),
     ) -> Batch:
-        """Rows of `prompts` (with `prompt_ids`) repeated `n` times, each with a sampled response."""
+        """Rows of `prompts` (with `prompt_ids`; for a vision-language model also `pixel_values` and
+        `image_grid_thw`, one tensor per row) repeated `n` times, each with a sampled response that
+        ends at EOS or at one of the `stop` strings."""
         batch = prompts.repeat_interleave(n)
+        stop_strings = StopStrings(self.tokenizer, stop) if stop else None
         was_training = self.model.training
         self.model.eval()
         parts = []
@@ -181,6 +275,9 @@ class HFEngine:
                 top_p=top_p,
                 top_k=top_k,
                 generator=self.generator,
+                pixel_values=piece.get("pixel_values"),
+                image_grid_thw=piece.get("image_grid_thw"),
+                stop=stop_strings,
             )
             parts.append(piece.update(cols))
         self.model.train(was_training)
