@@ -151,7 +151,7 @@ class ActorConfig:
 @dataclass
 class AgentConfig:
     tools: list[dict[str, Any]] = field(default_factory=list)
-    """Tools the policy may call, each {name, import_path (builtin:python, builtin:zoom, pkg.mod:Class or file.py:Class), kwargs, schema}; empty: single-turn generation."""
+    """Tools the policy may call, each {import_path (builtin:python, builtin:zoom, pkg.mod:Class or file.py:Class), name, kwargs, schema}; empty: single-turn generation."""
     tool_call_format: Literal["code", "hermes"] = "code"
     """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes)."""
     max_turns: int = 4
@@ -883,15 +883,11 @@ def validate(cfg: Config) -> list[str]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
     for i, spec in enumerate(ag.tools):
-        missing = [k for k in ("name", "import_path") if not spec.get(k)]
-        if missing:
+        if not spec.get("import_path"):
             p.append(
-                f"worker.rollout.agent.tools[{i}] has no {' or '.join(missing)}: each tool needs a name and an "
-                "import_path (builtin:python, builtin:zoom, package.module:Class or path/to/file.py:Class)"
+                f"worker.rollout.agent.tools[{i}] has no import_path: give builtin:python, builtin:zoom, "
+                "package.module:Class or path/to/file.py:Class (name is optional: the class's own name by default)"
             )
-    names = [spec.get("name") for spec in ag.tools]
-    if len(set(names)) != len(names):
-        p.append(f"worker.rollout.agent.tools: tool names must be unique, got {names}")
     if not 0.0 < alg.top_p_perception_tokens <= 1.0:
         p.append(f"algorithm.top_p_perception_tokens = {alg.top_p_perception_tokens}: must be in (0, 1]")
     if not 0.0 <= alg.advantage_scaling_min <= 1.0:

@@ -16,7 +16,8 @@ from tqdm import tqdm
 from rlstack import checkpoint
 from rlstack.config import Config, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
-from rlstack.models.loading import load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
+from rlstack.rollout.agent import agent_system_prompt
 from rlstack.workers.actor import ActorWorker
 
 
@@ -27,10 +28,11 @@ def run_sft(cfg: Config) -> Path:
 
         torch.set_num_threads(t.num_threads)
     checkpoint.seed_everything(t.seed)
-    tok = load_tokenizer(
-        a.model.tokenizer_path or resolve_model_path(a.model.model_path), a.model.trust_remote_code
-    )
-    dataset = PromptDataset.from_config(d.train_files, tok, d)
+    path = a.model.tokenizer_path or resolve_model_path(a.model.model_path)
+    tok = load_tokenizer(path, a.model.trust_remote_code)
+    processor = load_processor(path, a.model.trust_remote_code)
+    system = agent_system_prompt(cfg.worker.rollout.agent)
+    dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)
     total = t.max_steps or len(loader) * t.total_epochs
     actor = ActorWorker(a, cfg.worker.rollout, cfg.algorithm, d.max_response_length, total_steps=total)

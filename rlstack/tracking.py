@@ -146,6 +146,16 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     if "values" in batch:
         m["critic/values/mean"] = batch["values"][resp_mask].mean()
         m["critic/returns/mean"] = batch["returns"][resp_mask].mean()
+    if "num_turns" in batch:  # the agent loop's trajectories
+        calls = batch["tool_calls"].float()
+        m["agent/num_turns/mean"] = batch["num_turns"].float().mean()
+        m["agent/tool_calls/mean"] = calls.mean()
+        total_calls = calls.sum()
+        m["agent/tool_success_rate"] = (
+            1.0 - batch["tool_errors"].float().sum() / total_calls if total_calls > 0 else 0.0
+        )
+        for reason in ("done", "max_turns", "over_length", "tool_error", "max_images"):
+            m[f"agent/end_reason/{reason}"] = sum(r == reason for r in batch["end_reason"]) / len(batch)
     components = batch["reward_components"]
     for key in components[0]:
         m[f"reward/{key}"] = sum(c[key] for c in components) / len(components)
@@ -166,6 +176,16 @@ def generation_rows(batch: Batch, limit: int, step: int) -> list[dict[str, Any]]
                 "reward_components": batch["reward_components"][i],
                 "reward_info": batch["reward_info"][i] if "reward_info" in batch else {},
                 "end_reason": batch["end_reason"][i],
+                **(
+                    {
+                        "num_turns": int(batch["num_turns"][i]),
+                        "tool_calls": int(batch["tool_calls"][i]),
+                        "tool_errors": int(batch["tool_errors"][i]),
+                        "num_images": int(batch["num_images"][i]),
+                    }
+                    if "num_turns" in batch
+                    else {}
+                ),
             }
         )
     return rows

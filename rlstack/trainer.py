@@ -26,12 +26,14 @@ from rlstack.algos.filters import (
 )
 from rlstack.algos.groups import group_index
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
+from rlstack.algos.vppo import advantage_shaping_scale, perception_token_mask, token_visual_dependency
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
-from rlstack.models.loading import load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.rewards.manager import build_reward_manager
+from rlstack.rollout.agent import agent_system_prompt
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.workers.actor import ActorWorker, RefWorker
 from rlstack.workers.critic import CriticWorker
@@ -52,9 +54,15 @@ class Trainer:
             w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
         )
         self.pad_token_id = tokenizer.pad_token_id
-        self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d)
+        processor = load_processor(
+            w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
+        )
+        system = agent_system_prompt(w.rollout.agent)
+        self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system)
         self.val_set = (
-            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples) if d.val_files else None
+            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, processor, system)
+            if d.val_files
+            else None
         )
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
         by_epochs = len(self.loader) * t.total_epochs
@@ -67,6 +75,7 @@ class Trainer:
             w.actor.ppo_epochs == 1
             and d.rollout_batch_size == w.actor.global_batch_size
             and not alg.use_kl_in_reward
+            and not alg.use_vppo_on_perception
         )
         self.actor: WorkerGroup = LocalWorkerGroup(
             ActorWorker(w.actor, w.rollout, alg, d.max_response_length, self.total_steps)
@@ -137,6 +146,9 @@ class Trainer:
             if not self.on_policy:
                 with _timer(timing, "old"):
                     batch = self.actor.call("compute_logprobs", batch)
+            if self.cfg.algorithm.use_vppo_on_perception:
+                with _timer(timing, "vppo"):
+                    metrics |= self.visual_dependency(batch)
             if self.ref is not None:
                 with _timer(timing, "ref"):
                     batch = self.ref.call("compute_ref_logprobs", batch)
@@ -156,6 +168,7 @@ class Trainer:
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )
         metrics |= batch_metrics(batch)
+        metrics |= {f"timing_s/agent_{k}": v for k, v in batch.meta.get("agent_timing", {}).items()}
         metrics |= self.rewards.pop_metrics()
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
         metrics["perf/total_num_tokens"] = total_tokens(batch)
@@ -249,7 +262,30 @@ class Trainer:
         batch["advantages"], batch["returns"] = compute_advantages(
             AdvEstimator(a.adv_estimator), inputs, params
         )
+        if a.use_vppo_on_perception and a.use_advantage_shaping:
+            scale = advantage_shaping_scale(batch["visual_dependency"], mask, a.advantage_scaling_min)
+            batch["advantages"] = batch["advantages"] * scale[:, None]
+            metrics |= {
+                "vppo/advantage_scale/max": float(scale.max()),
+                "vppo/advantage_scale/min": float(scale.min()),
+            }
         return metrics
+
+    def visual_dependency(self, batch: Batch) -> dict[str, float]:
+        """VPPO: each sampled token's dependency on the image (k3 KL between the old policy with the image
+        and with a patch-masked image), `perception_mask` (the top `top_p_perception_tokens` per response)."""
+        a, mask = self.cfg.algorithm, batch["response_mask"]
+        batch = self.actor.call("compute_masked_image_logprobs", batch)
+        dependency = token_visual_dependency(
+            batch["old_logprobs"], batch["masked_logprobs"], mask, a.vppo_dependency_clamp
+        )
+        batch["visual_dependency"] = dependency
+        batch["perception_mask"] = perception_token_mask(dependency, mask, a.top_p_perception_tokens).float()
+        tokens = mask.sum().clamp(min=1)
+        return {
+            "vppo/dependency/mean": float(dependency.sum() / tokens),
+            "vppo/perception_token_fraction": float(batch["perception_mask"].sum() / tokens),
+        }
 
     # ------------------------------------------------------------------------------ validation
 

@@ -243,7 +243,10 @@ class PromptLoader:
 
 
 def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
-    """Prompt + ground-truth answer + EOS per row, right-padded; `response_mask` marks the answer and EOS."""
+    """Prompt + ground-truth answer + EOS per row, right-padded; `response_mask` marks the answer and EOS.
+
+    Rows of a vision model also carry their images; their M-RoPE positions need the model and are
+    computed by the actor (`ActorWorker.sft_update`)."""
     seqs, masks = [], []
     for i in indices:
         it = dataset.items[i]
@@ -261,7 +264,7 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
         attention_mask[r, : len(s)] = 1
         response_mask[r, : len(m)] = torch.tensor(m)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(
+    batch = Batch(
         {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -269,3 +272,7 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
             "response_mask": response_mask,
         }
     )
+    if "image_grid_thw" in dataset.items[indices[0]]:  # a vision model: the actor computes M-RoPE positions
+        batch["pixel_values"] = [dataset.items[i]["pixel_values"] for i in indices]
+        batch["image_grid_thw"] = [dataset.items[i]["image_grid_thw"] for i in indices]
+    return batch

@@ -6,7 +6,8 @@ fixed hash (sha256 of the problem, modulo 10) into `train` (8,982 rows) and a he
 
 `visual`: read a tiny digit in a cluttered 224x224 picture, where a zoom/crop tool helps;
 `train` 2,000 rows, `test` 200, drawn in code and deterministic per (split, index); see
-`rlstack.data.visual`.
+`rlstack.data.visual`. `visual_tool_sft`: the same pictures with a Python crop call around the
+box as the answer, the supervised warm start of a tool-using policy.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _addition(split: str) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": _addition, "visual": visual.rows}
+TASKS = {"addition": _addition, "visual": visual.rows, "visual_tool_sft": visual.tool_sft_rows}
 SPLITS = ("train", "test")
 
 

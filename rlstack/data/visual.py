@@ -133,3 +133,25 @@ def row(split: str, index: int) -> dict:
 def rows(split: str) -> list[dict]:
     """All rows of `split` (`train`: 2,000, `test`: 200)."""
     return [row(split, i) for i in range(ROWS[split])]
+
+
+CROP_MARGIN = 8
+"""Pixels around the box in the warm-start crop call."""
+
+
+def crop_call(bbox: tuple[int, int, int, int] | list[int]) -> str:
+    """The first agent turn of the warm start: a Python cell that crops around the box (the last
+    expression, an image, comes back to the model), in the `code` tool-call format."""
+    x0, y0, x1, y1 = bbox
+    m = CROP_MARGIN
+    box = (max(0, x0 - m), max(0, y0 - m), min(SIZE, x1 + m), min(SIZE, y1 + m))
+    return f"<code>```python\nimage_1.crop({box})\n```</code>"
+
+
+def tool_sft_rows(split: str) -> list[dict]:
+    """`builtin:visual_tool_sft`: the `visual` rows with the crop call as the answer, to teach a policy
+    to call the Python tool before RL (`rlstack demo --task visual`'s warm start)."""
+    out = []
+    for r in rows(split):
+        out.append({**r, "answer": crop_call(r["extra"]["target_bbox"]), "data_source": "visual_tool_sft"})
+    return out

@@ -74,11 +74,15 @@ class VisionProcessor:
 
     tokenizer: PreTrainedTokenizerFast
     image_processor: Any
-    """A Qwen2-VL-style image processor (`Qwen2VLImageProcessorPil` or the same interface)."""
+    """A Qwen2-VL-style image processor (`Qwen2VLImageProcessorPil` or the same interface); None for a
+    text-only model, whose prompts and observations are then encoded without images."""
 
     @property
     def image_token_id(self) -> int:
-        return self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        """The image pad token; -1 (matching no token) for a text-only tokenizer that lacks it, so that
+        a text model's observations can be encoded too."""
+        token_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        return -1 if token_id is None or token_id == self.tokenizer.unk_token_id else token_id
 
     @property
     def merge_size(self) -> int:
@@ -97,12 +101,18 @@ class VisionProcessor:
 
     def save_pretrained(self, path: str | Path) -> None:
         self.tokenizer.save_pretrained(path)
-        self.image_processor.save_pretrained(path)
+        if self.image_processor is not None:
+            self.image_processor.save_pretrained(path)
 
     def process_images(self, images: list, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         """`pixel_values` [patches, patch_dim] and `image_grid_thw` [len(images), 3]; empty for no images."""
         if not images:
-            return torch.zeros(0, self.patch_dim), torch.zeros(0, 3, dtype=torch.long)
+            width = self.patch_dim if self.image_processor is not None else 0
+            return torch.zeros(0, width), torch.zeros(0, 3, dtype=torch.long)
+        if self.image_processor is None:
+            raise ImageInputError(
+                f"{where}: {len(images)} image(s) for a text-only model, which cannot see them"
+            )
         try:
             out = self.image_processor(images=images, return_tensors="pt")
         except ValueError as e:  # e.g. an aspect ratio over 200
@@ -339,6 +349,8 @@ def _expand_images(processor: VisionProcessor, text: str, images: list, where: s
             f"image part as {VISION_START}{IMAGE_PAD}{VISION_END} (Qwen-VL's templates do)."
         )
     pixel_values, grid = processor.process_images(images, where)
+    if not images:  # nothing to expand (and a text-only processor has no merge size)
+        return EncodedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid)
     counts = iter((grid.prod(-1) // processor.merge_size**2).tolist())
     expanded: list[int] = []
     for t in ids:
@@ -425,3 +437,22 @@ def _rope_index_owner(model: torch.nn.Module) -> torch.nn.Module:
         if module is not None and hasattr(module, "get_rope_index"):
             return module
     raise ValueError(f"{type(model).__name__} has no get_rope_index: it is not a Qwen-VL model")
+
+
+def mask_patches(
+    pixel_values: torch.Tensor,  # [patches, C * T * P * P], one row per patch
+    processor: VisionProcessor,
+    probability: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """A copy of `pixel_values` with each patch blacked out with `probability` (VPPO's perturbation):
+    a blacked-out row holds, per channel, the normalized value of a black pixel."""
+    if len(pixel_values) == 0:
+        return pixel_values
+    ip = processor.image_processor
+    mean = torch.as_tensor(ip.image_mean, dtype=pixel_values.dtype)
+    std = torch.as_tensor(ip.image_std, dtype=pixel_values.dtype)
+    channels = len(mean)
+    black = ((0.0 - mean) / std).repeat_interleave(pixel_values.shape[1] // channels)  # [C * T * P * P]
+    hit = torch.rand(len(pixel_values), generator=generator) < probability
+    return torch.where(hit[:, None], black.to(pixel_values.device), pixel_values)

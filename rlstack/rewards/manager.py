@@ -266,6 +266,14 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
             "prompt": batch["prompt"][i],
             "data_source": batch["data_source"][i],
             "extra": batch["extra"][i],
+            **(
+                {
+                    "num_tool_calls": int(batch["tool_calls"][i]),
+                    "num_tool_errors": int(batch["tool_errors"][i]),
+                }
+                if "tool_calls" in batch
+                else {}
+            ),
         }
         for i in range(len(batch))
     ]

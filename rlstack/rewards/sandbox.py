@@ -30,6 +30,14 @@ falls back to `/usr/bin/python3`).
 The wall-clock limit kills the whole process group (SIGKILL, so ignoring SIGTERM does not help),
 then every process of the uid. stdout/stderr are read incrementally and the run is killed once
 either passes `max_output_bytes`.
+
+`SandboxProcess` is the long-lived form (the agent's Python interpreter tool): the same isolation and
+clean-up, but the program keeps running between exchanges and talks to its parent over its stdin and
+stdout pipes; stderr is its console. Its CPU limit is a budget for its whole life; wall-clock and
+output limits are per exchange, so they are the caller's to enforce.
+
+`preexec_fn` runs in the forked child of a possibly multi-threaded trainer, so it only makes plain
+system calls: libc is loaded once, in the parent, at import.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,6 +70,7 @@ _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 _READ_CHUNK = 1 << 16
 
+_PRELUDE_NAME = "_prelude.py"
 _SOCKET_PRELUDE = """\
 import runpy, socket, _socket, sys
 
@@ -72,9 +83,10 @@ class _NoSocket(_socket.socket):
 
 socket.socket = socket.SocketType = _socket.socket = _NoSocket
 socket.create_connection = socket.socketpair = socket.fromfd = socket.getaddrinfo = _refuse
-sys.argv = ["main.py"]
-runpy.run_path("main.py", run_name="__main__")
+sys.argv = [{script!r}]
+runpy.run_path({script!r}, run_name="__main__")
 """
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class SandboxLimits(NamedTuple):
@@ -127,7 +139,7 @@ def run_python(
     uid = _allocate_uid() if os.geteuid() == 0 else None
     workdir = tempfile.mkdtemp(prefix="rlstack-sandbox-")
     try:
-        _write_files(workdir, code, files or {}, network, uid)
+        _write_files(workdir, {**(files or {}), "main.py": code.encode()}, "main.py", network, uid)
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
@@ -135,34 +147,20 @@ def run_python(
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return _failed(f"{type(e).__name__}: {e}", network, start)
     finally:
-        if uid is not None:
-            _kill_uid(uid)
-            _remove_uid_files(uid)
-            _release_uid(uid)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _release_run(uid, workdir)
+
+
+def _release_run(uid: int | None, workdir: str) -> None:
+    """After a run: kill what is left of the uid, remove its files and the work dir, free the uid."""
+    if uid is not None:
+        _kill_uid(uid)
+        _remove_uid_files(uid)
+        _release_uid(uid)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run(python, workdir, stdin_file, limits, uid, network, start) -> SandboxResult:
-    script = "main.py" if network == "namespace" else "_prelude.py"
-    env = {
-        "PATH": _SANDBOX_PATH,
-        "LANG": "C.UTF-8",
-        "PYTHONHASHSEED": "0",
-        "PYTHONIOENCODING": "utf-8",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-    }
-    proc = subprocess.Popen(
-        [python, "-I", "-S", "-B", script],
-        cwd=workdir,
-        env=env,
-        stdin=stdin_file,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-        preexec_fn=functools.partial(_child_setup, limits, uid, network == "namespace"),
-    )
+    proc = _spawn(python, "main.py", workdir, stdin_file, limits, uid, network)
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
@@ -178,6 +176,87 @@ def _run(python, workdir, stdin_file, limits, uid, network, start) -> SandboxRes
     err = stderr.decode(errors="replace")
     status, error_line = _classify(proc.returncode, err, killed_for, limits)
     return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, network, uid)
+
+
+def _spawn(python, script, workdir, stdin, limits, uid, network) -> subprocess.Popen:
+    """Start `script` (already in `workdir`) under the sandbox; stdout and stderr are pipes."""
+    env = {
+        "PATH": _SANDBOX_PATH,
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONIOENCODING": "utf-8",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+    }
+    return subprocess.Popen(
+        [python, "-I", "-S", "-B", script if network == "namespace" else _PRELUDE_NAME],
+        cwd=workdir,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=functools.partial(_child_setup, limits, uid, network == "namespace"),
+    )
+
+
+class SandboxProcess:
+    """A long-lived program in the sandbox that talks to its parent over pipes (see module docstring).
+
+    `stdin` / `stdout` are the parent's ends of the program's stdin and stdout (a protocol of the
+    caller's choosing), `stderr` the read end of its console. Raises `OSError` (or `ValueError` for a
+    file name outside the work dir) when it cannot start; everything is cleaned up by then.
+    `close()` kills every process of the run and removes its files; it also runs when the object is
+    garbage-collected or the trainer exits, so a forgotten close leaves nothing behind for long.
+    """
+
+    def __init__(self, script: str, files: dict[str, bytes], limits: SandboxLimits) -> None:
+        self.network = "namespace" if _netns_available() else "blocked"
+        python = _interpreter()
+        if python is None:
+            raise OSError("no Python interpreter the sandbox uid can execute")
+        self.uid = _allocate_uid() if os.geteuid() == 0 else None
+        self.workdir = tempfile.mkdtemp(prefix="rlstack-sandbox-")
+        try:
+            _write_files(
+                self.workdir, {**files, "main.py": script.encode()}, "main.py", self.network, self.uid
+            )
+            proc = _spawn(python, "main.py", self.workdir, subprocess.PIPE, limits, self.uid, self.network)
+        except (OSError, subprocess.SubprocessError) as e:
+            _release_run(self.uid, self.workdir)
+            raise OSError(f"starting the sandboxed process failed: {type(e).__name__}: {e}") from e
+        self._proc = proc
+        self.pid = proc.pid
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
+        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir)
+
+    def poll(self) -> int | None:
+        """The exit status once the program has exited (negative: killed by that signal), else None."""
+        return self._proc.poll()
+
+    def kill_strays(self) -> None:
+        """Kill every process of the run except the program itself (children it left running)."""
+        if self.uid is not None:
+            _kill_all(lambda: [p for p in processes_of_uid(self.uid) if p != self.pid])
+        else:
+            _kill_all(lambda: [p for p in _processes_in_group(self.pid) if p != self.pid])
+
+    def close(self) -> int | None:
+        """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
+        self._finalizer()
+        return self._proc.returncode
+
+
+def _end_process(proc: subprocess.Popen, uid: int | None, workdir: str) -> None:
+    _kill_group(proc.pid)
+    if uid is not None:
+        _kill_uid(uid)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError):
+            pipe.close()
+    proc.wait()
+    _release_run(uid, workdir)
 
 
 def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
@@ -264,8 +343,7 @@ def _child_setup(limits: SandboxLimits, uid: int | None, netns: bool) -> None:
 
 
 def _unshare_net() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
+    if _LIBC.unshare(_CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
 
@@ -316,10 +394,10 @@ def _world_executable(path: str) -> bool:
     return bool(os.stat(path).st_mode & stat.S_IXOTH)
 
 
-def _write_files(workdir: str, code: str, files: dict[str, bytes], network: str, uid: int | None) -> None:
-    payload = {**files, "main.py": code.encode()}
+def _write_files(workdir: str, files: dict[str, bytes], script: str, network: str, uid: int | None) -> None:
+    payload = dict(files)
     if network == "blocked":
-        payload["_prelude.py"] = _SOCKET_PRELUDE.encode()
+        payload[_PRELUDE_NAME] = _SOCKET_PRELUDE.format(script=script).encode()
     for name, data in payload.items():
         path = os.path.realpath(os.path.join(workdir, name))
         if not path.startswith(os.path.realpath(workdir) + os.sep):
@@ -369,6 +447,22 @@ def processes_of_uid(uid: int) -> list[int]:
     return pids
 
 
+def _processes_in_group(pgid: int) -> list[int]:
+    """Live processes whose process group is `pgid` (the handle on a run when there is no uid of its own)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            pids.append(int(entry))
+    return pids
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -376,9 +470,21 @@ def _kill_group(pgid: int) -> None:
 
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` until none is left (a fork bomb is bounded by RLIMIT_NPROC)."""
+    _kill_all(lambda: processes_of_uid(uid))
+
+
+def _kill_all(find: Callable[[], list[int]]) -> None:
+    """SIGKILL the processes `find` lists until two scans in a row list none (they may still be forking).
+
+    One empty scan is not enough: a process that forks and exits between the scan's listing of /proc
+    and the reading of its status (a double-forked daemon) leaves a child the listing missed; the
+    next scan lists it.
+    """
+    empty_scans = 0
     for _ in range(200):
-        pids = processes_of_uid(uid)
-        if not pids:
+        pids = find()
+        empty_scans = 0 if pids else empty_scans + 1
+        if empty_scans == 2:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

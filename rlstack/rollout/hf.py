@@ -123,6 +123,9 @@ def sample(
         prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         next_pos = prompt_pos[:, -1] + 1
 
+    # A vision model must not write image / vision markers itself: the tokens would claim image
+    # features that do not exist. They are never sampled (their log-probs still come from the model).
+    banned = _vision_token_ids(model, device) if multimodal else None
     warpers = LogitsProcessorList()
     if top_k > 0:
         warpers.append(TopKLogitsWarper(top_k=top_k))
@@ -172,11 +175,15 @@ def sample(
         if temperature > 0:
             scaled = logits / temperature
             logp_all = torch.log_softmax(scaled, dim=-1)
-            probs = torch.softmax(warpers(None, scaled), dim=-1)
+            warped = warpers(None, scaled)
+            if banned is not None:
+                warped[:, banned] = float("-inf")
+            probs = torch.softmax(warped, dim=-1)
             tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
         else:
             logp_all = torch.log_softmax(logits, dim=-1)
-            tok = logits.argmax(-1)
+            choice = logits if banned is None else logits.index_fill(1, banned, float("-inf"))
+            tok = choice.argmax(-1)
         tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
         logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
@@ -220,6 +227,14 @@ def sample(
         "rollout_logprobs": torch.cat([zeros.float(), resp_logp * resp_mask], dim=1),
         "truncated": ~done,
     }
+
+
+def _vision_token_ids(model: torch.nn.Module, device: torch.device) -> torch.Tensor | None:
+    """Ids of the image / video / vision start and end tokens of a Qwen-VL config."""
+    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = [i for i in (getattr(model.config, k, None) for k in keys) if isinstance(i, int) and 0 <= i < vocab]
+    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
 
 
 def _same_images_as_previous(

@@ -20,16 +20,20 @@ from rlstack.algos.policy_loss import (
     rollout_correction,
     token_mean,
 )
+from rlstack.algos.vppo import entropy_penalty
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
-from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import (
     forward_logprobs,
     logprobs_from_response_logits,
     response_logits,
     to_full_width,
 )
+from rlstack.models.vision import VisionProcessor, mask_patches, mrope_position_ids, vision_tower_parameters
+from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.hf import HFEngine
+from rlstack.tools.registry import build_toolset
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini_batch, logprobs, entropy, exact KL to the reference or None)
@@ -41,7 +45,11 @@ LossFn = Callable[
 
 
 def _model_inputs(b: Batch) -> dict[str, torch.Tensor]:
-    return {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}
+    """Forward inputs of a (micro-)batch: token columns, plus each row's images for a vision model."""
+    inputs = {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}
+    if "image_grid_thw" in b:
+        inputs |= {"pixel_values": b["pixel_values"], "image_grid_thw": b["image_grid_thw"]}
+    return inputs
 
 
 class ActorWorker:
@@ -60,7 +68,27 @@ class ActorWorker:
         self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
         self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code)
         self.model.train()
+        self.processor = load_processor(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
+        if actor.freeze_vision_tower:
+            if self.processor is None:
+                raise ValueError(
+                    f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"
+                )
+            for p in vision_tower_parameters(self.model):
+                p.requires_grad_(False)
         self.engine = HFEngine(self.model, self.tokenizer, max_response_length, seed=rollout.seed)
+        self.agent: AgentLoop | None = None
+        """The multi-turn agent loop, when `worker.rollout.agent.tools` is set (it samples with the engine's generator)."""
+        if rollout.agent.tools:
+            self.agent = AgentLoop(
+                self.model,
+                self.processor or VisionProcessor(self.tokenizer, None),
+                build_toolset(rollout.agent.tools, key="worker.rollout.agent.tools"),
+                rollout.agent,
+                max_response_length,
+                self.engine.generator,
+                multimodal=self.processor is not None,
+            )
         self.max_response_length = max_response_length
         self.ref_model = None
         """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
@@ -69,14 +97,17 @@ class ActorWorker:
             self.ref_model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code).eval()
             self.ref_model.requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
+        self.vppo_generator = torch.Generator().manual_seed(rollout.seed + 1)
+        """Draws VPPO's patch masks (saved with checkpoints)."""
 
     # ------------------------------------------------------------------------------ rollout
 
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
         r = self.rollout_cfg
+        generate = self.agent.generate if self.agent is not None else self.engine.generate
         if validate:
-            return self.engine.generate(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
-        return self.engine.generate(prompts, r.n, r.temperature, r.top_p, r.top_k)
+            return generate(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
+        return generate(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
     def generate_greedy(self, prompts: Batch) -> Batch:
         """One greedy response per prompt (ReMax's baseline)."""
@@ -91,6 +122,26 @@ class ActorWorker:
             self.model, batch, self.cfg.micro_batch_size_per_device_for_experience, with_entropy=True
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
+
+    @torch.no_grad()
+    def compute_masked_image_logprobs(self, batch: Batch) -> Batch:
+        """Adds `masked_logprobs` [B, T]: log-probs of the sampled tokens under the current weights with
+        every image's patches blacked out at random (`algorithm.vppo_mask_prob`), for VPPO's visual
+        dependency. The masks are drawn from a generator saved with checkpoints."""
+        if self.processor is None or "image_grid_thw" not in batch:
+            raise ValueError(
+                "algorithm.use_vppo_on_perception needs a vision-language model and rows with images "
+                f"(worker.actor.model.model_path={self.cfg.model.model_path})"
+            )
+        masked = [
+            mask_patches(pv, self.processor, self.algo.vppo_mask_prob, self.vppo_generator)
+            for pv in batch["pixel_values"]
+        ]
+        perturbed = Batch({**batch.columns, "pixel_values": masked}, batch.meta)  # the originals stay
+        logp, _ = _batched_logprobs(
+            self.model, perturbed, self.cfg.micro_batch_size_per_device_for_experience, with_entropy=False
+        )
+        return batch.update({"masked_logprobs": logp})
 
     # -------------------------------------------------------------------------------- update
 
@@ -125,8 +176,14 @@ class ActorWorker:
                 stats["actor/rollout_correction_weight"] = token_mean(weight, mask, tokens)
             if c.top_entropy_quantile < 1.0:
                 token_loss = token_loss * high_entropy_mask(ent.detach(), mask, c.top_entropy_quantile)
+            if "perception_mask" in micro:  # VPPO: only the most image-dependent tokens get a gradient
+                token_loss = token_loss * micro["perception_mask"]
             pg_loss = agg(token_loss)
             loss = pg_loss
+            if alg.use_vppo_on_perception and alg.use_entropy_penalty:
+                penalty = agg(entropy_penalty(logp, mask, alg.entropy_penalty_coef))
+                loss = loss + penalty
+                stats["actor/vppo_entropy_penalty"] = penalty.detach()
             stats |= {
                 "actor/pg_loss": pg_loss.detach(),
                 "actor/pg_clipfrac": token_mean(out.clipped, mask, tokens),
@@ -164,6 +221,10 @@ class ActorWorker:
             loss = token_mean(-logp, micro["response_mask"].float(), mini["response_mask"].sum())
             return loss, {"sft/loss": loss.detach()}
 
+        if "image_grid_thw" in batch:
+            batch["position_ids"] = mrope_position_ids(
+                self.model, batch["input_ids"], batch["attention_mask"], batch["image_grid_thw"]
+            )
         return self._train(batch, len(batch), nll, epochs=1, shuffle=False)
 
     def _train(
@@ -204,9 +265,12 @@ class ActorWorker:
     # --------------------------------------------------------------------------- checkpoints
 
     def save_model(self, path: Path) -> None:
-        """The model and tokenizer in Hugging Face format (loadable with `from_pretrained`)."""
+        """The model, tokenizer and (vision models) image processor in Hugging Face format."""
         self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        if self.processor is not None:
+            self.processor.save_pretrained(path)
+        else:
+            self.tokenizer.save_pretrained(path)
 
     def save_checkpoint(self, path: Path) -> None:
         self.save_model(path / "model")
@@ -215,6 +279,7 @@ class ActorWorker:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "engine": self.engine.state_dict(),
+                "vppo_generator": self.vppo_generator.get_state(),
             },
             path / "actor_state.pt",
         )
@@ -229,6 +294,7 @@ class ActorWorker:
         self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
         self.engine.load_state_dict(s["engine"])
+        self.vppo_generator.set_state(s["vppo_generator"])
 
 
 class RefWorker:

@@ -25,9 +25,8 @@ MicroLoss = Callable[[Batch, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]  # a frozen vision tower stays out
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * total_steps)
     if o.lr_scheduler_type == "cosine":
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(

@@ -1,0 +1,337 @@
+"""The multi-turn agent loop: generate, run the tool calls, append the observations, repeat.
+
+Every active trajectory of a batch is generated together (`rollout.hf.sample`, with each
+trajectory's whole context and images), up to a stop string of the call format (`</code>`,
+`</tool_call>`) or EOS. Each turn is then read:
+
+- EOS: the trajectory is done (`done`);
+- a tool call (or a malformed one): the calls of all trajectories run concurrently in threads
+  (`max_tool_workers`), each trajectory with its own tool instances (`tools.registry.Toolbox`);
+  the observation (text and images) is rendered through the chat template as the next turn
+  (`models.vision.encode_observation`) and appended with `response_mask = 0`;
+- a turn that ends without EOS and without a call (the response token budget ran out):
+  `over_length`.
+
+A trajectory also ends when it has made `max_turns` assistant turns while still calling tools
+(`max_turns`), when an observation would not fit in the response budget (`over_length`), when a
+tool's images would bring it past `max_images` (`max_images`), and when an observation cannot be
+turned into tokens (an image the processor rejects: `tool_error`). Malformed calls, unknown tools,
+bad arguments and crashing or hanging code are observations the model reads, never a crashed
+rollout.
+
+The response of a trajectory is everything after its prompt: sampled tokens (`response_mask` 1,
+with their rollout log-probs) and observation tokens (`response_mask` 0, log-prob 0, never trained
+on nor used in ratios). `max_response_length` bounds the whole response, observations included.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlstack.batch import Batch
+from rlstack.config import AgentConfig
+from rlstack.models.vision import (
+    IMAGE_PLACEHOLDER,
+    ImageInputError,
+    VisionProcessor,
+    encode_observation,
+    mrope_position_ids,
+)
+from rlstack.rollout.hf import StopStrings, sample
+from rlstack.tools.base import Observation
+from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
+from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
+
+END_REASONS = ("done", "max_turns", "over_length", "tool_error", "max_images")
+
+
+@dataclass
+class Trajectory:
+    """One row being generated: its prompt, the response so far, its images and its tools."""
+
+    prompt_ids: list[int]
+    toolbox: Toolbox
+    where: str
+    pixel_values: list[torch.Tensor]
+    """Per image, the processor's rows (prompt images first, then tool images in order)."""
+    grids: list[torch.Tensor]
+    """Per image, its `[1, 3]` grid."""
+    num_images: int
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    num_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    end_reason: str | None = None
+    tool_seconds: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    def finish(self, reason: str) -> None:
+        self.end_reason = reason
+        self.toolbox.close()
+
+
+class AgentLoop:
+    """Generates `n` multi-turn trajectories per prompt row (see module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: VisionProcessor,
+        toolset: ToolSet,
+        config: AgentConfig,
+        max_response_length: int,
+        generator: torch.Generator,
+        multimodal: bool,
+    ):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.toolset = toolset
+        self.cfg = config
+        self.max_response_length = max_response_length
+        self.generator = generator
+        self.multimodal = multimodal
+        self.stop = StopStrings(self.tokenizer, STOP_STRINGS[config.tool_call_format])
+        self.timing = {"gen": 0.0, "tools": 0.0}
+        """Seconds spent generating and running tools in the current `generate` call."""
+
+    def generate(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
+        """Trajectories for every row of `prompts`, `n` each; `meta["agent_timing"]` holds this call's
+        seconds of generation (`gen`) and of tool calls (`tools`)."""
+        self.timing = {"gen": 0.0, "tools": 0.0}
+        batch = prompts.repeat_interleave(n)
+        trajectories = [self._start(batch, i) for i in range(len(batch))]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool") as pool:
+                while True:
+                    active = [t for t in trajectories if not t.done]
+                    if not active:
+                        break
+                    self._generate_turn(active, temperature, top_p, top_k)
+                    calling = [t for t in active if not t.done]
+                    if calling:
+                        self._run_tools(calling, pool)
+        finally:
+            self.model.train(was_training)
+            for t in trajectories:
+                if not t.done:
+                    t.finish("tool_error")
+        return self._assemble(batch, trajectories, temperature)
+
+    # --------------------------------------------------------------------------------- turns
+
+    def _start(self, batch: Batch, i: int) -> Trajectory:
+        images = list(batch["images"][i]) if "images" in batch else []
+        extra = batch["extra"][i] if "extra" in batch else {}
+        pixel_values, grids = [], []
+        if self.multimodal and "image_grid_thw" in batch:
+            grid = batch["image_grid_thw"][i]
+            pv = batch["pixel_values"][i]
+            counts = grid.prod(-1).tolist()
+            offset = 0
+            for k, c in enumerate(counts):
+                pixel_values.append(pv[offset : offset + c])
+                grids.append(grid[k : k + 1])
+                offset += c
+        where = batch["where"][i] if "where" in batch else f"row {i}"
+        return Trajectory(
+            prompt_ids=list(batch["prompt_ids"][i]),
+            toolbox=self.toolset.new(images, dict(extra)),
+            where=where,
+            pixel_values=pixel_values,
+            grids=grids,
+            num_images=len(images),
+        )
+
+    def _generate_turn(self, active: list[Trajectory], temperature: float, top_p: float, top_k: int) -> None:
+        budget = max(self.max_response_length - len(t.tokens) for t in active)
+        began = time.perf_counter()
+        out = sample(
+            self.model,
+            [t.prompt_ids + t.tokens for t in active],
+            max_new_tokens=budget,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            generator=self.generator,
+            pixel_values=[_cat(t.pixel_values, self.processor) for t in active] if self.multimodal else None,
+            image_grid_thw=[_cat_grid(t.grids) for t in active] if self.multimodal else None,
+            stop=self.stop,
+        )
+        self.timing["gen"] += time.perf_counter() - began
+        eos = self.tokenizer.eos_token_id
+        for b, t in enumerate(active):
+            keep = out["response_mask"][b].bool()
+            new = out["input_ids"][b][keep].tolist()
+            logp = out["rollout_logprobs"][b][keep].tolist()
+            room = self.max_response_length - len(t.tokens)
+            cut = len(new) > room
+            new, logp = new[:room], logp[:room]
+            t.tokens += new
+            t.mask += [1] * len(new)
+            t.logprobs += logp
+            t.num_turns += 1
+            if not cut and new and new[-1] == eos:
+                t.finish("done")
+            elif cut or bool(out["truncated"][b]) or len(t.tokens) >= self.max_response_length:
+                t.finish("over_length")
+            elif t.num_turns >= self.cfg.max_turns:
+                t.finish("max_turns")
+
+    def _run_tools(self, calling: list[Trajectory], pool: ThreadPoolExecutor) -> None:
+        style = self.cfg.tool_call_format
+        parsed = []
+        for t in calling:
+            text = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
+            call = parse_tool_call(text, style)
+            parsed.append(call if call is not None else ToolCallError("the turn holds no tool call", text))
+
+        def run(item: tuple[Trajectory, Any]) -> tuple[Observation, float]:
+            t, call = item
+            began = time.perf_counter()
+            observation = t.toolbox.call(call)
+            return observation, time.perf_counter() - began
+
+        began = time.perf_counter()
+        results = list(pool.map(run, zip(calling, parsed)))
+        self.timing["tools"] += time.perf_counter() - began
+        for t, (observation, seconds) in zip(calling, results):
+            t.tool_calls += 1
+            t.tool_errors += int(not observation.ok)
+            t.tool_seconds += seconds
+            self._append_observation(t, observation)
+
+    def _append_observation(self, t: Trajectory, observation: Observation) -> None:
+        images = list(observation.images)
+        if images and not self.multimodal:
+            images = []  # a text-only policy cannot see images: it reads that one was made
+            observation = Observation(
+                observation.text + "\n[the tool produced an image; this model cannot see images]",
+                ok=observation.ok,
+                error=observation.error,
+            )
+        if t.num_images + len(images) > self.cfg.max_images:
+            t.finish("max_images")
+            return
+        content = observation.text + IMAGE_PLACEHOLDER * len(images)
+        role = "tool" if self.cfg.tool_call_format == "hermes" else "user"
+        try:
+            encoded = encode_observation(
+                self.processor,
+                content,
+                images,
+                f"{t.where}, turn {t.num_turns} observation",
+                response_ended_with_eos=False,
+                role=role,
+            )
+        except ImageInputError:
+            t.finish("tool_error")
+            return
+        ids = encoded.input_ids.tolist()
+        if len(t.tokens) + len(ids) >= self.max_response_length:
+            t.finish("over_length")
+            return
+        t.tokens += ids
+        t.mask += [0] * len(ids)
+        t.logprobs += [0.0] * len(ids)
+        if images:
+            counts = encoded.image_grid_thw.prod(-1).tolist()
+            offset = 0
+            for k, c in enumerate(counts):
+                t.pixel_values.append(encoded.pixel_values[offset : offset + c])
+                t.grids.append(encoded.image_grid_thw[k : k + 1])
+                offset += c
+            t.num_images += len(images)
+
+    # ------------------------------------------------------------------------------- assembly
+
+    def _assemble(self, batch: Batch, trajectories: list[Trajectory], temperature: float) -> Batch:
+        pad = self.tokenizer.pad_token_id
+        B = len(trajectories)
+        P = max(len(t.prompt_ids) for t in trajectories)
+        R = max(1, max(len(t.tokens) for t in trajectories))
+        input_ids = torch.full((B, P + R), pad, dtype=torch.long)
+        attention_mask = torch.zeros((B, P + R), dtype=torch.long)
+        response_mask = torch.zeros((B, P + R), dtype=torch.long)
+        logprobs = torch.zeros((B, P + R))
+        for b, t in enumerate(trajectories):
+            p, r = len(t.prompt_ids), len(t.tokens)
+            input_ids[b, P - p : P] = torch.tensor(t.prompt_ids)
+            attention_mask[b, P - p : P + r] = 1
+            if r:
+                input_ids[b, P : P + r] = torch.tensor(t.tokens)
+                response_mask[b, P : P + r] = torch.tensor(t.mask)
+                logprobs[b, P : P + r] = torch.tensor(t.logprobs)
+        grids = [_cat_grid(t.grids) for t in trajectories]
+        if self.multimodal:
+            with torch.no_grad():
+                position_ids = mrope_position_ids(self.model, input_ids, attention_mask, grids)
+        else:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = batch.update(
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+                "response_mask": response_mask,
+                "rollout_logprobs": logprobs * response_mask,
+                "truncated": torch.tensor([t.end_reason == "over_length" for t in trajectories]),
+                "end_reason": [t.end_reason for t in trajectories],
+                "num_turns": torch.tensor([t.num_turns for t in trajectories]),
+                "tool_calls": torch.tensor([t.tool_calls for t in trajectories]),
+                "tool_errors": torch.tensor([t.tool_errors for t in trajectories]),
+                "num_images": torch.tensor([t.num_images for t in trajectories]),
+                "response_text": [
+                    self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories
+                ],
+            }
+        )
+        if self.multimodal:
+            out["pixel_values"] = [_cat(t.pixel_values, self.processor) for t in trajectories]
+            out["image_grid_thw"] = grids
+        out.meta["temperature"] = temperature if temperature > 0 else 1.0
+        out.meta["agent_timing"] = dict(self.timing)
+        return out
+
+
+def agent_system_prompt(config: AgentConfig, toolset: ToolSet | None = None) -> str | None:
+    """The system prompt of `config.system_prompt` (a file), with the Hermes `<tools>` block appended
+    for `tool_call_format=hermes`; None when neither applies."""
+    text = Path(config.system_prompt).read_text().strip() if config.system_prompt else ""
+    if config.tool_call_format == "hermes" and config.tools:
+        tools = (
+            toolset or build_toolset(config.tools, key="worker.rollout.agent.tools")
+        ).hermes_tools_prompt()
+        text = f"{text}\n\n{tools}" if text else tools
+    return text or None
+
+
+def _last_turn_start(t: Trajectory) -> int:
+    """Index of the first token of the trajectory's last sampled run."""
+    i = len(t.mask)
+    while i > 0 and t.mask[i - 1] == 1:
+        i -= 1
+    return i
+
+
+def _cat(pixel_values: list[torch.Tensor], processor: VisionProcessor) -> torch.Tensor:
+    return torch.cat(pixel_values) if pixel_values else torch.zeros(0, processor.patch_dim)
+
+
+def _cat_grid(grids: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long)

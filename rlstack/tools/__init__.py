@@ -1,0 +1,37 @@
+"""Tools the agent calls during multi-turn rollouts ("thinking with images").
+
+- `base.py`: the protocol (`Tool`, `ToolCall`, `Observation`) and `fit_image`.
+- `parsing.py`: finding the call in a turn (`<code>` or `<tool_call>` style), stop strings, final answers.
+- `registry.py`: tool specs from the config -> `ToolSet` -> one `Toolbox` per trajectory.
+- `python.py` (+ `python_worker.py`, which runs inside the sandbox): `builtin:python`.
+- `zoom.py`: `builtin:zoom`, DeepEyes' `image_zoom_in_tool`.
+"""
+
+from rlstack.tools.base import Observation, Tool, ToolCall, ToolError, fit_image
+from rlstack.tools.parsing import (
+    STOP_STRINGS,
+    ToolCallError,
+    ToolCallStyle,
+    has_final_answer,
+    parse_tool_call,
+)
+from rlstack.tools.registry import BUILTINS, Toolbox, ToolConfigError, ToolSet, ToolSpec, build_toolset
+
+__all__ = [
+    "BUILTINS",
+    "STOP_STRINGS",
+    "Observation",
+    "Tool",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCallStyle",
+    "ToolConfigError",
+    "ToolError",
+    "ToolSet",
+    "ToolSpec",
+    "Toolbox",
+    "build_toolset",
+    "fit_image",
+    "has_final_answer",
+    "parse_tool_call",
+]

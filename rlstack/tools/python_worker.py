@@ -1,0 +1,284 @@
+"""The interpreter loop that runs INSIDE the sandbox, one process per trajectory (see `tools/python.py`).
+
+Never imported by the trainer: `PythonTool` writes this file into the sandbox's work directory as
+`main.py` and `SandboxProcess` runs it with the sandbox's interpreter (`python -I -S -B`), so it uses
+nothing but the standard library until the init message tells it where Pillow, NumPy and Matplotlib
+live.
+
+Protocol: frames of a 4-byte big-endian length and a UTF-8 JSON object. The trainer's requests
+arrive on the process's original stdin, replies leave on its original stdout. Before any user code
+runs, both are moved to new file descriptors that forked children close (`os.register_at_fork`),
+fd 0 becomes /dev/null and fd 1 joins fd 2 (the console pipe the trainer reads as the cell's
+output), so `print`, `os.write(1, ...)` or a subprocess writing to the terminal cannot corrupt a
+reply. A spare handle on the console puts fds 1 and 2 back before every cell, whatever the
+previous one did to them. Code that deliberately writes to or closes the protocol's descriptors
+only breaks its own interpreter: the trainer treats a reply it cannot parse as a crash.
+
+1. init `{"paths": [...], "images": ["image_1.png", ...], "max_pixels": int, "max_images": int,
+   "max_value_chars": int}` -> `{"ready": true}` or `{"ready": false, "error": str, "python": str}`.
+2. `{"id": int, "code": str}` -> `{"id": int, "ok": bool, "error": str | None, "traceback": str |
+   None, "value": str | None, "images": [base64 PNG], "dropped_images": int, "notes": [str]}`.
+
+A cell runs like a notebook cell: statements in one namespace that persists across requests, the
+value of a final expression echoed (its repr, or the image itself when it is a PIL image or a
+Matplotlib figure), `plt.show()`, `Figure.show()` and `Image.show()` captured as images.
+"""
+
+import ast
+import base64
+import builtins
+import contextlib
+import io
+import json
+import linecache
+import os
+import platform
+import signal
+import struct
+import sys
+import traceback
+
+_HEADER = struct.Struct(">I")
+_MAX_REQUEST_BYTES = 64 << 20
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def read_frame(fd: int) -> dict | None:
+    """The next message on `fd`, or None at end of file."""
+    header = _read_exact(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > _MAX_REQUEST_BYTES:
+        raise ValueError(f"request of {size} bytes is larger than {_MAX_REQUEST_BYTES}")
+    body = _read_exact(fd, size)
+    return None if body is None else json.loads(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_frame(fd: int, message: dict) -> None:
+    body = json.dumps(message).encode()
+    view = memoryview(_HEADER.pack(len(body)) + body)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _claim_fds() -> tuple[int, int, int]:
+    """Move the protocol off fds 0/1 (see module docstring) and keep a spare handle on the console.
+
+    Returns (requests, replies, console); all three are closed in forked children.
+    """
+    requests, replies, console = os.dup(0), os.dup(1), os.dup(2)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+
+    def close_in_child() -> None:
+        for fd in (requests, replies, console):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    os.register_at_fork(after_in_child=close_in_child)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    return requests, replies, console
+
+
+class Session:
+    """One trajectory's namespace plus the hooks that turn shown images into reply images."""
+
+    def __init__(self, init: dict, console: int) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.figure
+        import matplotlib.pyplot as plt
+        from PIL import Image
+
+        self.Image, self.plt, self.Figure = Image, plt, matplotlib.figure.Figure
+        self.max_pixels = init["max_pixels"]
+        self.max_images = init["max_images"]
+        self.max_value_chars = init["max_value_chars"]
+        self.console, self.stdout, self.stderr = console, sys.stdout, sys.stderr
+        self.shown: list = []
+        self.cells = 0
+        self.namespace = {"__name__": "__main__", "__builtins__": builtins}
+        for path in init["images"]:
+            with Image.open(path) as img:
+                img.load()
+                self.namespace[os.path.splitext(path)[0]] = img.copy()
+        plt.switch_backend("Agg")  # resolve the backend now: switching later annotates plt.show
+        self._install_show_hooks()
+
+    def _install_show_hooks(self) -> None:
+        """`plt.show()`, `Figure.show()` and `Image.show()` hand what they show to the reply."""
+        shown, plt = self.shown, self.plt
+
+        def show_figures(*args, **kwargs) -> None:
+            shown.extend(plt.figure(num) for num in plt.get_fignums())
+            plt.close("all")
+
+        def show_figure(figure, *args, **kwargs) -> None:
+            shown.append(figure)
+
+        def show_image(image, *args, **kwargs) -> None:
+            shown.append(image.copy())
+
+        plt.show = show_figures
+        self.Figure.show = show_figure
+        self.Image.Image.show = show_image
+
+    def run(self, code: str) -> dict:
+        """Run one cell; the reply without its id."""
+        _reap_children()  # processes of earlier cells, killed by the trainer: zombies count against RLIMIT_NPROC
+        self.cells += 1
+        self.shown.clear()
+        self._restore_console()
+        filename = f"<cell {self.cells}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        reply = {"ok": True, "error": None, "traceback": None, "value": None}
+        try:
+            value = self._execute(code, filename)
+        except BaseException as e:  # SystemExit and KeyboardInterrupt are the cell's errors too
+            error = traceback.format_exception_only(type(e), e)[-1].strip()
+            reply.update(ok=False, error=error, traceback=_cell_traceback(e))
+            value = None
+        for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if isinstance(value, (self.Image.Image, self.Figure)):
+            self.shown.append(value)
+        elif value is not None:
+            reply["value"] = _short_repr(value, self.max_value_chars)
+        reply.update(self._encode_shown())
+        return reply
+
+    def _restore_console(self) -> None:
+        """fds 1 and 2, sys.stdout and sys.stderr back on the console pipe, whatever earlier cells did to them."""
+        os.dup2(self.console, 1)
+        os.dup2(self.console, 2)
+        if self.stdout.closed:
+            self.stdout = _console_stream(1)
+        if self.stderr.closed:
+            self.stderr = _console_stream(2)
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+
+    def _execute(self, code: str, filename: str):
+        """Run the statements; evaluate a final expression and return its value (like a notebook)."""
+        tree = ast.parse(code, filename, "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, filename, "exec"), self.namespace)
+        if last is None:
+            return None
+        return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
+
+    def _encode_shown(self) -> dict:
+        images, notes = [], []
+        for item in self.shown[: self.max_images]:
+            try:
+                images.append(self._png(item))
+            except Exception as e:
+                notes.append(f"an image could not be returned: {type(e).__name__}: {e}")
+        return {"images": images, "dropped_images": max(0, len(self.shown) - self.max_images), "notes": notes}
+
+    def _png(self, item) -> str:
+        if isinstance(item, self.Figure):
+            buf = io.BytesIO()
+            item.savefig(buf, format="png")
+            buf.seek(0)
+            item = self.Image.open(buf)
+        image = item.convert("RGB")
+        width, height = image.size
+        if width * height > self.max_pixels:  # shrink here to keep the reply small; the trainer fits exactly
+            scale = (self.max_pixels / (width * height)) ** 0.5
+            image = image.resize((max(1, int(width * scale)), max(1, int(height * scale))))
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+        return base64.b64encode(out.getvalue()).decode()
+
+
+def _console_stream(fd: int) -> io.TextIOWrapper:
+    """A fresh sys.stdout / sys.stderr on `fd` (for the rest of the session, so not a context manager)."""
+    return open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _cell_traceback(e: BaseException) -> str:
+    """The traceback from the first frame of user code on (this file's frames are noise to the model)."""
+    tb = e.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
+        tb = tb.tb_next
+    if tb is None:  # a syntax error: the cell never ran
+        return "".join(traceback.format_exception_only(type(e), e))
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _short_repr(value, limit: int) -> str:
+    try:
+        text = repr(value)
+    except Exception as e:
+        return f"<repr failed: {type(e).__name__}: {e}>"
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def _start(init: dict, console: int):
+    """Make the trainer's packages importable and build the session; an error message when that fails."""
+    for var in _THREAD_VARS:
+        os.environ[var] = "1"  # one BLAS thread: the process limit counts threads, and so does the CPU budget
+    sys.path.extend(p for p in init["paths"] if p not in sys.path)
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+        import PIL.Image  # noqa: F401
+
+        return Session(init, console), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+def main() -> None:
+    requests, replies, console = _claim_fds()
+    # Past the file size limit, writes fail with OSError (EFBIG) instead of the signal killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    init = read_frame(requests)
+    if init is None:
+        return
+    session, error = _start(init, console)
+    if session is None:
+        python = f"{sys.executable} {platform.python_version()}"
+        write_frame(replies, {"ready": False, "error": error, "python": python})
+        return
+    write_frame(replies, {"ready": True})
+    worker = os.getpid()
+    while True:
+        request = read_frame(requests)
+        if request is None:
+            return
+        reply = session.run(request["code"])
+        if os.getpid() != worker:  # a child the cell forked that returned here: it has no protocol
+            os._exit(0)
+        write_frame(replies, {"id": request["id"], **reply})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""The multi-turn agent loop: masks, end reasons, tool calls and observations, log-prob agreement, e2e."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from PIL import Image
+
+from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, PolicyLossParams, aggregate_loss, policy_loss
+from rlstack.batch import Batch
+from rlstack.config import AgentConfig, load_config
+from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
+from rlstack.models.logprobs import forward_logprobs
+from rlstack.models.vision import VisionProcessor
+from rlstack.rollout import agent as agent_module
+from rlstack.rollout.agent import AgentLoop
+from rlstack.tools.base import Observation, ToolCall
+from rlstack.tools.registry import build_toolset
+
+# --------------------------------------------------------------------------------------------------
+# A scripted policy: each trajectory's turns are given as text, so the loop's bookkeeping is exact.
+
+
+class Scripted:
+    """Stands in for `rollout.hf.sample`: trajectory i's k-th turn is `turns[i][k]` (then EOS when the
+    text ends with `<eos>`), at log-prob -0.5 per token; a turn ends at EOS or a closing call tag."""
+
+    def __init__(self, tokenizer, prompts: list[list[int]], turns: list[list[str]]):
+        self.tok, self.prompts, self.turns = tokenizer, prompts, turns
+        self.turn = [0] * len(turns)
+        self.contexts: list[list[list[int]]] = []
+
+    def __call__(self, model, prompts, max_new_tokens, eos_token_id, pad_token_id, temperature, **kw):
+        self.contexts.append([list(p) for p in prompts])
+        rows, ended = [], []
+        for p in prompts:
+            i = next(i for i, q in enumerate(self.prompts) if list(p[: len(q)]) == q)
+            text = self.turns[i][self.turn[i]]
+            self.turn[i] += 1
+            ids = self.tok(text.removesuffix("<eos>"), add_special_tokens=False)["input_ids"]
+            ids += [eos_token_id] if text.endswith("<eos>") else []
+            rows.append(ids[:max_new_tokens])
+            ended.append(text.endswith(("<eos>", "</code>", "</tool_call>")) and len(ids) <= max_new_tokens)
+        B, P = len(prompts), max(len(p) for p in prompts)
+        R = max(len(r) for r in rows)
+        out = {
+            "input_ids": torch.full((B, P + R), pad_token_id),
+            "response_mask": torch.zeros(B, P + R, dtype=torch.long),
+            "rollout_logprobs": torch.zeros(B, P + R),
+            "truncated": ~torch.tensor(ended),
+        }
+        for b, r in enumerate(rows):
+            out["input_ids"][b, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
+            out["response_mask"][b, P : P + len(r)] = 1
+            out["rollout_logprobs"][b, P : P + len(r)] = -0.5
+        return out
+
+
+class Echo:
+    """A tool that echoes its argument; `image` returns a small picture; `crash` raises."""
+
+    name: ClassVar[str] = "echo"
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "echo",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    instances: ClassVar[list[Echo]] = []
+
+    def reset(self, images: list[Image.Image], extra: dict[str, Any]) -> None:
+        self.images, self.extra, self.seen = images, extra, []
+        Echo.instances.append(self)
+
+    def execute(self, call: ToolCall) -> Observation:
+        self.seen.append(call.arguments)
+        if call.arguments.get("crash"):
+            raise RuntimeError("tool blew up")
+        images = [Image.new("RGB", (56, 56), "red")] * int(call.arguments.get("images", 0))
+        return Observation(f"echo {call.arguments.get('x', '')}", images)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _loop(model_dir: Path | str, monkeypatch, turns: list[list[str]], **agent: Any) -> tuple[Batch, Scripted]:
+    tok = load_tokenizer(str(model_dir))
+    model = load_causal_lm(str(model_dir))
+    processor = load_processor(str(model_dir))
+    prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(len(turns))]
+    scripted = Scripted(tok, prompts, turns)
+    monkeypatch.setattr(agent_module, "sample", scripted)
+    cfg = AgentConfig(
+        tools=[{"name": "echo", "import_path": f"{__name__}:Echo"}], tool_call_format="hermes", **agent
+    )
+    loop = AgentLoop(
+        model,
+        processor or VisionProcessor(tok, None),
+        build_toolset(cfg.tools),
+        cfg,
+        max_response_length=400,
+        generator=torch.Generator().manual_seed(0),
+        multimodal=processor is not None,
+    )
+    batch = Batch(
+        {
+            "prompt_ids": prompts,
+            "uid": [str(i) for i in range(len(turns))],
+            "extra": [{} for _ in turns],
+            "where": [f"rows.jsonl:{i + 1}" for i in range(len(turns))],
+        }
+    )
+    return loop.generate(batch, 1, 1.0, 1.0, -1), scripted
+
+
+def _call(x: str = "", **args: Any) -> str:
+    return "<tool_call>" + json.dumps({"name": "echo", "arguments": {"x": x, **args}}) + "</tool_call>"
+
+
+def test_observations_are_masked_and_turns_counted(tiny_model_dir, monkeypatch):
+    tok = load_tokenizer(str(tiny_model_dir))
+    out, scripted = _loop(
+        tiny_model_dir,
+        monkeypatch,
+        [[_call("a"), "ok <answer>1</answer><eos>"], ["<answer>2</answer><eos>"]],
+    )
+    assert out["end_reason"] == ["done", "done"]
+    assert out["num_turns"].tolist() == [2, 1] and out["tool_calls"].tolist() == [1, 0]
+    row, mask, logp = out["input_ids"][0], out["response_mask"][0], out["rollout_logprobs"][0]
+    real = out["attention_mask"][0].bool()
+    response = row[real][len(out["prompt_ids"][0]) :]
+    response_mask = mask[real][len(out["prompt_ids"][0]) :]
+    sampled = tok.decode(response[response_mask.bool()])
+    observed = tok.decode(response[~response_mask.bool()])
+    assert sampled.startswith(_call("a")) and "<answer>1</answer>" in sampled
+    assert "echo a" in observed and "echo" not in sampled.replace(_call("a"), "")
+    assert (logp[mask == 0] == 0).all() and (logp[mask == 1] == -0.5).all()
+    # the second turn was generated from the whole context: prompt + call + observation
+    second = scripted.contexts[1][0]
+    assert tok.decode(second).endswith("echo a<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_observation_tokens_get_no_gradient(tiny_model_dir, monkeypatch):
+    out, _ = _loop(tiny_model_dir, monkeypatch, [[_call("zz"), "<answer>1</answer><eos>"]])
+    model = load_causal_lm(str(tiny_model_dir))
+    logp, _ = forward_logprobs(
+        model, out["input_ids"], out["attention_mask"], out["position_ids"], out["response_mask"]
+    )
+    logp.retain_grad()
+    mask = out["response_mask"].float()
+    result = policy_loss(
+        PolicyLoss.VANILLA, logp, logp.detach(), torch.ones_like(logp), mask, PolicyLossParams()
+    )
+    loss = aggregate_loss(result.loss, mask, LossAggMode.TOKEN_MEAN, mask.sum(), torch.tensor(1.0), 200)
+    loss.backward()
+    obs = (out["response_mask"] == 0) & (out["attention_mask"] == 1)
+    obs[:, : len(out["prompt_ids"][0])] = False
+    assert obs.any()
+    assert (logp.grad[obs] == 0).all()
+    assert (logp.grad[out["response_mask"] == 1] != 0).all()
+
+
+def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir, monkeypatch):
+    turns = [
+        [_call("1"), _call("2"), _call("3")],  # max_turns=3: still calling on the last turn
+        ["<tool_call>{not json</tool_call>", "<answer>x</answer><eos>"],  # malformed: an observation
+        ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<eos>"],  # unknown tool
+        [_call(crash=True), "<eos>"],  # the tool raises: an observation, ok=False
+        [_call(images=1), "<eos>"],  # a text model cannot see the image: told so
+        ["x" * 450],  # never ends: over_length
+    ]
+    out, _ = _loop(tiny_model_dir, monkeypatch, turns, max_turns=3)
+    assert out["end_reason"] == ["max_turns", "done", "done", "done", "done", "over_length"]
+    assert out["tool_calls"].tolist() == [2, 1, 1, 1, 1, 0]
+    assert out["tool_errors"].tolist() == [0, 1, 1, 1, 0, 0]
+    text = out["response_text"]
+    assert "not valid JSON" in text[1] and "there is no tool 'nope'" in text[2] and "tool blew up" in text[3]
+    assert "cannot see images" in text[4]
+    assert out["response_mask"].sum(-1)[5] == 400  # cut at max_response_length
+    assert all(getattr(e, "closed", False) for e in Echo.instances[-6:])  # every trajectory's tools closed
+
+
+def test_tool_images_come_back_as_image_tokens_and_max_images_ends(monkeypatch):
+    vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
+    processor = load_processor(vlm)
+    turns = [[_call(images=1), _call(images=2), "<eos>"], [_call(images=4), "<eos>"]]
+    out, scripted = _loop(vlm, monkeypatch, turns, max_images=3)
+    assert out["end_reason"] == ["done", "max_images"]
+    grids = out["image_grid_thw"]
+    assert [len(g) for g in grids] == [3, 0]  # 1 + 2 images fed back; 4 > max_images=3 is refused
+    pad = processor.image_token_id
+    tokens_per_image = (grids[0].prod(-1) // processor.merge_size**2).tolist()
+    # the second turn's context holds the first image's tokens, the third turn's all three
+    assert scripted.contexts[1][0].count(pad) == tokens_per_image[0]
+    assert scripted.contexts[2][0].count(pad) == sum(tokens_per_image)
+    assert int((out["input_ids"][0] == pad).sum()) == sum(tokens_per_image)
+    assert out["response_mask"][0][out["input_ids"][0] == pad].sum() == 0  # image tokens are observations
+    assert len(out["pixel_values"][0]) == int(grids[0].prod(-1).sum())
+    assert out["position_ids"].shape == (2, 3, out["input_ids"].shape[1])
+
+
+# --------------------------------------------------------------------------------------------------
+# The tiny vision-language model, warm-started to call the Python tool
+
+
+@pytest.fixture(scope="module")
+def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2.5-VL after 60 SFT steps on 64 visual rows whose answer is a Python cell that
+    returns a crop of the image (the last expression comes back as an image)."""
+    from rlstack.data.visual import row
+    from rlstack.sft import run_sft
+
+    tmp = tmp_path_factory.mktemp("tool_vlm")
+    lines = []
+    for i in range(64):
+        r = row("train", i)
+        path = tmp / f"img{i}.png"
+        r["images"][0].save(path)
+        call = "<code>```python\nimage_1.crop((0, 0, 112, 112))\n```</code>"
+        lines.append(json.dumps({"problem": r["problem"], "answer": call, "images": [path.name]}))
+    (tmp / "sft.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = load_config(
+        [
+            "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
+            f"trainer.output_dir={tmp}",
+            f"data.train_files={tmp / 'sft.jsonl'}",
+            "data.val_files=",
+            "data.max_prompt_length=256",
+            "data.max_response_length=64",
+            "data.min_pixels=3136",
+            "data.max_pixels=12544",
+            "data.rollout_batch_size=8",
+            "worker.actor.global_batch_size=8",
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+            "worker.actor.optim.lr=3e-3",
+            "trainer.max_steps=60",
+            "trainer.total_epochs=100",
+            "trainer.logger=[file]",
+        ]
+    )
+    return run_sft(cfg)
+
+
+def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_model_dir, monkeypatch):
+    turns = [
+        ["<code>x = 41</code>", "<code>print(x + 1)</code>", "<eos>"],
+        ["<code>print(x)</code>", "<code>print(image_1.size)</code>", "<eos>"],
+    ]
+    tok = load_tokenizer(str(tiny_model_dir))
+    prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(2)]
+    monkeypatch.setattr(agent_module, "sample", Scripted(tok, prompts, turns))
+    cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], tool_call_format="code")
+    loop = AgentLoop(
+        load_causal_lm(str(tiny_model_dir)),
+        VisionProcessor(tok, None),
+        build_toolset(cfg.tools),
+        cfg,
+        max_response_length=600,
+        generator=torch.Generator().manual_seed(0),
+        multimodal=False,
+    )
+    picture = Image.new("RGB", (64, 48), "blue")
+    batch = Batch(
+        {
+            "prompt_ids": prompts,
+            "uid": ["a", "b"],
+            "images": [[], [picture]],
+            "extra": [{}, {}],
+            "where": ["r:1", "r:2"],
+        }
+    )
+    out = loop.generate(batch, 1, 1.0, 1.0, -1)
+    first, second = out["response_text"]
+    assert "42" in first  # x from the first cell is still there in the second
+    assert "NameError" in second and "(64, 48)" in second  # another trajectory's x is not; its image is
+    assert out["tool_errors"].tolist() == [0, 1]
+
+
+def _assert_documented(metrics: dict[int, dict]) -> None:
+    glossary = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    for name in {k for row in metrics.values() for k in row}:
+        if name.startswith(("agent/", "vppo/", "timing_s/", "actor/")):
+            assert f"`{name}`" in glossary, f"{name} is logged but not described in docs/metrics.md"
+
+
+def _visual_batch(processor, n_rows: int, where: str = "visual") -> Batch:
+    from rlstack.data.images import fit_pixels
+    from rlstack.data.visual import row
+    from rlstack.models.vision import encode_prompt
+
+    cols: dict[str, list] = {k: [] for k in ("prompt_ids", "uid", "images", "extra", "where")}
+    cols |= {"pixel_values": [], "image_grid_thw": []}
+    for i in range(n_rows):
+        r = row("test", i)
+        image = fit_pixels(r["images"][0], 3136, 12544, processor.factor)
+        enc = encode_prompt(processor, [{"role": "user", "content": r["problem"]}], [image], f"{where}:{i}")
+        cols["prompt_ids"].append(enc.input_ids.tolist())
+        cols["pixel_values"].append(enc.pixel_values)
+        cols["image_grid_thw"].append(enc.image_grid_thw)
+        cols["uid"].append(str(i))
+        cols["images"].append([image])
+        cols["extra"].append(r["extra"])
+        cols["where"].append(f"{where}:{i}")
+    return Batch(cols)
+
+
+@pytest.mark.slow
+def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_trajectories(tool_vlm: Path):
+    model = load_causal_lm(str(tool_vlm))
+    processor = load_processor(str(tool_vlm))
+    cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], max_turns=3)
+    loop = AgentLoop(
+        model,
+        processor,
+        build_toolset(cfg.tools),
+        cfg,
+        160,
+        torch.Generator().manual_seed(0),
+        multimodal=True,
+    )
+    out = loop.generate(_visual_batch(processor, 4), 3, 1.0, 1.0, -1)
+    images = torch.tensor([len(g) for g in out["image_grid_thw"]])
+    multi = (images >= 2) & (out["num_turns"] >= 2)
+    assert multi.any(), (out["end_reason"], out["response_text"])  # a crop came back and was read
+    with torch.no_grad():
+        logp, _ = forward_logprobs(
+            model,
+            out["input_ids"],
+            out["attention_mask"],
+            out["position_ids"],
+            out["response_mask"],
+            pixel_values=out["pixel_values"],
+            image_grid_thw=out["image_grid_thw"],
+        )
+    mask = out["response_mask"].bool()
+    diff = (logp - out["rollout_logprobs"]).abs()[mask]
+    assert diff.max() < 1e-4, diff.max()
+    assert (out["response_mask"] * (out["input_ids"] == processor.image_token_id)).sum() == 0
+
+
+@pytest.mark.slow
+def test_agentic_grpo_on_the_visual_task_two_steps(tool_vlm: Path, tmp_path: Path):
+    from rlstack.trainer import Trainer
+
+    start = time.perf_counter()
+    cfg = load_config(
+        [
+            f"worker.actor.model.model_path={tool_vlm}",
+            f"trainer.output_dir={tmp_path}",
+            "data.train_files=builtin:visual@test",
+            "data.val_files=",
+            "data.max_prompt_length=256",
+            "data.max_response_length=160",
+            "data.min_pixels=3136",
+            "data.max_pixels=12544",
+            "data.rollout_batch_size=2",
+            "worker.actor.global_batch_size=2",
+            "worker.rollout.n=4",
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+            "worker.actor.optim.lr=1e-4",
+            "worker.rollout.agent.tools=[{name: python, import_path: 'builtin:python'}]",
+            "worker.rollout.agent.max_turns=3",
+            "worker.reward.reward_function=builtin:agent",
+            "trainer.max_steps=2",
+            "trainer.train_generations_to_log=8",
+            "trainer.logger=[file]",
+            "trainer.save_model_only=true",
+        ]
+    )
+    Trainer(cfg).fit()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 120
+    lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    metrics = {json.loads(line)["step"]: json.loads(line) for line in lines}
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["agent/tool_calls/mean"] > 0 and m["timing_s/agent_tools"] > 0
+        assert 0 < m["agent/tool_success_rate"] <= 1
+        assert sum(
+            m[f"agent/end_reason/{r}"]
+            for r in ("done", "max_turns", "over_length", "tool_error", "max_images")
+        ) == pytest.approx(1.0)
+        assert "actor/pg_loss" in m and "reward/tool" in m
+    rows = [
+        json.loads(x) for x in (cfg.run_dir / "generations" / "train_step_1.jsonl").read_text().splitlines()
+    ]
+    assert any(r["num_images"] > 1 for r in rows)  # an image made by code went back into the context
+
+
+@pytest.mark.slow
+def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
+    from rlstack.trainer import Trainer
+
+    start = time.perf_counter()
+    cfg = load_config(
+        [
+            "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
+            f"trainer.output_dir={tmp_path}",
+            "data.train_files=builtin:visual@test",
+            "data.val_files=",
+            "data.max_prompt_length=256",
+            "data.max_response_length=16",
+            "data.min_pixels=3136",
+            "data.max_pixels=12544",
+            "data.rollout_batch_size=4",
+            "worker.actor.global_batch_size=4",
+            "worker.rollout.n=4",
+            "worker.actor.micro_batch_size_per_device_for_update=16",
+            "worker.actor.optim.lr=1e-3",
+            "worker.actor.freeze_vision_tower=true",
+            "worker.reward.reward_function=builtin:agent",
+            "algorithm.use_vppo_on_perception=true",
+            "algorithm.top_p_perception_tokens=0.4",
+            "algorithm.use_advantage_shaping=true",
+            "algorithm.use_entropy_penalty=true",
+            "trainer.max_steps=2",
+            "trainer.logger=[file]",
+        ]
+    )
+    trainer = Trainer(cfg)
+    tower_before = {n: p.clone() for n, p in trainer.actor.worker.model.model.visual.named_parameters()}
+    trainer.fit()
+    assert time.perf_counter() - start < 120
+    lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    metrics = {json.loads(line)["step"]: json.loads(line) for line in lines}
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["vppo/dependency/mean"] > 0  # blacking out patches moves the tiny model's distributions
+        # ceil(0.4 * n) of each response's n tokens: between 40% and 40% + one token per response
+        assert 0.4 <= m["vppo/perception_token_fraction"] <= 0.4 + 1 / m["response_length/mean"] + 1e-6
+        assert m["vppo/advantage_scale/min"] >= 0.9 - 1e-6 and m["vppo/advantage_scale/max"] >= 1.0
+        assert m["actor/vppo_entropy_penalty"] > 0
+    _assert_documented(metrics)
+    model = trainer.actor.worker.model
+    for name, p in model.model.visual.named_parameters():
+        assert torch.equal(p, tower_before[name]), f"frozen vision tower parameter {name} changed"
+    assert (cfg.run_dir / "checkpoints" / "global_step_2" / "model" / "preprocessor_config.json").is_file()

@@ -1,0 +1,360 @@
+"""builtin:python: notebook behaviour, images, and hostile code contained in the sandbox.
+
+Each test starts real sandboxed interpreters (about half a second each); limits are short so that
+the file runs in well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from PIL import Image
+
+from rlstack.rewards import sandbox
+from rlstack.rewards.sandbox import processes_of_uid
+from rlstack.tools import python as python_tool
+from rlstack.tools.base import MIN_PIXELS, ToolCall
+from rlstack.tools.python import PythonTool
+
+ROOT = os.geteuid() == 0
+"""As root the sandbox runs code under a uid of its own (rewards/sandbox.py); some checks need that."""
+SMALL = dict(
+    timeout_s=3.0, cpu_s=20.0, memory_mb=1024, file_size_mb=16, max_processes=16, startup_timeout_s=30.0
+)
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Every sandboxed process the tests start; afterwards, none of them may have left anything behind."""
+    processes = []
+    real = python_tool.SandboxProcess
+
+    def spy(*args, **kwargs):
+        process = real(*args, **kwargs)
+        processes.append(process)
+        return process
+
+    monkeypatch.setattr(python_tool, "SandboxProcess", spy)
+    yield processes
+    uids = {p.uid for p in processes if p.uid is not None}
+    for process in processes:
+        assert process.poll() is not None, "an interpreter was left running"
+        assert not os.path.exists(process.workdir)
+    for uid in uids:
+        assert processes_of_uid(uid) == []
+    assert _files_owned_by(uids) == []
+
+
+def _files_owned_by(uids: set[int]) -> list[str]:
+    """Entries of the world-writable directories owned by `uids` (others' tests may create theirs meanwhile)."""
+    found = []
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        for entry in os.scandir(d):
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid in uids:
+                    found.append(entry.path)
+    return found
+
+
+@pytest.fixture
+def make_tool(spawned):
+    tools = []
+
+    def make(images=(), **kwargs):
+        tool = PythonTool(**{**SMALL, **kwargs})
+        tool.reset(list(images), {})
+        tools.append(tool)
+        return tool
+
+    yield make
+    for tool in tools:
+        tool.close()
+
+
+def run(tool: PythonTool, code: str):
+    return tool.execute(ToolCall("python", {"code": code}, ""))
+
+
+def _only_worker_left(tool: PythonTool) -> bool:
+    process = tool._interpreter.process
+    return process.uid is None or processes_of_uid(process.uid) == [process.pid]
+
+
+def test_state_persists_within_and_is_isolated_between_trajectories(make_tool, spawned):
+    a, b = make_tool(), make_tool()
+    assert run(a, "x = 41\nimport math").text == "(no output)"
+    assert run(b, "x = 1").ok
+    obs = run(a, "print(x + 1, math.pi > 3)\nopen('note.txt', 'w').write('a')")
+    assert (obs.ok, obs.text) == (True, "42 True\n1")  # printed output, then the final expression's repr
+    assert run(b, "print(x, 'math' in dir())").text == "1 False"
+    assert run(b, "import os\nos.path.exists('note.txt')").text == "False"
+    assert spawned[0].workdir != spawned[1].workdir and spawned[0].uid != spawned[1].uid
+
+
+def test_input_images_by_name_and_as_files(make_tool):
+    red = Image.new("RGB", (64, 48), (255, 0, 0))
+    gray = Image.new("L", (20, 30), 7)
+    tool = make_tool([red, gray])
+    code = (
+        "import os\nimport numpy as np\nfrom PIL import Image\n"
+        "print(image_1.size, image_2.mode, np.asarray(image_1)[0, 0].tolist())\n"
+        "print(sorted(f for f in os.listdir('.') if f.endswith('.png')), Image.open('image_2.png').getpixel((0, 0)))"
+    )
+    obs = run(tool, code)
+    assert obs.ok, obs.text
+    assert obs.text == "(64, 48) L [255, 0, 0]\n['image_1.png', 'image_2.png'] 7"
+    assert "image_1" in PythonTool.schema["function"]["description"]
+
+
+def test_shown_images_come_back_resized(make_tool):
+    max_pixels = 64 * 28 * 28
+    tool = make_tool([Image.new("RGB", (40, 30), (0, 200, 0))], max_pixels=max_pixels, max_images_per_call=3)
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 3, 2])\nplt.show()\n"
+        "image_1.resize((3000, 2000)).show()\n"
+        "image_1.crop((0, 0, 5, 5))"
+    )
+    obs = run(tool, code)
+    assert obs.ok and obs.text == "", obs.text
+    assert len(obs.images) == 3
+    for img in obs.images:
+        w, h = img.size
+        assert img.mode == "RGB" and w % 28 == 0 and h % 28 == 0 and MIN_PIXELS <= w * h <= max_pixels
+    assert obs.images[2].getpixel((0, 0)) == (0, 200, 0)
+    assert obs.images[1].size[0] > obs.images[1].size[1]  # aspect ratio kept (3:2)
+
+    obs = run(tool, "for _ in range(5):\n    image_1.show()\nfig = plt.figure()\nfig")
+    assert len(obs.images) == 3 and "3 more were not (at most 3 per call)" in obs.text
+
+
+def test_output_truncation_errors_and_state_kept(make_tool):
+    tool = make_tool(max_output_chars=100)
+    obs = run(tool, "y = 5\nprint('a' * 1000)")
+    assert obs.ok and obs.text.startswith(
+        "a" * 100 + "\n[output truncated to 100 characters; 1001 bytes in all]"
+    )
+    obs = run(tool, "def f():\n    return 1 / 0\nf()")
+    assert not obs.ok and obs.error == "ZeroDivisionError: division by zero"
+    assert obs.text.splitlines()[-1] == "ZeroDivisionError: division by zero"
+    assert 'File "<cell 2>", line 2, in f' in obs.text and "main.py" not in obs.text
+    obs = run(tool, "print('partial')\ndef broken(:")
+    assert not obs.ok and obs.error.startswith("SyntaxError") and "partial" not in obs.text
+    obs = run(tool, "import sys\nsys.stdout.close()\nsys.stdout = None")
+    assert obs.ok
+    assert run(tool, "print(y)").text == "5"
+    assert not run(tool, "").ok and not tool.execute(ToolCall("python", {"cmd": "1"}, "")).ok
+
+
+# ---------------------------------------------------------------- hostile code
+
+
+def test_infinite_loop_times_out_and_restarts(make_tool, spawned):
+    tool = make_tool([Image.new("RGB", (8, 8))], timeout_s=1.0)
+    assert run(tool, "x = 1\nprint('before')").ok
+    start = time.monotonic()
+    obs = run(tool, "print('spinning', flush=True)\nwhile True:\n    pass")
+    assert time.monotonic() - start < 3
+    assert not obs.ok and "time limit" in obs.error and "state lost" in obs.error
+    assert obs.text.startswith("spinning\nError: the code did not finish within the 1 s time limit")
+    assert "All state was lost" in obs.text and "(image_1)" in obs.text
+    assert spawned[0].poll() is not None and not os.path.exists(spawned[0].workdir)
+    obs = run(tool, "print('x' in dir(), image_1.size)")
+    assert obs.ok and obs.text == "False (8, 8)" and len(spawned) == 2
+
+
+def test_ignoring_sigterm_does_not_help(make_tool):
+    tool = make_tool(timeout_s=1.0)
+    obs = run(tool, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)")
+    assert not obs.ok and "time limit" in obs.error
+    assert run(tool, "print(2)").text == "2"
+
+
+def test_endless_printing_times_out(make_tool):
+    tool = make_tool(timeout_s=1.0, max_output_chars=20)
+    start = time.monotonic()
+    obs = run(tool, "while True:\n    print('y' * 1000)")
+    assert time.monotonic() - start < 3
+    assert not obs.ok and "time limit" in obs.error and obs.text.startswith("y" * 20 + "\n[output truncated")
+
+
+def test_fork_bomb_is_bounded_and_reaped(make_tool):
+    tool = make_tool()
+    obs = run(tool, "import os\nwhile True:\n    os.fork()")
+    assert not obs.ok and ("BlockingIOError" in obs.error or "time limit" in obs.error), obs
+    assert run(tool, "import subprocess\nprint(subprocess.run(['true']).returncode)").text == "0"
+    assert _only_worker_left(tool)
+
+
+def test_memory_and_file_size_limits_keep_the_state(make_tool):
+    tool = make_tool()
+    assert run(tool, "z = 'kept'").ok
+    obs = run(tool, "x = bytearray(8 * 1024**3)")
+    assert not obs.ok and obs.error.startswith("MemoryError")
+    obs = run(
+        tool, "with open('big.bin', 'wb') as f:\n    for _ in range(2048):\n        f.write(b'x' * 1024**2)"
+    )
+    assert not obs.ok and "File too large" in obs.error, obs
+    assert run(tool, "import os\nprint(z, os.path.getsize('big.bin') <= 16 * 1024**2)").text == "kept True"
+
+
+def test_printing_200mb_is_truncated(make_tool):
+    tool = make_tool(max_output_chars=50)
+    obs = run(tool, "import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 1024**2)\nprint('done')")
+    assert (
+        obs.ok
+        and obs.text == "x" * 50 + f"\n[output truncated to 50 characters; {200 * 1024**2 + 5} bytes in all]"
+    )
+    assert run(tool, "print(1)").text == "1"
+
+
+def test_secrets_of_the_trainer_are_not_visible(make_tool, monkeypatch):
+    monkeypatch.setenv("SECRET_API_KEY", "hunter2-do-not-leak")
+    tool = make_tool()
+    code = (
+        "import os\nleak = 'hunter2' in repr(dict(os.environ))\n"
+        "try:\n    leak = leak or 'hunter2' in open(f'/proc/{os.getppid()}/environ').read()\n"
+        "except OSError:\n    pass\nprint(leak)"
+    )
+    assert run(tool, code).text == "False"
+
+
+def test_no_network_to_localhost(make_tool):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.setblocking(False)
+    try:
+        tool = make_tool()
+        port = srv.getsockname()[1]
+        obs = run(tool, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
+        assert not obs.ok and "Error" in obs.error
+        with pytest.raises(BlockingIOError):
+            srv.accept()
+    finally:
+        srv.close()
+
+
+def test_blocked_socket_fallback(make_tool, spawned, monkeypatch):
+    monkeypatch.setattr(sandbox, "_netns_available", lambda: False)
+    tool = make_tool()
+    obs = run(tool, "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)")
+    assert spawned[0].network == "blocked"
+    assert not obs.ok and obs.error == "PermissionError: network access is disabled in the sandbox"
+    assert run(tool, "print(1)").text == "1"
+
+
+@pytest.mark.skipif(not ROOT, reason="only a separate uid keeps the code from signalling the trainer")
+def test_cannot_kill_the_trainer(make_tool):
+    tool = make_tool()
+    obs = run(tool, "import os\nos.kill(os.getppid(), 9)")
+    assert not obs.ok and obs.error.startswith("PermissionError")
+    assert run(tool, "print('still here')").text == "still here"
+
+
+def test_detached_child_does_not_outlive_the_call(make_tool):
+    tool = make_tool()
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('parent')"
+    )
+    obs = run(tool, code)
+    assert obs.ok and obs.text == "parent"
+    assert _only_worker_left(tool)
+
+
+def test_segfault_and_exit_lose_the_state(make_tool):
+    tool = make_tool()
+    assert run(tool, "x = 1").ok
+    obs = run(tool, "import ctypes\nctypes.string_at(0)")
+    assert not obs.ok and "crashed (SIGSEGV)" in obs.error and "All state was lost" in obs.text
+    assert run(tool, "print('x' in dir())").text == "False"
+    obs = run(tool, "import os\nos._exit(3)")
+    assert not obs.ok and "exited with status 3" in obs.error
+    assert run(tool, "print(1)").ok
+
+
+def test_code_tampering_with_the_protocol_is_contained(make_tool):
+    tool = make_tool()
+    obs = run(
+        tool,
+        "import os\nfor fd in range(3, 8):\n    try:\n        os.write(fd, b'\\xff' * 8)\n    except OSError:\n        pass",
+    )
+    assert not obs.ok and "corrupt reply" in obs.error
+    obs = run(
+        tool,
+        "import os\nfor fd in range(3, 8):\n    try:\n        os.close(fd)\n    except OSError:\n        pass",
+    )
+    assert not obs.ok and "state lost" in obs.error
+    obs = run(tool, "import os\nos.close(1)\nos.close(2)\nprint('lost')")
+    assert run(tool, "print(4)").ok
+
+
+# ---------------------------------------------------------------- threads, start-up, clean-up
+
+
+def test_four_interpreters_in_four_threads(make_tool):
+    tools = [make_tool([Image.new("RGB", (10 + i, 10))]) for i in range(4)]
+
+    def work(i: int) -> tuple[str, str]:
+        first = run(tools[i], f"import time\nx = {i}\ntime.sleep(0.2)\nprint(x * 10, image_1.width)").text
+        return first, run(tools[i], "x + 100").text
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(work, range(4)))
+    assert results == [(f"{i * 10} {10 + i}", str(i + 100)) for i in range(4)]
+    assert threading.active_count() >= 1  # and the trainer is alive
+
+
+def test_startup_failure_names_the_problem(make_tool):
+    tool = make_tool()
+    tool.package_dirs = ()  # as if the sandbox's Python could not see the trainer's packages
+    obs = run(tool, "print(1)")
+    assert not obs.ok and "could not set up the interpreter: ModuleNotFoundError" in obs.error
+    assert "from the trainer's environment []" in obs.error and "Fix:" in obs.error
+
+
+def test_unreadable_package_directory_is_reported():
+    base = tempfile.mkdtemp()  # under the world-searchable /tmp, unlike pytest's tmp_path
+    try:
+        os.chmod(base, 0o755)
+        private = os.path.join(base, "private")
+        os.makedirs(os.path.join(private, "site-packages"))
+        os.chmod(private, 0o700)
+        why = python_tool._not_world_readable(os.path.join(private, "site-packages"))
+        assert why == f"{private} is not searchable by other users (mode drwx------)"
+        os.chmod(private, 0o755)
+        os.chmod(os.path.join(private, "site-packages"), 0o711)
+        assert "is not readable by other users" in python_tool._not_world_readable(
+            os.path.join(private, "site-packages")
+        )
+        assert python_tool._not_world_readable(base) is None
+    finally:
+        shutil.rmtree(base)
+
+
+def test_reset_and_close_end_the_interpreter(make_tool, spawned):
+    tool = make_tool()
+    assert run(
+        tool, "a = 1\nfor d in ('/tmp', '/dev/shm'):\n    open(f'{d}/rlstack-tool-left-behind', 'w')"
+    ).ok
+    assert _files_owned_by({spawned[0].uid}) != [] or not ROOT
+    tool.reset([], {})
+    assert spawned[0].poll() is not None
+    assert run(tool, "print('a' in dir())").text == "False"
+    tool.close()
+    tool.close()
+    assert spawned[1].poll() is not None and not os.path.exists(spawned[1].workdir)
