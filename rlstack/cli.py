@@ -44,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-kv-heads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser(
-        "demo", help="tiny model -> SFT warm start -> GRPO on addition, with a before/after table"
+        "demo",
+        help="tiny model -> SFT warm start -> GRPO (addition, or a visual tool-using agent), before/after",
     )
-    p.add_argument("--workdir", default="outputs/demo")
+    p.add_argument("--task", choices=["addition", "visual"], default="addition")
+    p.add_argument(
+        "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_visual (visual)"
+    )
     p.add_argument("--grpo-steps", type=int, default=None, help="override the number of GRPO steps")
     sub.add_parser("config-keys", help="list every config key with its default and description")
     args = parser.parse_args(argv)
@@ -102,7 +106,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from rlstack.demo import run_demo
 
-        run_demo(Path(args.workdir), grpo_steps=args.grpo_steps)
+        workdir = args.workdir or ("outputs/demo" if args.task == "addition" else "outputs/demo_visual")
+        run_demo(Path(workdir), grpo_steps=args.grpo_steps, task=args.task)
         return 0
     if args.command == "config-keys":
         from rlstack.config import describe

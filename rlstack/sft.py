@@ -40,7 +40,7 @@ def run_sft(cfg: Config) -> Path:
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     bar = tqdm(range(total), desc=f"sft {t.experiment_name}", unit="step", disable="console" not in t.logger)
     for _ in bar:
-        metrics = actor.sft_update(sft_batch(dataset, loader.next_indices(), tok))
+        metrics = actor.sft_update(sft_batch(dataset, loader.next_indices(), tok, processor))
         bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", refresh=False)
     out = cfg.run_dir / "huggingface"
     actor.save_model(out)

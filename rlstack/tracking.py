@@ -146,20 +146,29 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     if "values" in batch:
         m["critic/values/mean"] = batch["values"][resp_mask].mean()
         m["critic/returns/mean"] = batch["returns"][resp_mask].mean()
-    if "num_turns" in batch:  # the agent loop's trajectories
-        calls = batch["tool_calls"].float()
-        m["agent/num_turns/mean"] = batch["num_turns"].float().mean()
-        m["agent/tool_calls/mean"] = calls.mean()
-        total_calls = calls.sum()
-        m["agent/tool_success_rate"] = (
-            1.0 - batch["tool_errors"].float().sum() / total_calls if total_calls > 0 else 0.0
-        )
-        for reason in ("done", "max_turns", "over_length", "tool_error", "max_images"):
-            m[f"agent/end_reason/{reason}"] = sum(r == reason for r in batch["end_reason"]) / len(batch)
+    m |= agent_metrics(batch)
     components = batch["reward_components"]
     for key in components[0]:
         m[f"reward/{key}"] = sum(c[key] for c in components) / len(components)
     return {k: float(v) for k, v in m.items()}
+
+
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """Turns, tool calls, tool success and end reasons of the agent loop's trajectories ({} otherwise)."""
+    if "num_turns" not in batch:
+        return {}
+    calls = batch["tool_calls"].float()
+    total_calls = float(calls.sum())
+    m = {
+        "agent/num_turns/mean": float(batch["num_turns"].float().mean()),
+        "agent/tool_calls/mean": float(calls.mean()),
+        "agent/tool_success_rate": 1.0 - float(batch["tool_errors"].float().sum()) / total_calls
+        if total_calls > 0
+        else 0.0,
+    }
+    for reason in ("done", "max_turns", "over_length", "tool_error", "max_images"):
+        m[f"agent/end_reason/{reason}"] = sum(r == reason for r in batch["end_reason"]) / len(batch)
+    return m
 
 
 def generation_rows(batch: Batch, limit: int, step: int) -> list[dict[str, Any]]:

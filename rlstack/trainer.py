@@ -34,7 +34,7 @@ from rlstack.errors import RLStackError
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
+from rlstack.tracking import Tracker, agent_metrics, batch_metrics, generation_rows, total_tokens
 from rlstack.workers.actor import ActorWorker, RefWorker
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
@@ -304,6 +304,7 @@ class Trainer:
         metrics["val/reward_score"] = float(val["scores"].mean())
         metrics["val/response_length/mean"] = float(val["response_mask"].sum(-1).float().mean())
         metrics |= {f"val/{k}": v for k, v in self.rewards.pop_metrics().items()}
+        metrics |= {f"val/{k}": v for k, v in agent_metrics(val).items()}
         if self.tracker is not None:
             rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
             self.tracker.log_generations(rows, self.step, "val")

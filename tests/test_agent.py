@@ -20,6 +20,7 @@ from rlstack.models.vision import VisionProcessor
 from rlstack.rollout import agent as agent_module
 from rlstack.rollout.agent import AgentLoop
 from rlstack.tools.base import Observation, ToolCall
+from rlstack.tools.parsing import parse_tool_call
 from rlstack.tools.registry import build_toolset
 
 # --------------------------------------------------------------------------------------------------
@@ -305,7 +306,7 @@ def _visual_batch(processor, n_rows: int, where: str = "visual") -> Batch:
         cols["pixel_values"].append(enc.pixel_values)
         cols["image_grid_thw"].append(enc.image_grid_thw)
         cols["uid"].append(str(i))
-        cols["images"].append([image])
+        cols["images"].append(r["images"])  # tools work on the original picture
         cols["extra"].append(r["extra"])
         cols["where"].append(f"{where}:{i}")
     return Batch(cols)
@@ -442,3 +443,42 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
     for name, p in model.model.visual.named_parameters():
         assert torch.equal(p, tower_before[name]), f"frozen vision tower parameter {name} changed"
     assert (cfg.run_dir / "checkpoints" / "global_step_2" / "model" / "preprocessor_config.json").is_file()
+
+
+def test_multi_turn_sft_rows_are_laid_out_like_agent_trajectories(monkeypatch):
+    """`builtin:visual_tool_sft` answers are whole trajectories: the SFT batch trains on the assistant
+    turns only, holds the prompt's and the observation's images, and its observation is exactly what
+    the Python tool returns for the crop call (the same text and the same enlarged crop)."""
+    from rlstack.data.dataset import PromptDataset, sft_batch
+    from rlstack.data.visual import crop_box, tool_sft_rows
+    from rlstack.tools.python import PythonTool
+
+    vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
+    tok, processor = load_tokenizer(vlm), load_processor(vlm)
+    rows = tool_sft_rows("test")[:2]
+    monkeypatch.setattr("rlstack.data.readers.builtin_rows", lambda spec: rows)
+    data = load_config(["data.min_pixels=3136", "data.max_pixels=12544", "data.max_prompt_length=256"]).data
+    ds = PromptDataset.from_config("builtin:visual_tool_sft@test", tok, data, -1, processor)
+    batch = sft_batch(ds, [0, 1], tok, processor)
+
+    conversation = rows[0]["answer"]
+    tool = PythonTool()
+    tool.reset(rows[0]["images"], {})
+    try:
+        call = parse_tool_call(conversation[0]["content"], "code")
+        observation = tool.execute(call)
+    finally:
+        tool.close()
+    assert observation.ok and observation.text == ""
+    assert [im.size for im in observation.images] == [im.size for im in conversation[1]["images"]]
+    assert list(observation.images[0].getdata()) == list(conversation[1]["images"][0].getdata())
+    assert call.arguments["code"] == f"image_1.crop({crop_box(rows[0]['extra']['target_bbox'])})"
+
+    ids, mask = batch["input_ids"][0], batch["response_mask"][0]
+    trained = tok.decode(ids[mask.bool()])
+    assert trained == conversation[0]["content"] + conversation[2]["content"] + tok.eos_token
+    grid = batch["image_grid_thw"][0]
+    assert len(grid) == 2  # the picture in the prompt and the crop in the observation
+    pads = int((ids == processor.image_token_id).sum())
+    assert pads == int((grid.prod(-1) // processor.merge_size**2).sum())
+    assert int((mask * (ids == processor.image_token_id)).sum()) == 0

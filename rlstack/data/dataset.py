@@ -13,7 +13,7 @@ from rlstack.config import DataConfig
 from rlstack.data.formats import normalize_rows
 from rlstack.data.images import fit_pixels, load_image
 from rlstack.data.readers import DataError, read_rows
-from rlstack.models.vision import VisionProcessor, encode_prompt
+from rlstack.models.vision import VisionProcessor, encode_observation, encode_prompt
 
 
 class PromptDataset:
@@ -26,9 +26,11 @@ class PromptDataset:
     `system_prompt` becomes the first message unless the row brings its own.
 
     Images (`images` field) are decoded (`data.images.load_image`; relative paths from `image_dir`,
-    default the data file's folder) and resized into [min_pixels, max_pixels]. With a vision
-    `processor`, each `<image>` placeholder of the prompt becomes that image's tokens and the row
-    carries `pixel_values` / `image_grid_thw`; a text-only model keeps the images for tools only.
+    default the data file's folder). With a vision `processor`, each is resized into
+    [min_pixels, max_pixels] and each `<image>` placeholder of the prompt becomes its tokens; the row
+    carries `pixel_values` / `image_grid_thw`. The row's `images` stay at their original resolution:
+    they are what the agent's tools work on (as PyVision's interpreter opens the original files), so
+    a crop can recover detail the model's pixel budget lost; tool coordinates are original pixels.
     """
 
     def __init__(
@@ -75,14 +77,12 @@ class PromptDataset:
             if system_prompt and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": system_prompt}, *messages]
             images = [
-                fit_pixels(
-                    load_image(v, f"{loc} images[{k}]", image_root), min_pixels, max_pixels, factor, loc
-                )
-                for k, v in enumerate(row.get("images") or [])
+                load_image(v, f"{loc} images[{k}]", image_root) for k, v in enumerate(row.get("images") or [])
             ]
             vision = {}
             if processor is not None:
-                encoded = encode_prompt(processor, messages, images, loc)
+                fitted = [fit_pixels(im, min_pixels, max_pixels, factor, loc) for im in images]
+                encoded = encode_prompt(processor, messages, fitted, loc)
                 ids = encoded.input_ids.tolist()
                 text = processor.tokenizer.decode(ids)
                 vision = {"pixel_values": encoded.pixel_values, "image_grid_thw": encoded.image_grid_thw}
@@ -242,19 +242,47 @@ class PromptLoader:
         self.epoch, self.index = state["epoch"], state["index"]
 
 
-def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
+def sft_batch(
+    dataset: PromptDataset, indices: list[int], tokenizer, processor: VisionProcessor | None = None
+) -> Batch:
     """Prompt + ground-truth answer + EOS per row, right-padded; `response_mask` marks the answer and EOS.
 
-    Rows of a vision model also carry their images; their M-RoPE positions need the model and are
-    computed by the actor (`ActorWorker.sft_update`)."""
-    seqs, masks = [], []
+    A ground truth that is a list of chat messages is a multi-turn continuation, laid out as the agent
+    loop lays out a trajectory: `assistant` messages are trained on (the last one ends with EOS);
+    other messages (a tool's observation: `content` with `<image>` placeholders and the message's
+    `images`) are rendered through the chat template as the next turn with `response_mask = 0`
+    (`models.vision.encode_observation`). Rows of a vision model also carry their images; their
+    M-RoPE positions need the model and are computed by the actor (`ActorWorker.sft_update`)."""
+    seqs, masks, pixels, grids = [], [], [], []
     for i in indices:
         it = dataset.items[i]
-        answer = tokenizer(str(it["ground_truth"]), add_special_tokens=False)["input_ids"] + [
-            tokenizer.eos_token_id
-        ]
-        seqs.append(it["prompt_ids"] + answer)
-        masks.append([0] * len(it["prompt_ids"]) + [1] * len(answer))
+        ids, mask = list(it["prompt_ids"]), [0] * len(it["prompt_ids"])
+        row_pixels = [it["pixel_values"]] if "pixel_values" in it else []
+        row_grids = [it["image_grid_thw"]] if "image_grid_thw" in it else []
+        turns = it["ground_truth"]
+        if not isinstance(turns, list):
+            turns = [{"role": "assistant", "content": str(turns)}]
+        for k, message in enumerate(turns):
+            if message["role"] == "assistant":
+                part = tokenizer(str(message["content"]), add_special_tokens=False)["input_ids"]
+                part += [tokenizer.eos_token_id] if k == len(turns) - 1 else []
+                ids, mask = ids + part, mask + [1] * len(part)
+                continue
+            encoded = encode_observation(
+                processor or VisionProcessor(tokenizer, None),
+                str(message["content"]),
+                list(message.get("images") or []),
+                f"{it['where']} answer[{k}]",
+                response_ended_with_eos=False,
+                role=message["role"],
+            )
+            ids, mask = ids + encoded.input_ids.tolist(), mask + [0] * len(encoded.input_ids)
+            row_pixels.append(encoded.pixel_values)
+            row_grids.append(encoded.image_grid_thw)
+        seqs.append(ids)
+        masks.append(mask)
+        pixels.append(torch.cat(row_pixels) if row_pixels else None)
+        grids.append(torch.cat(row_grids) if row_grids else None)
     width = max(len(s) for s in seqs)
     input_ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -272,7 +300,7 @@ def sft_batch(dataset: PromptDataset, indices: list[int], tokenizer) -> Batch:
             "response_mask": response_mask,
         }
     )
-    if "image_grid_thw" in dataset.items[indices[0]]:  # a vision model: the actor computes M-RoPE positions
-        batch["pixel_values"] = [dataset.items[i]["pixel_values"] for i in indices]
-        batch["image_grid_thw"] = [dataset.items[i]["image_grid_thw"] for i in indices]
+    if processor is not None:  # a vision model: the actor computes M-RoPE positions
+        batch["pixel_values"] = pixels
+        batch["image_grid_thw"] = grids
     return batch

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
+from rlstack.data.images import fit_pixels
+
 SIZE = 224
 """Width and height of every picture."""
 ROWS = {"train": 2000, "test": 200}
@@ -135,23 +137,44 @@ def rows(split: str) -> list[dict]:
     return [row(split, i) for i in range(ROWS[split])]
 
 
-CROP_MARGIN = 8
-"""Pixels around the box in the warm-start crop call."""
+TILE, TILE_STEP = 128, 96
+"""The warm start crops one of four overlapping 128x128 tiles (offsets 0 and 96 per axis); every box
+lies wholly inside at least one, so the policy only has to find the box's quadrant."""
+TOOL_MIN_PIXELS, TOOL_MAX_PIXELS = 4 * 28 * 28, 1024 * 28 * 28
+"""The Python tool's default limits on returned images (`tools.base.MIN_PIXELS` / `MAX_PIXELS`)."""
+
+
+def crop_box(bbox: tuple[int, int, int, int] | list[int]) -> tuple[int, int, int, int]:
+    """The tile that holds the target box (the one whose centre is nearest the box's)."""
+    x0, y0, x1, y1 = bbox
+
+    def offset(lo: int, hi: int) -> int:
+        fits = [o for o in (0, TILE_STEP) if o <= lo and hi <= o + TILE]
+        return min(fits, key=lambda o: abs(o + TILE / 2 - (lo + hi) / 2))
+
+    left, top = offset(x0, x1), offset(y0, y1)
+    return (left, top, left + TILE, top + TILE)
 
 
 def crop_call(bbox: tuple[int, int, int, int] | list[int]) -> str:
     """The first agent turn of the warm start: a Python cell that crops around the box (the last
     expression, an image, comes back to the model), in the `code` tool-call format."""
-    x0, y0, x1, y1 = bbox
-    m = CROP_MARGIN
-    box = (max(0, x0 - m), max(0, y0 - m), min(SIZE, x1 + m), min(SIZE, y1 + m))
-    return f"<code>```python\nimage_1.crop({box})\n```</code>"
+    return f"<code>```python\nimage_1.crop({crop_box(bbox)})\n```</code>"
 
 
 def tool_sft_rows(split: str) -> list[dict]:
-    """`builtin:visual_tool_sft`: the `visual` rows with the crop call as the answer, to teach a policy
-    to call the Python tool before RL (`rlstack demo --task visual`'s warm start)."""
+    """`builtin:visual_tool_sft`: the `visual` rows with a whole tool-using trajectory as the answer,
+    the supervised warm start of `rlstack demo --task visual`: the crop call, the Python tool's
+    observation (no text, the crop enlarged as the tool returns it), then `<answer>digit</answer>`.
+    Coordinates are pixels of the original picture, which is what the tool works on."""
     out = []
     for r in rows(split):
-        out.append({**r, "answer": crop_call(r["extra"]["target_bbox"]), "data_source": "visual_tool_sft"})
+        bbox = r["extra"]["target_bbox"]
+        crop = fit_pixels(r["images"][0].crop(crop_box(bbox)), TOOL_MIN_PIXELS, TOOL_MAX_PIXELS, 28)
+        conversation = [
+            {"role": "assistant", "content": crop_call(bbox)},
+            {"role": "user", "content": "<image>", "images": [crop]},
+            {"role": "assistant", "content": f"<answer>{r['answer']}</answer>"},
+        ]
+        out.append({**r, "answer": conversation, "data_source": "visual_tool_sft"})
     return out

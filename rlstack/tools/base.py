@@ -26,7 +26,9 @@ from typing import Any, ClassVar, Protocol
 
 from PIL import Image
 
+from rlstack.data.images import fit_pixels
 from rlstack.errors import RLStackError
+from rlstack.models.vision import ImageInputError
 
 PATCH = 28
 """Qwen2.5-VL's effective patch (14-pixel patches merged 2x2): returned image sides are multiples of it."""
@@ -97,25 +99,24 @@ def loaded(images: list[Image.Image]) -> list[Image.Image]:
 def fit_image(image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
     """`image` in RGB, resized so its area is within [min_pixels, max_pixels] and both sides are multiples of 28.
 
-    Qwen2.5-VL's `smart_resize` rule (aspect ratio kept as far as the rounding allows), so the
-    model's image processor leaves the result as it is; very thin images get at least 28 pixels
-    across and are cut down along their long side to stay under `max_pixels`.
+    Qwen2.5-VL's `smart_resize` rule, the same as the dataset's (`data.images.fit_pixels`), so the
+    model's image processor leaves the result as it is. Images too thin for `smart_resize` (aspect
+    ratio over 200, e.g. a one-pixel-high plot) get 28 pixels across and are cut down along their
+    long side to stay under `max_pixels`, instead of an error.
     """
+    image = image.convert("RGB")
+    try:
+        return fit_pixels(image, min_pixels, max_pixels, PATCH)
+    except ImageInputError:
+        pass
     width, height = image.size
     w, h = _round_to_patch(width), _round_to_patch(height)
     if w * h > max_pixels:
-        scale = math.sqrt(width * height / max_pixels)
-        w, h = _floor_to_patch(width / scale), _floor_to_patch(height / scale)
-    elif w * h < min_pixels:
-        scale = math.sqrt(min_pixels / (width * height))
-        w, h = _ceil_to_patch(width * scale), _ceil_to_patch(height * scale)
-    if w * h > max_pixels:  # extreme aspect ratios: the short side is pinned at 28, cut the long one
         if w >= h:
             w = _floor_to_patch(max_pixels / h)
         else:
             h = _floor_to_patch(max_pixels / w)
-    image = image.convert("RGB")
-    return image if image.size == (w, h) else image.resize((w, h), Image.Resampling.BICUBIC)
+    return image.resize((w, h), Image.Resampling.BICUBIC)
 
 
 def _round_to_patch(x: float) -> int:
@@ -124,10 +125,6 @@ def _round_to_patch(x: float) -> int:
 
 def _floor_to_patch(x: float) -> int:
     return max(PATCH, math.floor(x / PATCH) * PATCH)
-
-
-def _ceil_to_patch(x: float) -> int:
-    return max(PATCH, math.ceil(x / PATCH) * PATCH)
 
 
 def check_pixel_limits(tool: str, min_pixels: int, max_pixels: int) -> None:

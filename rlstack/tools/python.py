@@ -18,9 +18,10 @@ What the model gets (also in `PythonTool.schema`'s description):
   `file_size_mb` (`OSError: File too large`) are ordinary exceptions that keep the state. Processes
   a call starts do not outlive the call; threads do (the CPU budget bounds them).
 
-Cost: an interpreter starts on the first call of its trajectory (about 0.5 s, mostly importing
-Matplotlib) and holds about 70 MB of memory until `close()`, so a batch of trajectories in flight
-holds one each.
+Cost: an interpreter starts on the first call of its trajectory (about 0.1 s: it imports only
+Pillow; NumPy and Matplotlib, most of a second together, are imported by the cells that use them,
+and `plt.show()` is hooked at that moment) and holds 30-70 MB of memory until `close()`, so a
+batch of trajectories in flight holds one each.
 
 Where the code runs: never in the trainer. Each interpreter is `tools/python_worker.py` in a
 `SandboxProcess` (`rewards/sandbox.py`): own process group and unprivileged uid, no network,
@@ -123,7 +124,7 @@ class PythonTool:
         startup_timeout_s: float = 60.0,
     ) -> None:
         """Limits: `timeout_s` wall clock per call; `cpu_s` CPU seconds over one interpreter's life;
-        `startup_timeout_s` for an interpreter to start (importing NumPy and Matplotlib)."""
+        `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images)."""
         positive = dict(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, file_size_mb=file_size_mb)
         positive |= dict(max_processes=max_processes, max_output_chars=max_output_chars)
         positive |= dict(max_images_per_call=max_images_per_call, startup_timeout_s=startup_timeout_s)

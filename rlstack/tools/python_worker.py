@@ -99,14 +99,10 @@ class Session:
     """One trajectory's namespace plus the hooks that turn shown images into reply images."""
 
     def __init__(self, init: dict, console: int) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.figure
-        import matplotlib.pyplot as plt
         from PIL import Image
 
-        self.Image, self.plt, self.Figure = Image, plt, matplotlib.figure.Figure
+        self.Image = Image
+        self.plt = self.Figure = None  # matplotlib is imported (and hooked) only when a cell imports it
         self.max_pixels = init["max_pixels"]
         self.max_images = init["max_images"]
         self.max_value_chars = init["max_value_chars"]
@@ -118,12 +114,47 @@ class Session:
             with Image.open(path) as img:
                 img.load()
                 self.namespace[os.path.splitext(path)[0]] = img.copy()
-        plt.switch_backend("Agg")  # resolve the backend now: switching later annotates plt.show
-        self._install_show_hooks()
+        shown = self.shown
 
-    def _install_show_hooks(self) -> None:
-        """`plt.show()`, `Figure.show()` and `Image.show()` hand what they show to the reply."""
-        shown, plt = self.shown, self.plt
+        def show_image(image, *args, **kwargs) -> None:
+            shown.append(image.copy())
+
+        self.Image.Image.show = show_image
+        self._hook_imports()
+
+    def _hook_imports(self) -> None:
+        """Hook `plt.show()` / `Figure.show()` right after a cell first imports matplotlib.pyplot.
+
+        Importing matplotlib (and numpy under it) takes most of a second, so it is left to the cells
+        that use it: the interpreter starts in about a tenth of that. The Agg backend is chosen
+        through MPLBACKEND, so that nothing tries to open a window."""
+        os.environ["MPLBACKEND"] = "Agg"
+        real_import = builtins.__import__
+        depth = [0]  # nested imports run while the outer one is still executing its module
+
+        def hooked_import(name, *args, **kwargs):
+            depth[0] += 1
+            try:
+                module = real_import(name, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0 and self.plt is None and "matplotlib.pyplot" in sys.modules:
+                depth[0] += 1
+                try:
+                    self._install_pyplot_hooks()
+                finally:
+                    depth[0] -= 1
+            return module
+
+        builtins.__import__ = hooked_import
+
+    def _install_pyplot_hooks(self) -> None:
+        """`plt.show()` and `Figure.show()` hand what they show to the reply."""
+        import matplotlib.figure
+        import matplotlib.pyplot as plt
+
+        self.plt, self.Figure = plt, matplotlib.figure.Figure
+        shown = self.shown
 
         def show_figures(*args, **kwargs) -> None:
             shown.extend(plt.figure(num) for num in plt.get_fignums())
@@ -132,12 +163,11 @@ class Session:
         def show_figure(figure, *args, **kwargs) -> None:
             shown.append(figure)
 
-        def show_image(image, *args, **kwargs) -> None:
-            shown.append(image.copy())
-
         plt.show = show_figures
         self.Figure.show = show_figure
-        self.Image.Image.show = show_image
+
+    def _shown_types(self) -> tuple[type, ...]:
+        return (self.Image.Image,) if self.Figure is None else (self.Image.Image, self.Figure)
 
     def run(self, code: str) -> dict:
         """Run one cell; the reply without its id."""
@@ -157,7 +187,7 @@ class Session:
         for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        if isinstance(value, (self.Image.Image, self.Figure)):
+        if isinstance(value, self._shown_types()):
             self.shown.append(value)
         elif value is not None:
             reply["value"] = _short_repr(value, self.max_value_chars)
@@ -193,7 +223,7 @@ class Session:
         return {"images": images, "dropped_images": max(0, len(self.shown) - self.max_images), "notes": notes}
 
     def _png(self, item) -> str:
-        if isinstance(item, self.Figure):
+        if self.Figure is not None and isinstance(item, self.Figure):
             buf = io.BytesIO()
             item.savefig(buf, format="png")
             buf.seek(0)
@@ -247,8 +277,6 @@ def _start(init: dict, console: int):
         os.environ[var] = "1"  # one BLAS thread: the process limit counts threads, and so does the CPU budget
     sys.path.extend(p for p in init["paths"] if p not in sys.path)
     try:
-        import matplotlib  # noqa: F401
-        import numpy  # noqa: F401
         import PIL.Image  # noqa: F401
 
         return Session(init, console), None
