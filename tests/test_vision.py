@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import (
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
 
 from rlstack.batch import Batch
 from rlstack.cli import main
@@ -134,6 +140,40 @@ def tiny_qwen3_vl() -> tuple[torch.nn.Module, VisionProcessor]:
     return Qwen3VLForConditionalGeneration(config), VisionProcessor(tok, image_processor)
 
 
+def tiny_qwen2_vl() -> tuple[torch.nn.Module, VisionProcessor]:
+    """A tiny Qwen2-VL (the generation before 2.5: no window attention, the same M-RoPE layout)."""
+    tok = build_vision_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")}
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+            "pad_token_id": tok.pad_token_id,
+            "eos_token_id": tok.eos_token_id,
+        },
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+    return Qwen2VLForConditionalGeneration(config), VisionProcessor(tok, image_processor)
+
+
 ROWS = [  # 0, 1 and 2 images, prompts of different lengths (so the batch is left-padded)
     ("Say hi.", []),
     ("<image>What is this?", [picture(60, 40, 1)]),
@@ -153,13 +193,13 @@ def encoded(proc):
     return encode_rows(proc)
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
+@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen2-vl", "qwen3-vl"])
 def family(request):
     """(model, processor, encoded ROWS) for each supported model family."""
     if request.param == "qwen2.5-vl":
         proc = request.getfixturevalue("proc")
         return request.getfixturevalue("vl_model"), proc, request.getfixturevalue("encoded")
-    model, proc = tiny_qwen3_vl()
+    model, proc = tiny_qwen2_vl() if request.param == "qwen2-vl" else tiny_qwen3_vl()
     return sharpened(model, proc.tokenizer.eos_token_id), proc, encode_rows(proc)
 
 
