@@ -421,6 +421,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
             "algorithm.top_p_perception_tokens=0.4",
             "algorithm.use_advantage_shaping=true",
             "algorithm.use_entropy_penalty=true",
+            "algorithm.use_kl_loss=true",  # the reference model scores the same rows, images included
             "trainer.max_steps=2",
             "trainer.logger=[file]",
         ]
@@ -438,6 +439,9 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
         assert 0.4 <= m["vppo/perception_token_fraction"] <= 0.4 + 1 / m["response_length/mean"] + 1e-6
         assert m["vppo/advantage_scale/min"] >= 0.9 - 1e-6 and m["vppo/advantage_scale/max"] >= 1.0
         assert m["actor/vppo_entropy_penalty"] > 0
+        assert m["actor/kl_loss"] >= 0
+    assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
+    assert metrics[2]["actor/kl_loss"] > 1e-7
     _assert_documented(metrics)
     model = trainer.actor.worker.model
     for name, p in model.model.visual.named_parameters():
