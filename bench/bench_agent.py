@@ -1,8 +1,9 @@
 """Agent-loop throughput: trajectories and tool calls per second, and where the time goes.
 
-The tiny Qwen2.5-VL is warm-started (SFT, cached in the work folder) to answer `builtin:visual`
-questions with a Python cell that crops the picture, so that its trajectories really call the
-sandboxed interpreter and read the crop back as an image. Then `AgentLoop.generate` runs on
+The tiny Qwen2.5-VL gets the visual demo's warm start (SFT on whole tool-using trajectories,
+cached in the work folder): it answers `builtin:visual` questions with a Python cell that crops
+the picture, reads the crop back as an image in the next turn, and answers, so its trajectories
+really call the sandboxed interpreter. Then `AgentLoop.generate` runs on
 held-out rows, `--prompts` x `--n` trajectories per call, `--rounds` calls after one warm-up
 call, and reports trajectories/s, tool calls/s, turns and images per trajectory, and the share of
 wall time spent generating vs running tools.
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rlstack.config import AgentConfig, load_config
+from rlstack.demo import CONFIGS
 from rlstack.models.loading import load_causal_lm, load_processor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.sft import run_sft
@@ -33,21 +35,13 @@ from rlstack.tools.registry import build_toolset
 
 
 def warm_model(workdir: Path, steps: int) -> Path:
+    """The visual demo's warm start (`rlstack/configs/demo_visual_sft.yaml`), cached in `workdir`."""
     cfg = load_config(
         [
+            f"config={CONFIGS / 'demo_visual_sft.yaml'}",
             "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
             f"trainer.output_dir={workdir}",
             "trainer.experiment_name=bench_agent_sft",
-            "data.train_files=builtin:visual_tool_sft@train",
-            "data.val_files=",
-            "data.max_prompt_length=256",
-            "data.max_response_length=64",
-            "data.min_pixels=3136",
-            "data.max_pixels=12544",
-            "data.rollout_batch_size=8",
-            "worker.actor.global_batch_size=8",
-            "worker.actor.micro_batch_size_per_device_for_update=8",
-            "worker.actor.optim.lr=3e-3",
             f"trainer.max_steps={steps}",
             "trainer.logger=[file]",
         ]
@@ -116,7 +110,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workdir", default="outputs/bench")
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=250)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
