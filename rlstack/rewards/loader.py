@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlstack.errors import RLStackError
+from rlstack.extensions import load_module
 from rlstack.rewards import builtin
 
 
@@ -40,26 +37,7 @@ def load_reward_function(ref: str) -> RewardFunction:
             f"worker.reward.reward_function={ref!r} must be path/to/file.py:function_name or package.module:function_name"
         )
     target, fn_name = ref.rsplit(":", 1)
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise RewardLoadError(f"worker.reward.reward_function: file {target!r} does not exist")
-        module_name = f"rlstack_user_reward_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:
-            raise RewardLoadError(f"importing reward file {target!r} failed: {type(e).__name__}: {e}") from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise RewardLoadError(
-                f"worker.reward.reward_function: cannot import module {target!r}: {e}"
-            ) from e
+    module = load_module(target, "worker.reward.reward_function", "reward file", RewardLoadError)
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]

@@ -26,20 +26,16 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
 from rlstack.errors import RLStackError
+from rlstack.extensions import load_module
 from rlstack.tools.base import Observation, Tool, ToolCall, failed
 from rlstack.tools.parsing import ToolCallError
 
@@ -278,39 +274,9 @@ def _import_class(ref: str, where: str) -> type:
         raise ToolConfigError(
             f"{where}: import_path must be builtin:<name>, package.module:Class or path/to/file.py:Class"
         )
-    module = _load_file(target, where) if target.endswith(".py") else _load_module(target, where)
+    module = load_module(target, where, "tool file", ToolConfigError)
     cls = getattr(module, attr, None)
     if not inspect.isclass(cls):
         classes = [n for n, v in vars(module).items() if inspect.isclass(v) and not n.startswith("_")]
         raise ToolConfigError(f"{where}: {target!r} has no class {attr!r}; classes there: {classes}")
     return cls
-
-
-def _load_module(target: str, where: str):
-    try:
-        return importlib.import_module(target)
-    except ImportError as e:
-        raise ToolConfigError(
-            f"{where}: cannot import module {target!r} ({e}); is it installed or on PYTHONPATH?"
-        ) from e
-
-
-def _load_file(target: str, where: str):
-    path = Path(target).resolve()
-    if not path.is_file():
-        raise ToolConfigError(
-            f"{where}: file {target!r} does not exist (relative paths start at {Path.cwd()})"
-        )
-    module_name = f"rlstack_user_tool_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[module_name]
-        raise ToolConfigError(f"{where}: importing {target!r} failed: {type(e).__name__}: {e}") from e
-    return module
