@@ -58,11 +58,12 @@ class Trajectory:
     prompt_ids: list[int]
     toolbox: Toolbox
     where: str
-    pixel_values: list[torch.Tensor]
-    """Per image, the processor's rows (prompt images first, then tool images in order)."""
-    grids: list[torch.Tensor]
-    """Per image, its `[1, 3]` grid."""
+    pixel_values: torch.Tensor
+    """The processor's rows of every image the model has seen (prompt images first, then tool images)."""
+    image_grid_thw: torch.Tensor
+    """`[images, 3]`, in the same order."""
     num_images: int
+    """Images in the context (a text-only model counts the row's images, which only tools see)."""
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -136,23 +137,17 @@ class AgentLoop:
     def _start(self, batch: Batch, i: int) -> Trajectory:
         images = list(batch["images"][i]) if "images" in batch else []
         extra = batch["extra"][i] if "extra" in batch else {}
-        pixel_values, grids = [], []
-        if self.multimodal and "image_grid_thw" in batch:
-            grid = batch["image_grid_thw"][i]
-            pv = batch["pixel_values"][i]
-            counts = grid.prod(-1).tolist()
-            offset = 0
-            for k, c in enumerate(counts):
-                pixel_values.append(pv[offset : offset + c])
-                grids.append(grid[k : k + 1])
-                offset += c
         where = batch["where"][i] if "where" in batch else f"row {i}"
+        if self.multimodal and "image_grid_thw" in batch:
+            pixel_values, grid = batch["pixel_values"][i], batch["image_grid_thw"][i]
+        else:
+            pixel_values, grid = self.processor.process_images([], where)
         return Trajectory(
             prompt_ids=list(batch["prompt_ids"][i]),
             toolbox=self.toolset.new(images, dict(extra)),
             where=where,
             pixel_values=pixel_values,
-            grids=grids,
+            image_grid_thw=grid,
             num_images=len(images),
         )
 
@@ -169,8 +164,8 @@ class AgentLoop:
             top_p=top_p,
             top_k=top_k,
             generator=self.generator,
-            pixel_values=[_cat(t.pixel_values, self.processor) for t in active] if self.multimodal else None,
-            image_grid_thw=[_cat_grid(t.grids) for t in active] if self.multimodal else None,
+            pixel_values=[t.pixel_values for t in active] if self.multimodal else None,
+            image_grid_thw=[t.image_grid_thw for t in active] if self.multimodal else None,
             stop=self.stop,
         )
         self.timing["gen"] += time.perf_counter() - began
@@ -250,12 +245,8 @@ class AgentLoop:
         t.mask += [0] * len(ids)
         t.logprobs += [0.0] * len(ids)
         if images:
-            counts = encoded.image_grid_thw.prod(-1).tolist()
-            offset = 0
-            for k, c in enumerate(counts):
-                t.pixel_values.append(encoded.pixel_values[offset : offset + c])
-                t.grids.append(encoded.image_grid_thw[k : k + 1])
-                offset += c
+            t.pixel_values = torch.cat([t.pixel_values, encoded.pixel_values])
+            t.image_grid_thw = torch.cat([t.image_grid_thw, encoded.image_grid_thw])
             t.num_images += len(images)
 
     # ------------------------------------------------------------------------------- assembly
@@ -277,7 +268,7 @@ class AgentLoop:
                 input_ids[b, P : P + r] = torch.tensor(t.tokens)
                 response_mask[b, P : P + r] = torch.tensor(t.mask)
                 logprobs[b, P : P + r] = torch.tensor(t.logprobs)
-        grids = [_cat_grid(t.grids) for t in trajectories]
+        grids = [t.image_grid_thw for t in trajectories]
         if self.multimodal:
             with torch.no_grad():
                 position_ids = mrope_position_ids(self.model, input_ids, attention_mask, grids)
@@ -302,7 +293,7 @@ class AgentLoop:
             }
         )
         if self.multimodal:
-            out["pixel_values"] = [_cat(t.pixel_values, self.processor) for t in trajectories]
+            out["pixel_values"] = [t.pixel_values for t in trajectories]
             out["image_grid_thw"] = grids
         out.meta["temperature"] = temperature if temperature > 0 else 1.0
         out.meta["agent_timing"] = dict(self.timing)
@@ -327,11 +318,3 @@ def _last_turn_start(t: Trajectory) -> int:
     while i > 0 and t.mask[i - 1] == 1:
         i -= 1
     return i
-
-
-def _cat(pixel_values: list[torch.Tensor], processor: VisionProcessor) -> torch.Tensor:
-    return torch.cat(pixel_values) if pixel_values else torch.zeros(0, processor.patch_dim)
-
-
-def _cat_grid(grids: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long)
