@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from judge_server import JudgeServer
+from scored_batches import make_batch
 
-from rlstack.batch import Batch
 from rlstack.config import ConfigError, load_config
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.sft import run_sft
@@ -158,7 +158,7 @@ def test_judge_that_stays_down_scores_and_counts_with_on_error_score():
             ]
         )
         manager = build_reward_manager(cfg.worker.reward, 16)
-        batch = manager.score(_batch(["<answer>Mon</answer>", "<answer>7</answer>"], ["Monday", "7"]))
+        batch = manager.score(make_batch(["<answer>Mon</answer>", "<answer>7</answer>"], ["Monday", "7"]))
         manager.close()
     finally:
         server.stop()
@@ -167,23 +167,6 @@ def test_judge_that_stays_down_scores_and_counts_with_on_error_score():
     assert batch["reward_info"][0]["reason"].startswith("fallback")
     assert manager.pop_metrics() == {"reward/judge_calls": 1.0, "reward/judge_errors": 1.0}
     assert len(server.chat_requests) == 2  # max_attempts
-
-
-def _batch(responses: list[str], truths: list[str]) -> Batch:
-    import torch
-
-    n = len(responses)
-    return Batch(
-        {
-            "response_text": responses,
-            "response_mask": torch.ones(n, 3, dtype=torch.long),
-            "ground_truth": truths,
-            "prompt": ["q"] * n,
-            "data_source": ["d"] * n,
-            "extra": [{} for _ in range(n)],
-            "where": [f"f.jsonl:{i + 1}" for i in range(n)],
-        }
-    )
 
 
 CODE_RESPONSE = "```python\nprint(int(input()) * 2)\n```"
@@ -199,10 +182,10 @@ def test_code_settings_reach_the_builtin_code_reward():
             "worker.reward.code.stop_at_first_failure=true",
         ]
     )
-    out = build_reward_manager(fraction.worker.reward, 16).score(_batch([CODE_RESPONSE], [tests]))
+    out = build_reward_manager(fraction.worker.reward, 16).score(make_batch([CODE_RESPONSE], [tests]))
     assert out["reward_components"][0]["pass_rate"] == pytest.approx(2 / 3)
     assert out["reward_info"][0] == {"status": "wrong_answer", "reason": "test 2: wrong answer"}
-    out = build_reward_manager(strict.worker.reward, 16).score(_batch([CODE_RESPONSE], [tests]))
+    out = build_reward_manager(strict.worker.reward, 16).score(make_batch([CODE_RESPONSE], [tests]))
     assert out["scores"].tolist() == [0.0]
 
 
@@ -220,7 +203,7 @@ def test_extra_functions_and_weights_from_config(tmp_path: Path):
             "worker.reward.reward_weights=[2.0,0.5]",
         ]
     )
-    out = build_reward_manager(cfg.worker.reward, 16).score(_batch(["ab", "x"], ["ab", "y"]))
+    out = build_reward_manager(cfg.worker.reward, 16).score(make_batch(["ab", "x"], ["ab", "y"]))
     assert out["scores"].tolist() == [2.0 * 1 + 0.5 * 2, 2.0 * 0 + 0.5 * 1]
     assert out["reward_components"][0]["score/overall"] == 2.0
     with pytest.raises(ConfigError, match="1 weight\\(s\\) for 2 reward function"):
@@ -245,7 +228,7 @@ def test_reward_errors_are_scored_and_explained_with_on_error_score(tmp_path: Pa
             "worker.reward.error_score=-1",
         ]
     )
-    out = build_reward_manager(cfg.worker.reward, 16).score(_batch(["ok", "bad"], ["", ""]))
+    out = build_reward_manager(cfg.worker.reward, 16).score(make_batch(["ok", "bad"], ["", ""]))
     assert out["scores"].tolist() == [1.0, -1.0]
     assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
     assert "cannot grade" in out["reward_info"][1]["error"]

@@ -7,9 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from scored_batches import make_batch
 
-from rlstack.batch import Batch
 from rlstack.rewards.loader import load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager
 
@@ -34,21 +33,6 @@ def length(x):
 """
 
 
-def _batch(responses: list[str], truths: list[str]) -> Batch:
-    n = len(responses)
-    return Batch(
-        {
-            "response_text": responses,
-            "response_mask": torch.ones(n, 3, dtype=torch.long),
-            "ground_truth": truths,
-            "prompt": ["p"] * n,
-            "data_source": ["d"] * n,
-            "extra": [{} for _ in range(n)],
-            "where": [f"f.jsonl:{i + 1}" for i in range(n)],
-        }
-    )
-
-
 @pytest.fixture()
 def module(tmp_path: Path) -> Path:
     path = tmp_path / "fns.py"
@@ -60,7 +44,7 @@ def test_workers_run_samples_in_parallel(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
     start = time.perf_counter()
     out = RewardManager(fn, num_workers=4, timeout_s=5).score(
-        _batch(["a", "b", "c", "d"], ["a", "x", "c", "x"])
+        make_batch(["a", "b", "c", "d"], ["a", "x", "c", "x"])
     )
     elapsed = time.perf_counter() - start
     assert out["scores"].tolist() == [1.0, 0.0, 1.0, 0.0]
@@ -70,15 +54,15 @@ def test_workers_run_samples_in_parallel(module: Path):
 def test_a_hanging_sample_times_out_and_is_named(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
     start = time.perf_counter()
-    with pytest.raises(RewardError, match=r"timeout_s=0.5.*sample 1 \(row f.jsonl:2"):
-        RewardManager(fn, num_workers=2, timeout_s=0.5).score(_batch(["a", "hang"], ["a", "a"]))
+    with pytest.raises(RewardError, match=r"timeout_s=0.5.*sample 1 \(row train.jsonl:2"):
+        RewardManager(fn, num_workers=2, timeout_s=0.5).score(make_batch(["a", "hang"], ["a", "a"]))
     assert time.perf_counter() - start < 3
 
 
 def test_score_policy_gives_the_error_score_and_counts_errors(module: Path):
     fn = load_reward_function(f"{module}:boom_on_bad")
     out = RewardManager(fn, on_error="score", error_score=-1.0).score(
-        _batch(["ok", "bad", "ok"], ["", "", ""])
+        make_batch(["ok", "bad", "ok"], ["", "", ""])
     )
     assert out["scores"].tolist() == [1.0, -1.0, 1.0]
     assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0, 0.0]
@@ -87,7 +71,7 @@ def test_score_policy_gives_the_error_score_and_counts_errors(module: Path):
 def test_timeouts_under_the_score_policy_do_not_stop_the_run(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
     out = RewardManager(fn, num_workers=2, timeout_s=0.5, on_error="score").score(
-        _batch(["a", "hang"], ["a", "a"])
+        make_batch(["a", "hang"], ["a", "a"])
     )
     assert out["scores"].tolist() == [1.0, 0.0]
     assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
@@ -95,15 +79,15 @@ def test_timeouts_under_the_score_policy_do_not_stop_the_run(module: Path):
 
 def test_raise_policy_names_the_sample_that_raised(module: Path):
     fn = load_reward_function(f"{module}:boom_on_bad")
-    with pytest.raises(RewardError, match=r"sample 1 \(row f.jsonl:2.*ValueError: cannot grade this"):
-        RewardManager(fn).score(_batch(["ok", "bad"], ["", ""]))
+    with pytest.raises(RewardError, match=r"sample 1 \(row train.jsonl:2.*ValueError: cannot grade this"):
+        RewardManager(fn).score(make_batch(["ok", "bad"], ["", ""]))
 
 
 def test_weighted_combination_of_several_functions(module: Path):
     main = load_reward_function("builtin:exact_match")
     extra = load_reward_function(f"{module}:length")
     out = RewardManager(main, extra_functions=[extra], weights=[1.0, 0.5]).score(
-        _batch(["ab", "x"], ["ab", "y"])
+        make_batch(["ab", "x"], ["ab", "y"])
     )
     # overall = 1.0 * exact + 0.5 * len: [1 + 1.0, 0 + 0.5]
     assert out["scores"].tolist() == [2.0, 0.5]
@@ -118,5 +102,5 @@ def test_no_thread_is_used_without_workers_or_timeout(module: Path):
     fn = load_reward_function(f"{module}:length")
     original = fn.fn
     fn.fn = lambda x: seen.append(threading.get_ident()) or original(x)
-    RewardManager(fn).score(_batch(["a", "b"], ["", ""]))
+    RewardManager(fn).score(make_batch(["a", "b"], ["", ""]))
     assert set(seen) == {threading.get_ident()}  # math-verify needs the main thread

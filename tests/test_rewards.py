@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from scored_batches import make_batch
 
-from rlstack.batch import Batch
 from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
@@ -19,25 +19,6 @@ from rlstack.rewards.manager import RewardError, RewardManager, reward_inputs
 def write_module(path: Path, source: str) -> Path:
     path.write_text(textwrap.dedent(source).lstrip())
     return path
-
-
-def make_batch(responses: list[str], truths: list[str]) -> Batch:
-    """Rows as the rollout and data rooms leave them; row i has i + 1 response tokens."""
-    n = len(responses)
-    response_mask = torch.zeros(n, 8, dtype=torch.long)
-    for i in range(n):
-        response_mask[i, 2 : 3 + i] = 1
-    return Batch(
-        {
-            "response_text": responses,
-            "response_mask": response_mask,
-            "ground_truth": truths,
-            "prompt": [f"prompt {i}" for i in range(n)],
-            "data_source": ["addition"] * n,
-            "extra": [{"i": i} for i in range(n)],
-            "where": [f"train.jsonl:{i + 1}" for i in range(n)],
-        }
-    )
 
 
 BATCH_FN = """

@@ -132,31 +132,15 @@ def _score(passed: int, total: int, mode: str, status: str, reason: str) -> dict
     }
 
 
-def compute_score(
-    reward_inputs: list[dict[str, Any]],
-    mode: str = "fraction",
-    stop_at_first_failure: bool = False,
-    test_time_s: float = 5.0,
-    total_time_s: float = 60.0,
-    memory_mb: int = 1024,
-    runner: Runner = run_python,
-) -> list[dict[str, Any]]:
-    """EasyR1 batch interface: tests from each input's `ground_truth` (a dict or its JSON string).
+def compute_score(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str, Any]]:
+    """EasyR1 batch interface: tests from each input's `ground_truth` (a dict or its JSON string);
+    `settings` are `score_code`'s keyword arguments (`mode`, time and memory limits, `runner`).
 
     Numeric results (`overall`, `pass_rate`) are logged as `reward/<key>`; `status` and `reason` (why
     the first failing test failed) are written with the generations.
     """
     out = []
     for x in reward_inputs:
-        s = score_code(
-            str(x["response"]),
-            x["ground_truth"],
-            mode,
-            stop_at_first_failure,
-            test_time_s,
-            total_time_s,
-            memory_mb,
-            runner,
-        )
+        s = score_code(str(x["response"]), x["ground_truth"], **settings)
         out.append({k: s[k] for k in ("overall", "pass_rate", "status", "reason")})
     return out
