@@ -93,27 +93,36 @@ def vl_model(vl_dir, proc):
     return sharpened(load_causal_lm(str(vl_dir)), proc.tokenizer.eos_token_id)
 
 
+def _tiny_text(tok, **extra) -> dict:
+    """The language model part of a tiny Qwen-VL config (64 wide, 2 layers)."""
+    return {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": tok.pad_token_id,
+        "eos_token_id": tok.eos_token_id,
+        **extra,
+    }
+
+
+def _vision_token_ids(tok) -> dict[str, int]:
+    names = {"image_token_id": "<|image_pad|>", "vision_start_token_id": "<|vision_start|>"}
+    names["vision_end_token_id"] = "<|vision_end|>"
+    return {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
+
+
 def tiny_qwen3_vl() -> tuple[torch.nn.Module, VisionProcessor]:
     """A tiny Qwen3-VL (patch 16, interleaved M-RoPE, deepstack features) and its processor."""
     tok = build_vision_tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")}
     config = Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "rope_parameters": {
-                "rope_type": "default",
-                "mrope_section": [2, 3, 3],
-                "mrope_interleaved": True,
-            },
-            "pad_token_id": tok.pad_token_id,
-            "eos_token_id": tok.eos_token_id,
-        },
+        text_config=_tiny_text(
+            tok,
+            head_dim=16,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        ),
         vision_config={
             "depth": 2,
             "hidden_size": 32,
@@ -124,9 +133,7 @@ def tiny_qwen3_vl() -> tuple[torch.nn.Module, VisionProcessor]:
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [0],
         },
-        image_token_id=ids["<|image_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_vision_token_ids(tok),
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
@@ -143,19 +150,8 @@ def tiny_qwen3_vl() -> tuple[torch.nn.Module, VisionProcessor]:
 def tiny_qwen2_vl() -> tuple[torch.nn.Module, VisionProcessor]:
     """A tiny Qwen2-VL (the generation before 2.5: no window attention, the same M-RoPE layout)."""
     tok = build_vision_tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")}
     config = Qwen2VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]},
-            "pad_token_id": tok.pad_token_id,
-            "eos_token_id": tok.eos_token_id,
-        },
+        text_config=_tiny_text(tok, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}),
         vision_config={
             "depth": 2,
             "embed_dim": 32,
@@ -164,9 +160,7 @@ def tiny_qwen2_vl() -> tuple[torch.nn.Module, VisionProcessor]:
             "patch_size": 14,
             "spatial_merge_size": 2,
         },
-        image_token_id=ids["<|image_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_vision_token_ids(tok),
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
