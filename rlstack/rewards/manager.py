@@ -71,6 +71,7 @@ class RewardManager:
         """The JudgeClient behind the built-ins' judge fallback (closed by `close`), or None."""
         self._judge_calls = 0
         self._judge_errors_seen = 0
+        self._judge_lock = threading.Lock()  # worker threads count their judge calls
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
@@ -111,7 +112,7 @@ class RewardManager:
         assert self.judge is not None
         template = self.judge.config.template
         results = self.judge.judge_batch([JudgeItem(q, g, r, template) for q, g, r in queries])
-        with _COUNT_LOCK:
+        with self._judge_lock:
             self._judge_calls += len(queries)
         return [r.score for r in results]
 
@@ -183,9 +184,6 @@ class RewardManager:
             except Exception as e:
                 return f"reward function {rf.name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
         return f"reward function {rf.name} raised on the whole batch (each sample alone scored fine): {value}"
-
-
-_COUNT_LOCK = threading.Lock()
 
 
 class _Call:

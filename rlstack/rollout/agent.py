@@ -127,9 +127,9 @@ class AgentLoop:
                         self._run_tools(calling, pool)
         finally:
             self.model.train(was_training)
-            for t in trajectories:
+            for t in trajectories:  # after an error mid-rollout: stop the interpreters still running
                 if not t.done:
-                    t.finish("tool_error")
+                    t.toolbox.close()
         return self._assemble(batch, trajectories, temperature)
 
     # --------------------------------------------------------------------------------- turns
