@@ -346,6 +346,26 @@ def test_unreadable_package_directory_is_reported():
         shutil.rmtree(base)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as another uid only for root")
+def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, monkeypatch):
+    """A venv under a 0700 folder (a checkout in `mktemp -d`): the sandbox imports a copy instead."""
+    monkeypatch.setattr(python_tool, "_not_world_readable", lambda path: f"{path} is blocked (test)")
+    python_tool._package_dirs.cache_clear()
+    try:
+        tool = make_tool()
+        (copy,) = tool.package_dirs
+        assert os.path.basename(copy).startswith("rlstack-sandbox-packages-") and python_tool._trusted(
+            python_tool.Path(copy)
+        )
+        obs = run(tool, "import numpy, PIL, matplotlib.pyplot as plt\nprint(numpy.__file__, PIL.__file__)")
+        assert obs.ok, obs.text
+        assert all(path.startswith(copy) for path in obs.text.split())
+        obs = run(tool, "plt.plot([1, 2]); plt.show()")
+        assert obs.ok and len(obs.images) == 1
+    finally:
+        python_tool._package_dirs.cache_clear()
+
+
 def test_reset_and_close_end_the_interpreter(make_tool, spawned):
     tool = make_tool()
     assert run(
