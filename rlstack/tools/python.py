@@ -36,9 +36,9 @@ directories the trainer imports them from to `sys.path`. The sandbox's interpret
 when the sandbox uid can run it, else the system `python3` (pyenv under a 0700 `/root`); their C
 extensions load when its minor version matches the trainer's (3.11.7 vs 3.11.2 here). When the
 sandbox uid cannot read those directories (a venv under a 0700 folder), the three distributions and
-their dependencies are copied once, root-owned and world-readable, to the temp folder (
-keyed by their versions; about 170 MB here) and that copy is used. A start-up failure (e.g. a version mismatch) is an
-observation naming the interpreter, the error and the fix.
+their dependencies are copied once, root-owned and world-readable, to the temp folder (keyed by
+their versions; about 170 MB here) and that copy is used. A start-up failure (e.g. a version
+mismatch) is an observation naming the interpreter, the error and the fix.
 """
 
 from __future__ import annotations
@@ -578,7 +578,9 @@ def _trusted(path: Path) -> bool:
         info = path.lstat()
     except FileNotFoundError:
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return (
+        stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def _not_world_readable(path: str) -> str | None:
