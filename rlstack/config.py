@@ -126,10 +126,10 @@ class ActorConfig:
     """PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO's clip-higher)."""
     loss_type: Literal["vanilla", "gspo", "gspo_token", "cispo", "sapo"] = "vanilla"
     """Policy loss: PPO clip (vanilla, with dual clip), GSPO, GSPO-token, CISPO or SAPO."""
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
-    """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO)."""
+    loss_agg_mode: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
+    """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO, veRL's sum over sequences / max length); unset: the mode the loss is defined with, seq-mean-token-mean for gspo, gspo_token and sapo, token-mean otherwise."""
     clip_ratio_dual: float = 3.0
     """Dual-clip bound c for negative advantages (loss <= -c * A)."""
     entropy_coeff: float = 0.0
@@ -479,7 +479,13 @@ class Config:
 
 
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "loo_std", "reinforce_plus_plus_baseline"}
-SEQUENCE_LEVEL_LOSSES = {"gspo", "gspo_token"}
+# Losses defined with one aggregation (a length-normalised sequence ratio or veRL's fixed choice):
+# `worker.actor.loss_agg_mode` defaults to it and may not be set to another.
+DEFINED_AGG_MODES = {
+    "gspo": "seq-mean-token-mean",
+    "gspo_token": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+}
 
 
 class ConfigError(RLStackError, ValueError):
@@ -575,7 +581,16 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
     problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
+    _fill_derived_defaults(cfg)
     return cfg
+
+
+def _fill_derived_defaults(cfg: Config) -> None:
+    """Keys whose default depends on another key, resolved once so that `--print-config` and the run's
+    config.yaml show the value used."""
+    a = cfg.worker.actor
+    if a.loss_agg_mode is None:
+        a.loss_agg_mode = DEFINED_AGG_MODES.get(a.loss_type, "token-mean")
 
 
 def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:
@@ -833,10 +848,12 @@ def validate(cfg: Config) -> list[str]:
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares responses within a group, "
             f"so worker.rollout.n must be at least 2 (got {r.n}); set worker.rollout.n=8 for example"
         )
-    if a.loss_type in SEQUENCE_LEVEL_LOSSES and a.loss_agg_mode != "seq-mean-token-mean":
+    defined = DEFINED_AGG_MODES.get(a.loss_type)
+    if defined and a.loss_agg_mode not in (None, defined):
         p.append(
-            f"worker.actor.loss_type={a.loss_type} uses a length-normalized sequence ratio, so each sequence must "
-            f"count once: set worker.actor.loss_agg_mode=seq-mean-token-mean (got {a.loss_agg_mode})"
+            f"worker.actor.loss_type={a.loss_type} is defined with loss_agg_mode={defined} (each sequence counts "
+            f"once, as in the paper and veRL), got worker.actor.loss_agg_mode={a.loss_agg_mode}: remove the key "
+            f"or set it to {defined}"
         )
     if alg.use_kl_loss and alg.use_kl_in_reward:
         p.append(

@@ -25,7 +25,7 @@ from rlstack.algos.filters import (
     truncation_mask,
 )
 from rlstack.algos.groups import group_index
-from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_penalty
+from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_in_reward
 from rlstack.algos.vppo import advantage_shaping_scale, perception_token_mask, token_visual_dependency
 from rlstack.batch import Batch
 from rlstack.config import Config, to_dict, to_yaml
@@ -241,18 +241,24 @@ class Trainer:
     def advantages(self, batch: Batch) -> dict[str, float]:
         """Adds `advantages` and `returns`; subtracts the in-reward KL first when configured."""
         a, mask = self.cfg.algorithm, batch["response_mask"]
-        token_rewards = outcome_token_rewards(batch["scores"], mask)
+        token_rewards, scores = outcome_token_rewards(batch["scores"], mask), batch["scores"]
         metrics: dict[str, float] = {}
         if a.use_kl_in_reward:
-            kl = kl_penalty(KLPenalty(a.kl_penalty), batch["old_logprobs"], batch["ref_logprobs"]) * mask
-            token_rewards = token_rewards - self.kl_coef * kl
-            mean_kl = float((kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean())
+            token_rewards, scores, mean_kl = kl_in_reward(
+                token_rewards,
+                scores,
+                batch["old_logprobs"],
+                batch["ref_logprobs"],
+                mask,
+                KLPenalty(a.kl_penalty),
+                self.kl_coef,
+            )
             metrics = {"actor/reward_kl_penalty": mean_kl, "actor/reward_kl_penalty_coeff": self.kl_coef}
             if a.kl_type == "adaptive":
                 self.kl_coef = adaptive_kl_coef(self.kl_coef, mean_kl, a.kl_target, a.kl_horizon, len(batch))
         inputs = AdvantageInputs(
             token_rewards=token_rewards,
-            scores=batch["scores"],
+            scores=scores,
             groups=group_index(batch["uid"]),
             response_mask=mask,
             values=batch.get("values"),

@@ -24,6 +24,7 @@ from rlstack.algos.policy_loss import (
     ppo_clip_loss,
     rollout_correction,
     sapo_loss,
+    token_mean,
     vanilla_loss,
 )
 
@@ -66,8 +67,10 @@ def test_vanilla_values_and_clip_flags():
     ]
     close(out.loss, [expected])
     close(out.clipped_high, [[1.0, 0, 0, 0, 0, 0, 0, 1.0, 0]])
-    close(out.clipped_low, [[0, 0, 0, 0, 1.0, 0, 1.0, 0, 0]])
-    close(out.clipped, [[1.0, 0, 0, 0, 1.0, 0, 1.0, 1.0, 0]])
+    close(out.clipped_low, [[0, 0, 0, 0, 1.0, 0, 0, 0, 0]])
+    # dual clip is counted on its own (veRL's pg_clipfrac_lower), not as lower clipping
+    close(out.clipped_dual, [[0, 0, 0, 0, 0, 0, 1.0, 0, 0]])
+    close(out.clipped, [[1.0, 0, 0, 0, 1.0, 0, 0, 1.0, 0]])
     close(out.approx_kl, [[-math.log(r) for r in ratios]])
     assert not out.approx_kl.requires_grad
 
@@ -95,8 +98,10 @@ def test_dual_clip_only_affects_negative_advantages_above_c():
     torch.testing.assert_close(dual.loss[~hit], plain.loss[~hit])
     torch.testing.assert_close(dual.loss[hit], -adv[hit] * PARAMS.clip_ratio_dual)
     assert (dual.loss[hit] < plain.loss[hit]).all()
-    assert (dual.clipped_low[hit] == 1).all() and (plain.clipped_low[hit] == 0).all()
+    assert (dual.clipped_dual[hit] == 1).all() and (dual.clipped_dual[~hit] == 0).all()
+    assert plain.clipped_dual.sum() == 0
     torch.testing.assert_close(dual.clipped_high, plain.clipped_high)
+    torch.testing.assert_close(dual.clipped_low, plain.clipped_low)
 
 
 def test_dual_clip_must_exceed_one():
@@ -116,8 +121,9 @@ def test_ppo_clip_loss_is_vanilla_without_dual_clip():
     out = ppo_clip_loss(logp, torch.zeros_like(logp), adv, torch.ones(1, 3), 0.2, 0.28)
     close(out.loss, [[4.0, 0.8, -1.28]])
     close(out.clipped, [[0.0, 1.0, 1.0]])
-    _, clipped_high, clipped_low, _ = out  # the record's four fields, in order
+    _, clipped_high, clipped_low, clipped_dual, _ = out  # the record's five fields, in order
     assert clipped_high.tolist() == [[0.0, 0.0, 1.0]] and clipped_low.tolist() == [[0.0, 1.0, 0.0]]
+    assert clipped_dual.tolist() == [[0.0, 0.0, 0.0]]
 
 
 # --------------------------------------------------------------------------------------------- GSPO
@@ -158,6 +164,29 @@ def test_gspo_gradient_is_the_sequence_objective_gradient(kind):
     direct = logp.detach()[:1].clone().requires_grad_(True)
     (-torch.exp(direct.mean()) / 3).backward()
     torch.testing.assert_close(direct.grad, logp.grad[:1])
+
+
+@pytest.mark.parametrize("kind", [PolicyLoss.GSPO, PolicyLoss.GSPO_TOKEN])
+def test_gspo_caps_the_sequence_log_ratio_at_10_as_verl(kind):
+    """veRL clamps log s_i,t at 10 before exp: a sequence log-ratio of 12 gives -A e^10 and no gradient."""
+    logp = torch.tensor([[12.0, 12.0], [0.1, 0.1]], requires_grad=True)
+    adv = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    out = policy_loss(kind, logp, torch.zeros_like(logp), adv, torch.ones(2, 2), PARAMS)
+    # row 0: unclipped branch -A s = e^10 wins over -A clip(s) = 1.28 (no dual clip in GSPO)
+    torch.testing.assert_close(out.loss[0], torch.full((2,), math.exp(10.0)))
+    out.loss.sum().backward()
+    assert (logp.grad[0] == 0).all() and (logp.grad[1] != 0).all()
+
+
+@pytest.mark.parametrize("kind", [PolicyLoss.GSPO, PolicyLoss.GSPO_TOKEN])
+def test_gspo_averages_the_raw_token_log_ratios(kind):
+    """log-ratios 30 and -28: veRL's mean is 1 (s = e); clamping each token to +-20 first would give -4."""
+    logp = torch.tensor([[30.0, -28.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0]])
+    params = PARAMS._replace(clip_ratio_high=5.0)  # keep s = e inside the clip range
+    out = policy_loss(kind, logp, torch.zeros_like(logp), adv, torch.ones(1, 2), params)
+    close(out.loss, [[-math.e, -math.e]])
+    close(out.approx_kl, [[-20.0, 20.0]])  # the metric keeps the per-token clamp
 
 
 def test_gspo_uses_the_sequence_advantage_gspo_token_the_token_one():
@@ -290,7 +319,7 @@ def test_aggregate_values():
         LossAggMode.TOKEN_MEAN: 2.333333,  # (1 + 2 + 4) / 3
         LossAggMode.SEQ_MEAN_TOKEN_SUM: 3.5,  # (3 + 4) / 2
         LossAggMode.SEQ_MEAN_TOKEN_MEAN: 2.75,  # (1.5 + 4) / 2
-        LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM: 0.875,  # (3 / 4 + 4 / 4) / 2
+        LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM: 1.75,  # (3 + 4) / 4: veRL's sum over sequences / norm length
     }
     assert set(expected) == set(AGGREGATORS) == set(LossAggMode)
     for mode, value in expected.items():
@@ -301,6 +330,25 @@ def test_aggregate_values():
     assert aggregate_loss(
         loss, mask, "seq-mean-token-mean", torch.tensor(7.0), torch.tensor(5), 4
     ).item() == (pytest.approx(1.1))
+    # seq-mean-token-sum-norm divides by no count: the mini-batch's size does not change the share
+    assert aggregate_loss(loss, mask, LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM, 7, 5, 4).item() == pytest.approx(
+        1.75
+    )
+
+
+@pytest.mark.parametrize("mode", list(LossAggMode))
+def test_non_finite_values_outside_the_mask_do_not_reach_the_aggregate(mode):
+    """A -inf or NaN on padding (reference log-prob, entropy) is selected away, not multiplied by 0."""
+    values = torch.tensor([[1.0, 2.0, math.nan], [4.0, -math.inf, math.inf]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    clean = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]], requires_grad=True)
+    out = aggregate_loss(values, mask, mode, 3, 2, 3)
+    out.backward()
+    expected = aggregate_loss(clean, mask, mode, 3, 2, 3)
+    expected.backward()
+    assert torch.isfinite(out) and out.item() == pytest.approx(expected.item())
+    torch.testing.assert_close(values.grad, clean.grad)
+    assert token_mean(values, mask).item() == pytest.approx(7 / 3)
 
 
 def test_aggregate_of_an_empty_micro_batch_is_zero_not_nan():

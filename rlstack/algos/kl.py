@@ -18,6 +18,13 @@ is. The `+` variants (`kl+`, `abs+`, `mse+`, `low_var_kl+`) keep the value of th
 take the gradient of k2, by the straight-through k.detach() + k2 - k2.detach(), as veRL's
 `kl_penalty` does for names ending in "+". `mse+` is `mse`.
 
+`kl_in_reward` subtracts beta * KL (the estimator between the behaviour policy's and the reference's
+log-probs of each sampled token) from the rewards, as veRL's `apply_kl_penalty`: from the token
+rewards, for the estimators that read them (`gae`, `reinforce_plus_plus`), and from each row's
+outcome score as the sum of its tokens' penalties, which is what veRL's group estimators (GRPO,
+RLOO, ...) read, since they sum the token-level rewards. So the KL reaches the advantages with
+every estimator. The reference is read only on sampled tokens: a `-inf` on padding changes nothing.
+
 `adaptive_kl_coef` is one step of the proportional controller of Ziegler et al., 2019
 (arXiv:1909.08593): e = clip(KL / target - 1, -0.2, 0.2), beta <- beta (1 + e n_steps / horizon).
 The paper writes the gain as K_beta; n_steps / horizon is veRL's (and TRL's) form of it
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from typing import NamedTuple
 
 import torch
 
@@ -133,3 +141,29 @@ def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: fl
         )
     error = min(max(observed_kl / target - 1.0, -0.2), 0.2)
     return coef * (1.0 + error * n_steps / horizon)
+
+
+class RewardKL(NamedTuple):
+    token_rewards: torch.Tensor  # [B, T] the token rewards minus beta * KL on each sampled token
+    scores: torch.Tensor  # [B] the outcome scores minus beta * the row's summed KL
+    mean_kl: float  # mean over rows (with a sampled token) of the row's mean per-token KL, before beta
+
+
+def kl_in_reward(
+    token_rewards: torch.Tensor,  # [B, T] outcome score at the last sampled token, 0 elsewhere
+    scores: torch.Tensor,  # [B]
+    old_logprobs: torch.Tensor,  # [B, T] behaviour policy
+    ref_logprobs: torch.Tensor,  # [B, T] reference policy
+    response_mask: torch.Tensor,  # [B, T]
+    kind: KLPenalty,
+    coef: float,
+) -> RewardKL:
+    """Rewards with the in-reward KL penalty subtracted, for every estimator (see the module docstring)."""
+    sampled = response_mask.bool()
+    kl = torch.where(
+        sampled, kl_penalty(kind, old_logprobs, torch.where(sampled, ref_logprobs, old_logprobs)), 0.0
+    )
+    per_row = kl.sum(-1)  # [B]
+    lengths = sampled.sum(-1)  # [B]
+    mean_kl = float((per_row / lengths.clamp(min=1)).mean())
+    return RewardKL(token_rewards - coef * kl, scores - coef * per_row, mean_kl)

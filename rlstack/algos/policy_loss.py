@@ -1,9 +1,11 @@
 """Policy losses, their aggregation over tokens, and rollout/trainer mismatch correction.
 
 Every loss is a per-token `[B, T]` tensor, zero outside `response_mask`, with
-r = exp(logp - logp_old) the per-token ratio and A the advantage. The log-ratio is clamped to
-[-20, 20] before `exp` (as in veRL), so a stray token cannot overflow; beyond that bound its
-gradient is zero.
+r = exp(logp - logp_old) the per-token ratio and A the advantage. The per-token log-ratio is
+clamped to [-20, 20] before `exp` (as in veRL), so a stray token cannot overflow; beyond that bound
+its gradient is zero. Values outside the mask never reach a sum: they are selected away
+(`torch.where`), not multiplied by 0, so a NaN or infinite value on padding (a `-inf` reference
+log-prob, a NaN entropy) leaves the loss and its gradient finite.
 
 Losses (`PolicyLoss`, chosen from `POLICY_LOSSES`):
 
@@ -15,13 +17,17 @@ Losses (`PolicyLoss`, chosen from `POLICY_LOSSES`):
   a clipped branch get no gradient. `ppo_clip_loss` is this loss without dual clip.
 - `gspo`: GSPO (Zheng et al., 2025, arXiv:2507.18071). The ratio is the sequence's, normalised by
   length: s_i = exp(mean over its sampled tokens of (logp - logp_old)). It is written per token in
-  the paper's stop-gradient form s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (as veRL does): its value
-  is s_i and its gradient with respect to logp_t is s_i. The advantage is the sequence's, the mean
-  of A over its sampled tokens, so with `seq-mean-token-mean` the per-token losses sum to the
-  paper's sequence objective, max(-A_i s_i, -A_i clip(s_i)), and its gradient.
+  the paper's stop-gradient form s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]: its value is s_i and its
+  gradient with respect to logp_t is s_i. As in veRL's `compute_policy_loss_gspo`, the mean is
+  taken over the raw per-token log-ratios (no per-token clamp) and log s_i,t is clamped from above
+  at 10 before `exp` (`GSPO_LOG_RATIO_MAX`), so a sequence whose log-ratio passes 10 gets no
+  gradient. The advantage is the sequence's, the mean of A over its sampled tokens, so with
+  `seq-mean-token-mean` the per-token losses sum to the paper's sequence objective,
+  max(-A_i s_i, -A_i clip(s_i)), and its gradient.
 - `gspo_token`: GSPO-token from the same paper: the same s_i,t, but each token keeps its own
-  advantage A_i,t (and its own clipping decision). It equals `gspo` when A is constant over each
-  sequence, as with outcome rewards.
+  advantage A_i,t (and its own clipping decision). This is what veRL calls `gspo` (its GSPO loss
+  uses the per-token advantages). It equals `gspo` when A is constant over each sequence, as with
+  outcome rewards.
 - `cispo`: CISPO (MiniMax-M1, MiniMax, 2025, arXiv:2506.13585): -A sg(min(r, 1 + eps_high)) logp.
   The IS weight is truncated and detached, and every sampled token keeps a gradient. The paper
   writes clip(r, 1 - eps_low, 1 + eps_high) but sets eps_low large enough to never bind; this code
@@ -35,6 +41,15 @@ Losses (`PolicyLoss`, chosen from `POLICY_LOSSES`):
   follows veRL's `compute_policy_loss_sapo` and the ms-swift/AReaL descriptions; the paper was not
   read. SAPO clips nothing, so its `clipped_*` are zero.
 
+GSPO, GSPO-token and SAPO are defined with `seq-mean-token-mean` aggregation (veRL hard-codes it
+for GSPO and SAPO whatever `loss_agg_mode` says); the config picks it when
+`worker.actor.loss_agg_mode` is not set and refuses another explicit choice.
+
+Clip fractions (`PolicyLossOutput`): `clipped_high` / `clipped_low` mark the tokens where the
+clipped branch of max(-A r, -A clip(r)) won, for A > 0 and A < 0; `clipped` is either (veRL's
+`pg_clipfrac`). `clipped_dual` marks the tokens capped by dual clip (veRL's `pg_clipfrac_lower`,
+which counts dual clip only).
+
 Aggregation (`LossAggMode`) turns the `[B, T]` loss into the scalar of one micro-batch. Its
 normalisers are the counts of the whole mini-batch, not of the micro-batch, so that the micro-batch
 losses of one mini-batch sum to the loss of the mini-batch in one piece, and gradient accumulation
@@ -44,8 +59,10 @@ changes nothing:
 - `seq-mean-token-sum`: each sequence's token sum, averaged over the mini-batch's sequences.
 - `seq-mean-token-mean`: each sequence's token mean, averaged over the mini-batch's sequences
   (GRPO, Shao et al., 2024, arXiv:2402.03300).
-- `seq-mean-token-sum-norm`: each sequence's token sum / a constant `norm_length` (the maximum
-  response length), averaged over sequences (Dr. GRPO, Liu et al., 2025, arXiv:2503.20783).
+- `seq-mean-token-sum-norm`: the sum over the mini-batch's sequences of each sequence's token sum,
+  divided by a constant `norm_length` (the maximum response length): Dr. GRPO (Liu et al., 2025,
+  arXiv:2503.20783) as veRL's `agg_loss` computes it. Despite the name there is no mean over
+  sequences: the value (and gradient) grows with the mini-batch size, as in veRL.
 "Sequences" counts those with at least one sampled token; a sequence without any contributes zero.
 
 Rollout correction (`RolloutCorrection`) weighs each token's loss by how far the trainer's
@@ -74,6 +91,7 @@ from typing import NamedTuple
 import torch
 
 LOG_RATIO_BOUND = 20.0
+GSPO_LOG_RATIO_MAX = 10.0
 
 
 # ------------------------------------------------------------------------------------ policy losses
@@ -97,13 +115,14 @@ class PolicyLossParams(NamedTuple):
 
 class PolicyLossOutput(NamedTuple):
     loss: torch.Tensor  # [B, T] per-token loss, zero outside the mask
-    clipped_high: torch.Tensor  # [B, T] 1.0 where the upper clip was active
-    clipped_low: torch.Tensor  # [B, T] 1.0 where the lower clip (or dual clip) was active
+    clipped_high: torch.Tensor  # [B, T] 1.0 where the clipped branch won for A > 0 (upper clip)
+    clipped_low: torch.Tensor  # [B, T] 1.0 where the clipped branch won for A < 0 (lower clip)
+    clipped_dual: torch.Tensor  # [B, T] 1.0 where dual clip capped the loss (A < 0, huge ratio)
     approx_kl: torch.Tensor  # [B, T] logp_old - logp (detached), zero outside the mask
 
     @property
     def clipped(self) -> torch.Tensor:
-        """[B, T] 1.0 where either clip was active."""
+        """[B, T] 1.0 where the upper or lower clip was active (dual clip not included, as veRL)."""
         return torch.maximum(self.clipped_high, self.clipped_low)
 
 
@@ -129,6 +148,7 @@ def _output(
     loss: torch.Tensor,  # [B, T]
     high: torch.Tensor,  # [B, T] bool
     low: torch.Tensor,  # [B, T] bool
+    dual: torch.Tensor,  # [B, T] bool
     log_ratio: torch.Tensor,  # [B, T], zero outside the mask
     mask: torch.Tensor,  # [B, T] bool
 ) -> PolicyLossOutput:
@@ -137,6 +157,7 @@ def _output(
         torch.where(mask, loss, 0.0),
         (high & mask).to(dtype),
         (low & mask).to(dtype),
+        (dual & mask).to(dtype),
         -log_ratio.detach(),
     )
 
@@ -162,7 +183,7 @@ def vanilla_loss(
     negative = advantages < 0
     cap = torch.where(negative, -advantages * params.clip_ratio_dual, math.inf)  # [B, T]
     dual = negative & (loss > cap)
-    return _output(torch.minimum(loss, cap), high, low | dual, log_ratio, mask)
+    return _output(torch.minimum(loss, cap), high, low, dual, log_ratio, mask)
 
 
 def _gspo(
@@ -172,15 +193,17 @@ def _gspo(
     mask: torch.Tensor,  # [B, T] bool
     params: PolicyLossParams,
 ) -> PolicyLossOutput:
-    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    raw = torch.where(mask, logprobs - old_logprobs, 0.0)  # [B, T] unclamped, as veRL
     lengths = mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
-    seq_log_ratio = (log_ratio.sum(-1, keepdim=True) / lengths).detach()  # [B, 1] log s_i
-    # value log s_i, gradient d/d logp_t = 1: s_i,t = sg[s_i] * pi / sg[pi]
-    token_log_ratio = torch.where(mask, seq_log_ratio + logprobs - logprobs.detach(), 0.0)
+    seq_log_ratio = (raw.sum(-1, keepdim=True) / lengths).detach()  # [B, 1] log s_i
+    # value log s_i, gradient d/d logp_t = 1 below the cap: s_i,t = sg[s_i] * pi / sg[pi]
+    token_log_ratio = (seq_log_ratio + logprobs - logprobs.detach()).clamp(max=GSPO_LOG_RATIO_MAX)
+    token_log_ratio = torch.where(mask, token_log_ratio, 0.0)
     loss, high, low = _clipped_surrogate(
         torch.exp(token_log_ratio), advantages, params.clip_ratio_low, params.clip_ratio_high
     )
-    return _output(loss, high, low, log_ratio, mask)
+    no_dual = torch.zeros_like(mask)
+    return _output(loss, high, low, no_dual, _log_ratio(logprobs, old_logprobs, mask), mask)
 
 
 def gspo_loss(
@@ -222,7 +245,8 @@ def cispo_loss(
     ratio = torch.exp(log_ratio).detach()
     cap = 1.0 + params.clip_ratio_high
     loss = -advantages * ratio.clamp(max=cap) * logprobs
-    return _output(loss, ratio > cap, torch.zeros_like(mask), log_ratio, mask)
+    no_clip = torch.zeros_like(mask)
+    return _output(loss, ratio > cap, no_clip, no_clip, log_ratio, mask)
 
 
 def sapo_loss(
@@ -239,7 +263,7 @@ def sapo_loss(
     tau = torch.full_like(ratio, params.sapo_tau_neg).masked_fill(advantages > 0, params.sapo_tau_pos)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     no_clip = torch.zeros_like(mask)
-    return _output(-advantages * gate, no_clip, no_clip, log_ratio, mask)
+    return _output(-advantages * gate, no_clip, no_clip, no_clip, log_ratio, mask)
 
 
 PolicyLossFn = Callable[
@@ -289,20 +313,29 @@ class LossAggMode(str, Enum):
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of `values` where `mask` is nonzero; other positions are selected away, so a NaN or inf
+    there does not reach the sum (or its gradient)."""
+    selected = torch.where(mask.bool(), values, 0.0)
+    return selected.sum() if dim is None else selected.sum(dim)
+
+
 def token_mean(
     values: torch.Tensor, mask: torch.Tensor, normalizer: float | torch.Tensor | None = None
 ) -> torch.Tensor:
     """Sum of `values` over masked tokens / `normalizer` (default: the masked token count). -> scalar"""
-    total = (values * mask).sum()
+    total = masked_sum(values, mask)
     if normalizer is None:
         normalizer = mask.sum()
     return total / torch.as_tensor(normalizer, dtype=total.dtype).clamp(min=1)
 
 
-class _Normalizers(NamedTuple):
-    global_tokens: float | torch.Tensor  # sampled tokens in the whole mini-batch
-    global_seqs: float | torch.Tensor  # sequences with a sampled token in the whole mini-batch
-    norm_length: float  # Dr. GRPO's constant, the maximum response length
+class LossNormalizers(NamedTuple):
+    """Counts of the whole mini-batch that each micro-batch's loss is divided by."""
+
+    global_tokens: float | torch.Tensor  # sampled tokens in the whole mini-batch, `mask.sum()`
+    global_seqs: float | torch.Tensor  # its sequences with a sampled token, `(mask.sum(-1) > 0).sum()`
+    norm_length: float  # the constant of seq-mean-token-sum-norm, the maximum response length
 
 
 def _seq_mean(per_seq: torch.Tensor, global_seqs: float | torch.Tensor) -> torch.Tensor:
@@ -310,23 +343,23 @@ def _seq_mean(per_seq: torch.Tensor, global_seqs: float | torch.Tensor) -> torch
     return per_seq.sum() / torch.as_tensor(global_seqs, dtype=per_seq.dtype).clamp(min=1)
 
 
-def _agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, n: _Normalizers) -> torch.Tensor:
+def _agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, n: LossNormalizers) -> torch.Tensor:
     return token_mean(loss, mask, n.global_tokens)
 
 
-def _agg_seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, n: _Normalizers) -> torch.Tensor:
-    return _seq_mean((loss * mask).sum(-1), n.global_seqs)
+def _agg_seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, n: LossNormalizers) -> torch.Tensor:
+    return _seq_mean(masked_sum(loss, mask, -1), n.global_seqs)
 
 
-def _agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, n: _Normalizers) -> torch.Tensor:
-    return _seq_mean((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1), n.global_seqs)
+def _agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, n: LossNormalizers) -> torch.Tensor:
+    return _seq_mean(masked_sum(loss, mask, -1) / mask.sum(-1).clamp(min=1), n.global_seqs)
 
 
-def _agg_seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, n: _Normalizers) -> torch.Tensor:
-    return _seq_mean((loss * mask).sum(-1) / n.norm_length, n.global_seqs)
+def _agg_seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, n: LossNormalizers) -> torch.Tensor:
+    return masked_sum(loss, mask) / n.norm_length  # veRL: no mean over sequences
 
 
-AGGREGATORS: dict[LossAggMode, Callable[[torch.Tensor, torch.Tensor, _Normalizers], torch.Tensor]] = {
+AGGREGATORS: dict[LossAggMode, Callable[[torch.Tensor, torch.Tensor, LossNormalizers], torch.Tensor]] = {
     LossAggMode.TOKEN_MEAN: _agg_token_mean,
     LossAggMode.SEQ_MEAN_TOKEN_SUM: _agg_seq_mean_token_sum,
     LossAggMode.SEQ_MEAN_TOKEN_MEAN: _agg_seq_mean_token_mean,
@@ -351,7 +384,9 @@ def aggregate_loss(
     if not norm_length > 0:
         raise ValueError(f"norm_length must be > 0 (e.g. the maximum response length), got {norm_length}")
     mask = mask.to(loss.dtype)
-    return AGGREGATORS[LossAggMode(mode)](loss, mask, _Normalizers(global_tokens, global_seqs, norm_length))
+    return AGGREGATORS[LossAggMode(mode)](
+        loss, mask, LossNormalizers(global_tokens, global_seqs, norm_length)
+    )
 
 
 # ------------------------------------------------------------------------------- rollout correction

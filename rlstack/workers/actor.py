@@ -7,20 +7,17 @@ from pathlib import Path
 
 import torch
 
-from rlstack.algos.entropy import high_entropy_mask
-from rlstack.algos.kl import KLPenalty, kl_full, kl_penalty
+from rlstack.algos.actor_loss import ActorLossInputs, ActorLossParams, actor_loss
+from rlstack.algos.kl import KLPenalty, kl_full
 from rlstack.algos.policy_loss import (
     LossAggMode,
+    LossNormalizers,
     PolicyLoss,
     PolicyLossParams,
     RolloutCorrection,
     RolloutCorrectionParams,
-    aggregate_loss,
-    policy_loss,
-    rollout_correction,
     token_mean,
 )
-from rlstack.algos.vppo import entropy_penalty
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
@@ -148,67 +145,49 @@ class ActorWorker:
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """Policy update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
         c, alg = self.cfg, self.algo
-        kind, agg_mode = PolicyLoss(c.loss_type), LossAggMode(c.loss_agg_mode)
-        params = PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual)
-        kl_kind = KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None
-        correction = RolloutCorrection(c.rollout_correction) if c.rollout_correction else None
-        correction_params = RolloutCorrectionParams(c.rollout_correction_low, c.rollout_correction_high)
+        params = ActorLossParams(
+            loss_type=PolicyLoss(c.loss_type),
+            agg_mode=LossAggMode(c.loss_agg_mode),
+            policy=PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual),
+            rollout_correction=RolloutCorrection(c.rollout_correction) if c.rollout_correction else None,
+            rollout_correction_params=RolloutCorrectionParams(
+                c.rollout_correction_low, c.rollout_correction_high
+            ),
+            top_entropy_quantile=c.top_entropy_quantile,
+            vppo_perception=alg.use_vppo_on_perception,
+            vppo_entropy_penalty_coef=(
+                alg.entropy_penalty_coef if alg.use_vppo_on_perception and alg.use_entropy_penalty else None
+            ),
+            entropy_coeff=c.entropy_coeff,
+            kl_penalty=KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None,
+            kl_coef=alg.kl_coef,
+        )
 
         def loss_fn(
             micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None
         ):
-            mask = micro["response_mask"].float()
-            tokens = mini["response_mask"].sum()
-            seqs = (mini["response_mask"].sum(-1) > 0).sum()
-
-            def agg(x: torch.Tensor) -> torch.Tensor:
-                return aggregate_loss(x, mask, agg_mode, tokens, seqs, self.max_response_length)
-
-            old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach()
-            out = policy_loss(kind, logp, old, micro["advantages"], mask, params)
-            token_loss = out.loss
-            stats = {}
-            if correction is not None:
-                weight = rollout_correction(
-                    correction, old, micro["rollout_logprobs"], mask, correction_params
-                )
-                token_loss = token_loss * weight
-                stats["actor/rollout_correction_weight"] = token_mean(weight, mask, tokens)
-            if c.top_entropy_quantile < 1.0:
-                token_loss = token_loss * high_entropy_mask(ent.detach(), mask, c.top_entropy_quantile)
-            if "perception_mask" in micro:  # VPPO: only the most image-dependent tokens get a gradient
-                token_loss = token_loss * micro["perception_mask"]
-            pg_loss = agg(token_loss)
-            loss = pg_loss
-            if alg.use_vppo_on_perception and alg.use_entropy_penalty:
-                penalty = agg(entropy_penalty(logp, mask, alg.entropy_penalty_coef))
-                loss = loss + penalty
-                stats["actor/vppo_entropy_penalty"] = penalty.detach()
-            stats |= {
-                "actor/pg_loss": pg_loss.detach(),
-                "actor/pg_clipfrac": token_mean(out.clipped, mask, tokens),
-                "actor/pg_clipfrac_higher": token_mean(out.clipped_high, mask, tokens),
-                "actor/pg_clipfrac_lower": token_mean(out.clipped_low, mask, tokens),
-                "actor/ppo_kl": token_mean(out.approx_kl, mask, tokens),
-                "actor/entropy": token_mean(ent.detach(), mask, tokens),
-            }
-            if c.entropy_coeff:
-                loss = loss - c.entropy_coeff * agg(ent)
-            if kl_kind is not None:
-                per_token = (
-                    exact_kl
-                    if kl_kind == KLPenalty.FULL
-                    else kl_penalty(kl_kind, logp, micro["ref_logprobs"])
-                )
-                kl_loss = agg(per_token)
-                loss = loss + alg.kl_coef * kl_loss
-                stats["actor/kl_loss"] = kl_loss.detach()
-            return loss, stats
+            inputs = ActorLossInputs(
+                logprobs=logp,
+                entropy=ent,
+                old_logprobs=micro["old_logprobs"] if "old_logprobs" in micro else logp.detach(),
+                advantages=micro["advantages"],
+                response_mask=micro["response_mask"],
+                rollout_logprobs=micro.get("rollout_logprobs"),
+                perception_mask=micro.get("perception_mask"),
+                ref_logprobs=micro.get("ref_logprobs"),
+                exact_kl=exact_kl,
+            )
+            normalizers = LossNormalizers(
+                mini["response_mask"].sum(),
+                (mini["response_mask"].sum(-1) > 0).sum(),
+                self.max_response_length,
+            )
+            return actor_loss(inputs, params, normalizers)
 
         metrics = self._train(
             batch, mini_batch_size, loss_fn, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches
         )
-        if kl_kind is not None:
+        if params.kl_penalty is not None:
             metrics["actor/kl_coef"] = alg.kl_coef
         return metrics
 
