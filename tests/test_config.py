@@ -329,6 +329,35 @@ def test_print_config_prints_the_resolved_yaml(tmp_path, capsys):
     assert set(printed) == {"data", "algorithm", "worker", "trainer"}
 
 
+@pytest.mark.parametrize(
+    ("loss", "mode"),
+    [
+        ("vanilla", "token-mean"),
+        ("cispo", "token-mean"),
+        ("gspo", "seq-mean-token-mean"),
+        ("gspo_token", "seq-mean-token-mean"),
+        ("sapo", "seq-mean-token-mean"),
+    ],
+)
+def test_unset_loss_agg_mode_is_the_mode_the_loss_is_defined_with(loss, mode, capsys):
+    assert load_config([f"worker.actor.loss_type={loss}"]).worker.actor.loss_agg_mode == mode
+    assert main(["train", f"worker.actor.loss_type={loss}", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["worker"]["actor"]["loss_agg_mode"] == mode
+
+
+def test_an_explicit_loss_agg_mode_is_kept_or_refused_when_it_conflicts_with_the_loss(tmp_path):
+    cfg = load_config(["worker.actor.loss_type=gspo", "worker.actor.loss_agg_mode=seq-mean-token-mean"])
+    assert cfg.worker.actor.loss_agg_mode == "seq-mean-token-mean"
+    assert load_config(["worker.actor.loss_agg_mode=seq-mean-token-sum"]).worker.actor.loss_agg_mode == (
+        "seq-mean-token-sum"
+    )
+    cfg_file = write_yaml(
+        tmp_path / "run.yaml", "worker:\n  actor:\n    loss_type: sapo\n    loss_agg_mode: token-mean\n"
+    )
+    with pytest.raises(ConfigError, match="loss_type=sapo is defined with loss_agg_mode=seq-mean-token-mean"):
+        load_config([f"config={cfg_file}"])
+
+
 def test_cli_config_error_exits_2_with_message_and_no_traceback(tmp_path, capsys):
     cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    temprature: 0.5\n")
     rc = main(["train", f"config={cfg_file}", "worker.rollout.n=abc", "--print-config"])

@@ -326,12 +326,12 @@ def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_pat
 
 
 ESTIMATORS = [e.value for e in AdvEstimator]
-LOSSES = [
+LOSSES = [  # None: loss_agg_mode unset, the loss's own mode (seq-mean-token-mean) is used
     ("vanilla", "token-mean"),
-    ("gspo", "seq-mean-token-mean"),
+    ("gspo", None),
     ("gspo_token", "seq-mean-token-mean"),
-    ("cispo", "token-mean"),
-    ("sapo", "seq-mean-token-sum"),
+    ("cispo", "seq-mean-token-sum-norm"),
+    ("sapo", None),
 ]
 
 
@@ -377,12 +377,12 @@ def test_two_steps_with_each_advantage_estimator(tiny_model_dir: Path, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("loss", "agg"), LOSSES)
-def test_two_steps_with_each_policy_loss(tiny_model_dir: Path, tmp_path: Path, loss: str, agg: str):
+def test_two_steps_with_each_policy_loss(tiny_model_dir: Path, tmp_path: Path, loss: str, agg: str | None):
     m = _two_steps(
         tiny_model_dir,
         tmp_path,
         f"worker.actor.loss_type={loss}",
-        f"worker.actor.loss_agg_mode={agg}",
+        *([f"worker.actor.loss_agg_mode={agg}"] if agg else []),
         "worker.actor.global_batch_size=2",  # two mini-batches: the second is off-policy
         "worker.actor.micro_batch_size_per_device_for_update=4",
     )
@@ -408,6 +408,39 @@ def test_in_reward_kl_with_the_adaptive_controller_and_critic_warmup(tiny_model_
     assert "actor/pg_loss" in m[2]
     assert m[1]["actor/reward_kl_penalty_coeff"] == 0.05
     assert m[2]["actor/reward_kl_penalty_coeff"] != 0.05  # adapted after step 1
+
+
+def test_in_reward_kl_reaches_grpo_advantages_in_the_trainer(tiny_model_dir: Path, tmp_path: Path):
+    """Equal scores, different KL to the reference: GRPO's advantages must see the KL (veRL sums token rewards)."""
+    from rlstack.batch import Batch
+
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path,
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_coef=0.5",
+            "algorithm.kl_penalty=kl",
+        )
+    )
+    trainer = Trainer(cfg)
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 0], [0, 1, 0]])
+    batch = Batch(
+        {
+            "uid": ["a", "a", "b", "b"],
+            "scores": torch.ones(4),
+            "response_mask": mask,
+            "old_logprobs": torch.zeros(4, 3),
+            "ref_logprobs": torch.tensor(
+                [[0.0, -0.4, -0.4], [0.0, 0.0, 0.0], [0.0, 0.0, -math.inf], [0.0, -1.0, 0.0]]
+            ),
+        }
+    )
+    metrics = trainer.advantages(batch)
+    adv = batch["advantages"][:, 1]
+    assert adv[0] < 0 < adv[1] and adv[3] < 0 < adv[2]  # the response with more KL gets the lower advantage
+    assert batch["scores"].tolist() == [1.0] * 4  # the logged scores stay the reward function's
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx((0.4 + 0.0 + 0.0 + 1.0) / 4)
 
 
 PARITY_REWARD = """

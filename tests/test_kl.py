@@ -7,11 +7,19 @@ import math
 import pytest
 import torch
 
+from rlstack.algos.advantages import (
+    AdvantageInputs,
+    AdvantageParams,
+    AdvEstimator,
+    compute_advantages,
+    outcome_token_rewards,
+)
 from rlstack.algos.kl import (
     KL_ESTIMATORS,
     KLPenalty,
     adaptive_kl_coef,
     kl_full,
+    kl_in_reward,
     kl_penalty,
     low_var_kl,
 )
@@ -159,3 +167,41 @@ def test_adaptive_kl_coef_rejects_bad_target_or_horizon():
         adaptive_kl_coef(0.1, 0.1, 0.0, 10000, 1)
     with pytest.raises(ValueError, match="horizon"):
         adaptive_kl_coef(0.1, 0.1, 0.1, 0, 1)
+
+
+# ------------------------------------------------------------------------------- in-reward KL
+
+
+def reward_kl_case():
+    """Two prompts x 2 responses, all scored 1; the KL (k1 = old - ref) differs between the responses."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    old = torch.zeros(4, 3)
+    ref = torch.tensor(
+        [[-0.1, -0.1, -math.inf], [0.0, 0.0, 0.0], [-1.0, -math.inf, -math.inf], [0.0, 0.0, 5.0]]
+    )
+    scores = torch.ones(4)
+    return mask, old, ref, scores
+
+
+def test_kl_in_reward_penalises_token_rewards_and_scores_alike():
+    mask, old, ref, scores = reward_kl_case()
+    out = kl_in_reward(outcome_token_rewards(scores, mask), scores, old, ref, mask, KLPenalty.KL, 0.5)
+    # row KL sums 0.2, 0, 1, 0 (the -inf and 5 on padding are not read)
+    close(out.scores, [0.9, 1.0, 0.5, 1.0])
+    close(out.token_rewards, [[-0.05, 0.95, 0.0], [0.0, 0.0, 1.0], [0.5, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    torch.testing.assert_close(out.token_rewards.sum(-1), out.scores)
+    assert out.mean_kl == pytest.approx((0.1 + 0.0 + 1.0 + 0.0) / 4)
+
+
+@pytest.mark.parametrize("estimator", [e for e in AdvEstimator if e != AdvEstimator.GAE])
+def test_in_reward_kl_reaches_the_advantages_of_every_estimator(estimator):
+    """Equal scores give zero advantages; the in-reward KL must make them differ (veRL sums token rewards)."""
+    mask, old, ref, scores = reward_kl_case()
+    penalised = kl_in_reward(outcome_token_rewards(scores, mask), scores, old, ref, mask, KLPenalty.KL, 0.5)
+    groups = torch.tensor([0, 0, 1, 1])
+    inputs = AdvantageInputs(penalised.token_rewards, penalised.scores, groups, mask, baseline_scores=scores)
+    adv, _ = compute_advantages(estimator, inputs, AdvantageParams())
+    assert torch.isfinite(adv).all()
+    assert adv.abs().sum() > 0, estimator
+    if estimator == AdvEstimator.RLOO:  # r_i - mean of the others, on the penalised scores
+        close(adv[:, 0], [-0.1, 0.1, -0.5, 0.5])

@@ -8,7 +8,9 @@ dispatches. Advantages are constants of the policy update: every estimator runs 
 `torch.no_grad()`, so no output carries a gradient whatever the inputs require. "Singleton" is a
 group with one response (no other sample of the same prompt); group-relative estimators give it
 0 instead of NaN or an error. The outcome estimators (all but `gae` and `reinforce_plus_plus`)
-return the advantages tensor itself as `returns`.
+read `scores` and return the advantages tensor itself as `returns`; with in-reward KL the caller
+passes scores already penalised by each row's summed KL (`kl.kl_in_reward`), which is veRL's sum
+of the token-level rewards, so the KL reaches every estimator.
 
 `gae`: Generalized Advantage Estimation (Schulman et al., 2016, arXiv:1506.02438) as used by PPO
 for language models (Ouyang et al., 2022, arXiv:2203.02155), with the per-token rewards and critic
@@ -17,8 +19,8 @@ next *sampled* token of the row, so an observation gap is skipped as if it were 
 recursion carries over it, as veRL's `compute_gae_advantage_return` and EasyR1), and V after the
 last sampled token is 0 (the episode ends). returns = A + V before whitening; the advantages are
 then whitened over the batch's sampled tokens. Departures: the whitening divides by (std + eps)
-with the unbiased std, where veRL multiplies by rsqrt(var + 1e-8); veRL leaves the carried values
-in masked columns, here they are 0.
+with the unbiased std and eps = 1e-6, where veRL's `masked_whiten` multiplies by rsqrt(var + 1e-8)
+(a relative difference of about 1e-6 / std, larger for a near-constant batch); veRL leaves the carried values in masked columns, here they are 0.
 
 `grpo`: GRPO (Shao et al., 2024, "DeepSeekMath", arXiv:2402.03300): A_i = (r_i - mean(r)) /
 (std(r) + eps) over the responses to the same prompt, given to every sampled token. With
@@ -35,19 +37,22 @@ gives it its raw score, EasyR1 raises).
 `token_rewards` over the row's sampled tokens, G_t = r_t + gamma G_next, whitened over the
 batch's sampled tokens; `returns` is G before whitening (as veRL). Departures: veRL resets the
 running return at every masked column, which would cut the return at a tool observation; here
-the return carries over observation gaps (the discount counts sampled tokens only). Whitening as
-in `gae`. Groups are not used.
+the return carries over observation gaps (the discount counts sampled tokens only). The whitening
+divides by (unbiased std + 1e-6), where veRL's `masked_whiten` multiplies by rsqrt(var + 1e-8), the
+same epsilon difference as in `gae`. Groups are not used.
 
 `reinforce_plus_plus_baseline`: REINFORCE++ with a group baseline (same paper, as veRL):
 A_i = r_i - mean(r) over the prompt's responses, broadcast to its sampled tokens, then whitened
-over the batch's sampled tokens (token-weighted, as veRL). Departure: singleton rows get 0 and
-are left out of the whitening statistics (veRL keeps their raw score and whitens it).
+over the batch's sampled tokens (token-weighted, as veRL). Departures: singleton rows get 0 and
+are left out of the whitening statistics (veRL keeps their raw score and whitens it); the whitening
+divides by (unbiased std + 1e-6) where veRL multiplies by rsqrt(var + 1e-8), as in `gae`.
 
 `remax`: ReMax (Li et al., 2024, arXiv:2310.10505): A_i = r_i - r(greedy response to the same
 prompt), given to every sampled token; the caller generates and scores the greedy response
-(`baseline_scores`). Departure: the outcome `scores` are used, where veRL uses the return-to-go of
-the token rewards and EasyR1 their sum (so in-reward KL, if any, does not enter here); `returns`
-are the advantages, where both return the reward-to-go. Groups are not used.
+(`baseline_scores`). The score is the row's total reward (with in-reward KL, already penalised by
+the caller, as EasyR1's sum of the token rewards). Departure: veRL uses the return-to-go of the
+token rewards, so its advantage varies along the response; `returns` are the advantages, where
+both return the reward-to-go. Groups are not used.
 
 `grpo_passk`: GRPO for pass@k with k = n (Tang et al., 2025, "Optimizing Language Models for
 Inference Time Objectives using Reinforcement Learning", arXiv:2503.19595), as veRL's
@@ -93,7 +98,7 @@ class AdvEstimator(str, Enum):
 
 class AdvantageInputs(NamedTuple):
     token_rewards: torch.Tensor  # [B, T] score at the last sampled token (minus in-reward KL), else 0
-    scores: torch.Tensor  # [B] outcome score per row
+    scores: torch.Tensor  # [B] outcome score per row (minus its summed in-reward KL: `kl.kl_in_reward`)
     groups: torch.Tensor  # [B] long, dense group ids (`group_index`)
     response_mask: torch.Tensor  # [B, T] 1 on sampled tokens only
     values: torch.Tensor | None = None  # [B, T] critic values (gae only)
