@@ -50,3 +50,12 @@ def test_explained_variance():
     # V = [1, 1, 1]: residuals [0, 1, 2], var 2/3; returns var 2/3 -> 0
     assert float(explained_variance(torch.ones(1, 4), returns, mask)) == pytest.approx(0.0)
     assert math.isnan(float(explained_variance(torch.ones(1, 2), torch.ones(1, 2), torch.ones(1, 2))))
+
+
+def test_non_finite_returns_on_padding_stay_out_of_the_loss_and_gradient():
+    values = torch.tensor([[0.3, 0.7]], requires_grad=True)
+    returns = torch.tensor([[1.0, math.nan]])
+    out = clipped_value_loss(values, values.detach(), returns, torch.tensor([[1, 0]]), 0.5)
+    out.loss.sum().backward()
+    assert out.loss.tolist() == [[pytest.approx(0.245), 0.0]]
+    assert values.grad.tolist() == [[pytest.approx(-0.7), 0.0]]

@@ -26,12 +26,12 @@ def clipped_value_loss(
     response_mask: torch.Tensor,  # [B, T]
     cliprange_value: float,
 ) -> ValueLossOutput:
-    mask = response_mask.to(values.dtype)
+    sampled = response_mask.bool()
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     err = (values - returns) ** 2
     err_clipped = (clipped_values - returns) ** 2
-    loss = 0.5 * torch.maximum(err, err_clipped) * mask
-    return ValueLossOutput(loss, (err_clipped > err).to(mask.dtype) * mask)
+    loss = torch.where(sampled, 0.5 * torch.maximum(err, err_clipped), 0.0)  # select: padding may be NaN
+    return ValueLossOutput(loss, ((err_clipped > err) & sampled).to(values.dtype))
 
 
 def explained_variance(
