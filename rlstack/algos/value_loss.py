@@ -27,10 +27,12 @@ def clipped_value_loss(
     cliprange_value: float,
 ) -> ValueLossOutput:
     sampled = response_mask.bool()
+    # off the sampled tokens returns and old values may be anything (NaN): read them only on those tokens
+    returns, old_values = torch.where(sampled, returns, 0.0), torch.where(sampled, old_values, 0.0)
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     err = (values - returns) ** 2
     err_clipped = (clipped_values - returns) ** 2
-    loss = torch.where(sampled, 0.5 * torch.maximum(err, err_clipped), 0.0)  # select: padding may be NaN
+    loss = torch.where(sampled, 0.5 * torch.maximum(err, err_clipped), 0.0)
     return ValueLossOutput(loss, ((err_clipped > err) & sampled).to(values.dtype))
 
 
