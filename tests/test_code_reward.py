@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rlstack.rewards.code import compute_score, extract_code, outputs_match, score_code
+from rlstack.rewards.sandbox import run_python
 
 SUM_TESTS = {
     "verifier_metadata": {
@@ -160,3 +161,41 @@ def test_throughput():
     elapsed = time.perf_counter() - start
     assert out["pass_rate"] == 1.0
     print(f"\ncode reward throughput: {40 / elapsed:.1f} tests/s (sequential, one sandbox per test)")
+
+
+HANG = "import time\ntime.sleep(3600)"
+FIVE_TESTS = {"inputs": [f"{i}\n" for i in range(5)], "outputs": [f"{i}\n" for i in range(5)]}
+
+
+def test_hanging_program_costs_one_test_time():
+    start = time.monotonic()
+    out = score_code(_fence(HANG), FIVE_TESTS, test_time_s=0.5)
+    elapsed = time.monotonic() - start
+    assert (out["passed"], out["total"], out["overall"], out["status"]) == (0, 5, 0.0, "time_limit")
+    assert out["reason"].endswith("tests 1-4 not run (counted as failed)"), out
+    assert elapsed < 1.5  # five tests run to their limit would take 2.5 s
+
+
+def test_tests_not_run_count_as_failed():
+    """A program that passes tests 0-1 and hangs on test 2: the stop is at 2, the score 2 of 5."""
+    code = "n = int(input())\nwhile n == 2:\n    pass\nprint(n)"
+    calls = []
+    real = run_python
+
+    def counting(program, stdin, limits):
+        calls.append(stdin)
+        return real(program, stdin, limits)
+
+    out = score_code(_fence(code), FIVE_TESTS, test_time_s=0.5, runner=counting)
+    assert calls == ["0\n", "1\n", "2\n"]
+    assert (out["passed"], out["pass_rate"], out["status"]) == (2, 0.4, "time_limit")
+    assert out["reason"].startswith("test 2: ") and out["reason"].endswith(
+        "tests 3-4 not run (counted as failed)"
+    )
+    calls.clear()
+    out = score_code(_fence(code), FIVE_TESTS, test_time_s=0.5, runner=counting, stop_at_first_timeout=False)
+    assert (
+        len(calls) == 5
+        and out["passed"] == 4
+        and out["reason"] == "test 2: wall-clock limit of 0.5s exceeded"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -191,3 +192,100 @@ def test_files_and_workdir_removed():
     assert not os.path.exists(r.stdout.split()[1])
     r = run_python("pass", limits=SMALL, files={"../escape.txt": b"x"})
     assert r.status == "sandbox_error"
+
+
+PRIVATE = sandbox._scratch_available()
+needs_private = pytest.mark.skipif(not PRIVATE, reason="no mount namespaces here: scratch is shared")
+
+
+def _owned_by(uid: int) -> list[str]:
+    found = []
+    for d in sandbox._scratch_dirs():
+        for entry in os.scandir(d):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    found.append(entry.path)
+            except OSError:
+                pass
+    return found
+
+
+@needs_private
+def test_scratch_files_are_not_on_the_machine_while_the_program_runs():
+    name = f"rlstack-scratch-{os.getpid()}-{threading.get_ident()}"
+    script = (
+        "import os, sys\n"
+        f"for d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '.'):\n"
+        f"    if os.path.isdir(d):\n        open(os.path.join(d, {name!r}), 'w').write('x')\n"
+        "print(sorted(os.listdir('.')), os.getcwd(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    process = sandbox.SandboxProcess(script, {"in.txt": b"hi"}, SMALL)
+    try:
+        assert process.scratch == "private"
+        listing, cwd = process.stdout.readline().decode().rsplit(" ", 1)
+        assert listing == repr(sorted(["in.txt", "main.py", name]))
+        assert cwd.strip() == process.workdir
+        # the program is still running, its files are in place for it, and the machine sees none of them
+        assert process.poll() is None
+        assert not any(
+            os.path.exists(os.path.join(d, name)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+        )
+        assert os.listdir(process.workdir) == []  # the machine's side of the work dir is an empty mount point
+        assert process.uid is None or _owned_by(process.uid) == []
+    finally:
+        process.close()
+    assert not os.path.exists(process.workdir)
+
+
+@needs_private
+def test_disk_budget_is_shared_and_overrun_is_reported():
+    limits = SMALL._replace(disk_mb=4)
+    write = "def fill(path, mib):\n    with open(path, 'wb') as f:\n        f.write(b'x' * (mib << 20))\n"
+    r = run_python(write + "fill('/tmp/a', 3)\nfill('/dev/shm/b', 3)", limits=limits)
+    assert (r.status, r.scratch) == ("disk_limit", "private"), r
+    assert r.error_line.startswith(
+        "disk budget of 4 MiB exceeded (OSError: [Errno 28] No space left on device"
+    )
+    # the work dir counts too, and a program that handles the error carries on
+    r = run_python(
+        write + "fill('big', 3)\ntry:\n    fill('/var/tmp/c', 3)\nexcept OSError as e:\n    print(e.errno)",
+        limits=limits,
+    )
+    assert (r.status, r.stdout) == ("ok", "28\n"), r
+    assert run_python(write + "fill('/dev/shm/b', 3)", limits=limits).status == "ok"
+    r = run_python("pass", limits=limits, files={"data.bin": b"x" * (5 << 20)})
+    assert r.status == "sandbox_error" and "disk budget of 4 MiB" in r.error_line
+
+
+@needs_private
+def test_read_only_dirs_under_tmp_stay_visible():
+    shared = tempfile.mkdtemp(prefix="rlstack-read-only-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        with open(os.path.join(shared, "lib.txt"), "w") as f:
+            f.write("library")
+        script = (
+            f"import sys\nprint(open({shared!r} + '/lib.txt').read())\n"
+            f"try:\n    open({shared!r} + '/planted.py', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+        )
+        process = sandbox.SandboxProcess(script, {}, SMALL, read_only=(shared,))
+        try:
+            out = process.stdout.read().decode()
+        finally:
+            process.close()
+        assert out.split() == ["library", "30"]  # EROFS
+        assert os.listdir(shared) == ["lib.txt"]
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_shared_scratch_fallback_cleans_up(monkeypatch):
+    monkeypatch.setattr(sandbox, "_scratch_available", lambda: False)
+    name = f"rlstack-shared-{os.getpid()}"
+    r = run_python(f"open('/tmp/{name}', 'w').write('x')\nprint(open('main.py').read() != '')", limits=SMALL)
+    left = os.path.exists(f"/tmp/{name}")
+    if left:
+        os.unlink(f"/tmp/{name}")
+    assert (r.status, r.scratch, r.stdout) == ("ok", "shared", "True\n"), r
+    assert not left or r.uid is None  # as root the run's files are found by uid and removed

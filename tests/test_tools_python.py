@@ -371,10 +371,35 @@ def test_reset_and_close_end_the_interpreter(make_tool, spawned):
     assert run(
         tool, "a = 1\nfor d in ('/tmp', '/dev/shm'):\n    open(f'{d}/rlstack-tool-left-behind', 'w')"
     ).ok
-    assert _files_owned_by({spawned[0].uid}) != [] or not ROOT
+    # private scratch: never on the machine; shared: there until close (found by uid only as root)
+    assert (_files_owned_by({spawned[0].uid}) != []) == (ROOT and spawned[0].scratch == "shared")
     tool.reset([], {})
     assert spawned[0].poll() is not None
     assert run(tool, "print('a' in dir())").text == "False"
     tool.close()
     tool.close()
     assert spawned[1].poll() is not None and not os.path.exists(spawned[1].workdir)
+
+
+def test_scratch_files_are_private_to_each_interpreter(make_tool, spawned):
+    a, b = make_tool(), make_tool()
+    write = "for path in ('/tmp/rlstack-x', '/dev/shm/rlstack-y'):\n    open(path, 'w').write('from a')"
+    assert run(a, write).ok
+    assert (
+        run(a, "open('/tmp/rlstack-x').read() + open('/dev/shm/rlstack-y').read()").text == "'from afrom a'"
+    )
+    seen = run(b, "import os\n[os.path.exists(p) for p in ('/tmp/rlstack-x', '/dev/shm/rlstack-y')]")
+    if spawned[1].scratch == "private":
+        assert seen.text == "[False, False]"
+        assert not os.path.exists("/tmp/rlstack-x") and not os.path.exists("/dev/shm/rlstack-y")
+    else:
+        assert seen.text == "[True, True]"  # what private scratch prevents; the files go on close
+
+
+@pytest.mark.skipif(not sandbox._scratch_available(), reason="no mount namespaces here: no disk budget")
+def test_disk_budget_overrun_is_an_exception_that_keeps_the_state(make_tool):
+    tool = make_tool(disk_mb=4)
+    obs = run(tool, "kept = 1\nwith open('/dev/shm/big', 'wb') as f:\n    f.write(b'x' * (8 << 20))")
+    assert not obs.ok and "OSError: [Errno 28] No space left on device" in obs.text
+    assert "[disk budget of 4 MiB exceeded: the working directory, /tmp and /dev/shm share it" in obs.text
+    assert run(tool, "import os\nos.remove('/dev/shm/big')\nprint(kept)").text == "1"

@@ -11,6 +11,13 @@ Tests (a dict, or its JSON string in `ground_truth`) come in two styles:
   on its own; a test passes when the program exits cleanly.
 
 `mode` `fraction` scores the fraction of tests passed, `all_or_nothing` 1 only when all pass.
+
+Time: tests run one after the other, each with `test_time_s` of wall-clock and CPU time. A program
+that hangs would cost `test_time_s` on every test, so by default its tests stop at the first that
+runs out of time (`stop_at_first_timeout`, as NeMo RL and veRL offer); `stop_at_first_failure`
+stops at any failure, and `total_time_s` bounds the whole response (the test running when it runs
+out gets only what is left). Tests that were not run count as failed: the pass fraction is always
+passed / all tests, so stopping early never raises a score.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ def score_code(
     tests: dict[str, Any] | str,
     mode: str = "fraction",
     stop_at_first_failure: bool = False,
+    stop_at_first_timeout: bool = True,
     test_time_s: float = 5.0,
     total_time_s: float = 60.0,
     memory_mb: int = 1024,
@@ -87,7 +95,8 @@ def score_code(
 
     Returns `overall` (the reward), `pass_rate`, `passed`, `total`, `status` (`passed`,
     `wrong_answer`, a sandbox status of the first failing test, `no_code` or `bad_tests`) and `reason`.
-    A test that cannot start before `total_time_s` is spent fails with `time_limit`.
+    Tests not run (after the first failure with `stop_at_first_failure`, the first `time_limit` with
+    `stop_at_first_timeout`, or once `total_time_s` is spent) count as failed.
     """
     if mode not in ("fraction", "all_or_nothing"):
         raise ValueError(f"worker.reward.code.mode must be 'fraction' or 'all_or_nothing', got {mode!r}")
@@ -106,6 +115,7 @@ def score_code(
         if remaining <= 0:
             if not reason:
                 status, reason = "time_limit", f"total time limit of {total_time_s:g}s spent before test {i}"
+            reason += _not_run(i, len(cases))
             break
         result = runner(code + suffix, stdin, limits._replace(wall_s=min(test_time_s, remaining)))
         if result.status == "ok" and (expected is None or outputs_match(result.stdout, expected)):
@@ -114,9 +124,18 @@ def score_code(
         if not reason:
             status = "wrong_answer" if result.status == "ok" else result.status
             reason = f"test {i}: " + (result.error_line or "wrong answer")
-        if stop_at_first_failure:
+        if stop_at_first_failure or (stop_at_first_timeout and result.status == "time_limit"):
+            reason += _not_run(i + 1, len(cases))
             break
     return _score(passed, len(cases), mode, status, reason)
+
+
+def _not_run(first: int, total: int) -> str:
+    """How the reason says that tests `first`.. were skipped (they count as failed)."""
+    if first >= total:
+        return ""
+    which = f"test {first}" if first == total - 1 else f"tests {first}-{total - 1}"
+    return f"; {which} not run (counted as failed)"
 
 
 def _score(passed: int, total: int, mode: str, status: str, reason: str) -> dict[str, Any]:

@@ -11,6 +11,23 @@ Isolation, in the order `preexec_fn` applies it in the child before `exec`:
   Where the kernel refuses (not root, no CAP_SYS_ADMIN), a prelude replaces `socket.socket` with one
   that raises; that only stops ordinary Python code (ctypes can still make syscalls), and the result
   says which of the two was used (`network`: `namespace` or `blocked`).
+- **Private scratch space.** `unshare(CLONE_NEWNS)` gives the child a mount namespace of its own
+  (mounts made private first, so nothing propagates back to the machine), and one tmpfs of
+  `disk_mb` MiB (and at most 16384 files) is mounted there. Its subdirectories are bind-mounted over
+  the world-writable `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock` (those that exist), and the work
+  dir is created inside that private `/tmp` at the same path the trainer reserved for it, with the
+  run's files written into it before `exec`. So the work dir and every scratch directory share one
+  budget: writing past it fails with ENOSPC (`OSError: [Errno 28] No space left on device`), which
+  the result reports as status `disk_limit` naming the budget. Nothing the program writes is seen by
+  the machine or by any other run, even while it runs, and it all goes away with the namespace when
+  the run's last process dies. Directories under those paths the program needs (the interpreter's
+  prefix, the Python tool's packages) are bind-mounted back read-only. Where the kernel refuses
+  (not root, no CAP_SYS_ADMIN, a seccomp profile that forbids `mount`), scratch is `shared`: the work
+  dir is an ordinary temporary directory, TMPDIR points into it, the program can still write to the
+  machine's world-writable directories while it runs (files there are visible to other uids), those
+  files are removed after the run (root only: they are found by uid), and `disk_mb` is not enforced,
+  only the per-file `file_size_mb`. The result says which was used (`scratch`: `private` or `shared`).
+  The tmpfs is memory: a run holds at most `memory_mb` + `disk_mb` MiB of RAM.
 - **Limits.** `setrlimit` of CPU time (SIGXCPU at `cpu_s`, SIGKILL a second later), address space,
   file size (SIGXFSZ), process count, and no core files.
 - **Unprivileged uid.** When the trainer runs as root, the child drops to a uid of its own
@@ -19,9 +36,10 @@ Isolation, in the order `preexec_fn` applies it in the child before `exec`:
   root), takes away every capability (a sandboxed program cannot signal the trainer, read its
   `/proc/<pid>/environ`, or write to root-owned places), and marks every process of the run, so
   that after the run all processes of that uid are killed, including a double-forked daemon that
-  left the process group with `setsid`. Files it left in the world-writable `/tmp`, `/var/tmp` and
-  `/dev/shm` are removed too. Not root: no uid switch, the process group is the only handle.
-  (cgroup v1 is mounted read-only-in-practice in containers; we do not use cgroups.)
+  left the process group with `setsid`. Files it left in the world-writable `/tmp`, `/var/tmp`,
+  `/dev/shm` and `/run/lock` are removed too (where scratch is `shared`, above). Not root: no uid switch, the process
+  group is the only handle. (cgroup v1 is mounted read-only-in-practice in containers; we do not use
+  cgroups.)
 
 The interpreter must be reachable by that uid: `sys.executable` when every directory on its path is
 world-searchable, else the first `python3` on the sandbox PATH (e.g. pyenv under a 0700 `/root`
@@ -37,7 +55,8 @@ stdout pipes; stderr is its console. Its CPU limit is a budget for its whole lif
 output limits are per exchange, so they are the caller's to enforce.
 
 `preexec_fn` runs in the forked child of a possibly multi-threaded trainer, so it only makes plain
-system calls: libc is loaded once, in the parent, at import.
+system calls (`os.*`, libc's `unshare` and `mount` via ctypes; libc is loaded once, in the parent, at
+import) and imports nothing: paths and file contents are prepared in the parent.
 """
 
 from __future__ import annotations
@@ -64,10 +83,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000
+_MS_RDONLY = 0x1
+_SCRATCH_INODES = 16384
+_PAGE = 4096
 _UID_BASE = 200_000
 _UID_RANGE = 60_000
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _READ_CHUNK = 1 << 16
 
 _PRELUDE_NAME = "_prelude.py"
@@ -87,6 +111,7 @@ sys.argv = [{script!r}]
 runpy.run_path({script!r}, run_name="__main__")
 """
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 class SandboxLimits(NamedTuple):
@@ -102,6 +127,9 @@ class SandboxLimits(NamedTuple):
     """Processes and threads the program's uid may have at once (RLIMIT_NPROC; root only: see module)."""
     max_output_bytes: int = 1 << 20
     """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
+    disk_mb: int = 128
+    """Total MiB of the work dir, /tmp, /var/tmp, /dev/shm (one private tmpfs); past it writes fail
+    with ENOSPC (status `disk_limit`). Enforced only where scratch is `private` (see module)."""
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -110,7 +138,7 @@ DEFAULT_LIMITS = SandboxLimits()
 @dataclass
 class SandboxResult:
     status: str
-    """`ok`, `runtime_error`, `time_limit`, `memory_limit`, `output_limit` or `sandbox_error`."""
+    """`ok`, `runtime_error`, `time_limit`, `memory_limit`, `disk_limit`, `output_limit` or `sandbox_error`."""
     exit_code: int | None
     """The program's exit status; negative: killed by that signal; None: it never ran."""
     stdout: str
@@ -122,6 +150,9 @@ class SandboxResult:
     """How the network was cut off: `namespace` (empty network namespace) or `blocked` (socket layer)."""
     uid: int | None
     """The unprivileged uid the program ran under; None when the trainer is not root."""
+    scratch: str
+    """Where its work dir and /tmp, /dev/shm were: `private` (own tmpfs, `disk_mb`), `shared` (the
+    machine's, cleaned after the run) or `remote` (SandboxFusion)."""
 
 
 def run_python(
@@ -133,34 +164,42 @@ def run_python(
     """Run `code` as `main.py` in a fresh sandbox (see module docstring) and return what happened."""
     start = time.monotonic()
     network = "namespace" if _netns_available() else "blocked"
+    scratch = "private" if _scratch_available() else "shared"
     python = _interpreter()
     if python is None:
-        return _failed("no Python interpreter the sandbox uid can execute", network, start)
+        return _failed("no Python interpreter the sandbox uid can execute", network, scratch, start)
     uid = _allocate_uid() if os.geteuid() == 0 else None
-    workdir = tempfile.mkdtemp(prefix="rlstack-sandbox-")
+    workdir = _new_workdir(scratch)
     try:
-        _write_files(workdir, {**(files or {}), "main.py": code.encode()}, "main.py", network, uid)
+        private = _stage(
+            workdir, {**(files or {}), "main.py": code.encode()}, limits, network, uid, scratch, ()
+        )
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
-            return _run(python, workdir, stdin_file, limits, uid, network, start)
+            proc = _spawn(python, workdir, stdin_file, limits, uid, network, private)
+            return _run(proc, limits, uid, network, scratch, start)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
-        return _failed(f"{type(e).__name__}: {e}", network, start)
+        return _failed(f"{type(e).__name__}: {e}", network, scratch, start)
     finally:
-        _release_run(uid, workdir)
+        _release_run(uid, workdir, scratch)
 
 
-def _release_run(uid: int | None, workdir: str) -> None:
-    """After a run: kill what is left of the uid, remove its files and the work dir, free the uid."""
+def _release_run(uid: int | None, workdir: str, scratch: str) -> None:
+    """After a run: kill what is left of the uid, remove its files and the work dir, free the uid.
+
+    With private scratch the program's files went away with its mount namespace when its last
+    process died; `workdir` is then the empty directory its tmpfs was mounted on.
+    """
     if uid is not None:
         _kill_uid(uid)
-        _remove_uid_files(uid)
+        if scratch == "shared":
+            _remove_uid_files(uid)
         _release_uid(uid)
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(python, workdir, stdin_file, limits, uid, network, start) -> SandboxResult:
-    proc = _spawn(python, "main.py", workdir, stdin_file, limits, uid, network)
+def _run(proc: subprocess.Popen, limits: SandboxLimits, uid, network, scratch, start) -> SandboxResult:
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
@@ -174,12 +213,71 @@ def _run(python, workdir, stdin_file, limits, uid, network, start) -> SandboxRes
     wall_s = time.monotonic() - start
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
-    status, error_line = _classify(proc.returncode, err, killed_for, limits)
-    return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, network, uid)
+    status, error_line = _classify(proc.returncode, err, killed_for, limits, scratch == "private")
+    return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, network, uid, scratch)
 
 
-def _spawn(python, script, workdir, stdin, limits, uid, network) -> subprocess.Popen:
-    """Start `script` (already in `workdir`) under the sandbox; stdout and stderr are pipes."""
+@dataclass(frozen=True)
+class _Scratch:
+    """What the child needs to set up its private scratch space (`_mount_scratch`), prepared in the parent."""
+
+    workdir: str
+    """The work dir: an empty root-only directory under the machine's /tmp (the tmpfs's mount point),
+    made again, at the same path, inside the private /tmp."""
+    payload: dict[str, bytes]
+    """Files to write into the work dir (names already checked to stay inside it)."""
+    disk_mb: int
+    dirs: tuple[str, ...]
+    """The world-writable directories to cover with the tmpfs."""
+    read_only: tuple[str, ...]
+    """Directories under them to bind back, read-only (the interpreter's prefix, the tool's packages)."""
+
+
+def _new_workdir(scratch: str) -> str:
+    """A fresh, root-only work dir; with private scratch directly under /tmp (see `_Scratch.workdir`)."""
+    return tempfile.mkdtemp(
+        prefix="rlstack-sandbox-", dir=_scratch_dirs()[0] if scratch == "private" else None
+    )
+
+
+def _stage(
+    workdir: str,
+    files: dict[str, bytes],
+    limits: SandboxLimits,
+    network: str,
+    uid: int | None,
+    scratch: str,
+    read_only: tuple[str, ...],
+) -> _Scratch | None:
+    """Check the run's files; write them now (shared scratch) or describe them for the child (private).
+
+    Raises ValueError for a file outside the work dir or files larger than the disk budget.
+    """
+    payload = _payload(workdir, files, network)
+    if scratch == "shared":
+        _write_files(workdir, payload, uid)
+        return None
+    size = sum(-(-len(data) // _PAGE) * _PAGE for data in payload.values())
+    if size > limits.disk_mb << 20:
+        raise ValueError(
+            f"the sandbox's files ({size / (1 << 20):.1f} MiB) do not fit its disk budget of "
+            f"{limits.disk_mb} MiB (SandboxLimits.disk_mb)"
+        )
+    python = _interpreter() or sys.executable
+    exposed = _under_scratch((os.path.dirname(os.path.dirname(python)), *read_only))
+    return _Scratch(workdir, payload, limits.disk_mb, _scratch_dirs(), exposed)
+
+
+def _spawn(
+    python: str,
+    workdir: str,
+    stdin,
+    limits: SandboxLimits,
+    uid: int | None,
+    network: str,
+    private: _Scratch | None,
+) -> subprocess.Popen:
+    """Start `main.py` (in `workdir`, or in `private`'s payload) under the sandbox; stdout and stderr are pipes."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
@@ -189,7 +287,7 @@ def _spawn(python, script, workdir, stdin, limits, uid, network) -> subprocess.P
         "TMPDIR": workdir,
     }
     return subprocess.Popen(
-        [python, "-I", "-S", "-B", script if network == "namespace" else _PRELUDE_NAME],
+        [python, "-I", "-S", "-B", "main.py" if network == "namespace" else _PRELUDE_NAME],
         cwd=workdir,
         env=env,
         stdin=stdin,
@@ -197,7 +295,7 @@ def _spawn(python, script, workdir, stdin, limits, uid, network) -> subprocess.P
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=functools.partial(_child_setup, limits, uid, network == "namespace"),
+        preexec_fn=functools.partial(_child_setup, limits, uid, network == "namespace", private),
     )
 
 
@@ -205,31 +303,37 @@ class SandboxProcess:
     """A long-lived program in the sandbox that talks to its parent over pipes (see module docstring).
 
     `stdin` / `stdout` are the parent's ends of the program's stdin and stdout (a protocol of the
-    caller's choosing), `stderr` the read end of its console. Raises `OSError` (or `ValueError` for a
-    file name outside the work dir) when it cannot start; everything is cleaned up by then.
-    `close()` kills every process of the run and removes its files; it also runs when the object is
-    garbage-collected or the trainer exits, so a forgotten close leaves nothing behind for long.
+    caller's choosing), `stderr` the read end of its console. `read_only`: directories the program
+    reads from (e.g. packages it imports) that must stay visible when they lie under /tmp. Raises
+    `OSError` (or `ValueError` for a file name outside the work dir, or files past `disk_mb`) when it
+    cannot start; everything is cleaned up by then. `close()` kills every process of the run and
+    removes its files; it also runs when the object is garbage-collected or the trainer exits, so a
+    forgotten close leaves nothing behind for long.
     """
 
-    def __init__(self, script: str, files: dict[str, bytes], limits: SandboxLimits) -> None:
+    def __init__(
+        self, script: str, files: dict[str, bytes], limits: SandboxLimits, read_only: tuple[str, ...] = ()
+    ) -> None:
         self.network = "namespace" if _netns_available() else "blocked"
+        self.scratch = "private" if _scratch_available() else "shared"
         python = _interpreter()
         if python is None:
             raise OSError("no Python interpreter the sandbox uid can execute")
         self.uid = _allocate_uid() if os.geteuid() == 0 else None
-        self.workdir = tempfile.mkdtemp(prefix="rlstack-sandbox-")
+        self.workdir = _new_workdir(self.scratch)
         try:
-            _write_files(
-                self.workdir, {**files, "main.py": script.encode()}, "main.py", self.network, self.uid
-            )
-            proc = _spawn(python, "main.py", self.workdir, subprocess.PIPE, limits, self.uid, self.network)
-        except (OSError, subprocess.SubprocessError) as e:
-            _release_run(self.uid, self.workdir)
+            files = {**files, "main.py": script.encode()}
+            private = _stage(self.workdir, files, limits, self.network, self.uid, self.scratch, read_only)
+            proc = _spawn(python, self.workdir, subprocess.PIPE, limits, self.uid, self.network, private)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            _release_run(self.uid, self.workdir, self.scratch)
+            if isinstance(e, ValueError):
+                raise
             raise OSError(f"starting the sandboxed process failed: {type(e).__name__}: {e}") from e
         self._proc = proc
         self.pid = proc.pid
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
-        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir)
+        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir, self.scratch)
 
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
@@ -248,7 +352,7 @@ class SandboxProcess:
         return self._proc.returncode
 
 
-def _end_process(proc: subprocess.Popen, uid: int | None, workdir: str) -> None:
+def _end_process(proc: subprocess.Popen, uid: int | None, workdir: str, scratch: str) -> None:
     _kill_group(proc.pid)
     if uid is not None:
         _kill_uid(uid)
@@ -256,7 +360,7 @@ def _end_process(proc: subprocess.Popen, uid: int | None, workdir: str) -> None:
         with contextlib.suppress(OSError):
             pipe.close()
     proc.wait()
-    _release_run(uid, workdir)
+    _release_run(uid, workdir, scratch)
 
 
 def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
@@ -304,7 +408,10 @@ def _drain(bufs: dict[int, bytearray], cap: int) -> tuple[bytes, bytes]:
     return bytes(out[:cap]), bytes(err[:cap])
 
 
-def _classify(returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits) -> tuple[str, str]:
+def _classify(
+    returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits, private_scratch: bool = False
+) -> tuple[str, str]:
+    """(status, error line) of a finished run; `private_scratch`: ENOSPC means the run's own disk budget."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
     if killed_for == "time_limit":
@@ -322,13 +429,23 @@ def _classify(returncode: int, stderr: str, killed_for: str | None, limits: Sand
         return "runtime_error", f"killed by signal {sig.name}"
     if last.startswith("MemoryError") or "Cannot allocate memory" in last:
         return "memory_limit", last
+    if private_scratch and is_disk_full(last):
+        return "disk_limit", f"disk budget of {limits.disk_mb} MiB exceeded ({last})"
     return "runtime_error", last or f"exit status {returncode}"
 
 
-def _child_setup(limits: SandboxLimits, uid: int | None, netns: bool) -> None:
-    """Runs in the forked child, before exec: namespace, rlimits, then the uid drop (order matters)."""
-    if netns:
-        _unshare_net()
+def is_disk_full(error: str) -> bool:
+    """Whether an error line (a traceback's last line) is ENOSPC: with private scratch, the disk budget."""
+    return "No space left on device" in error or "[Errno 28]" in error
+
+
+def _child_setup(limits: SandboxLimits, uid: int | None, netns: bool, private: _Scratch | None) -> None:
+    """Runs in the forked child, before exec: namespaces, scratch, rlimits, then the uid drop (order matters)."""
+    flags = (_CLONE_NEWNET if netns else 0) | (_CLONE_NEWNS if private is not None else 0)
+    if flags:
+        _unshare(flags)
+    if private is not None:
+        _mount_scratch(private, uid)
     cpu = max(1, math.ceil(limits.cpu_s))
     mib = 1 << 20
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -342,19 +459,70 @@ def _child_setup(limits: SandboxLimits, uid: int | None, netns: bool) -> None:
         os.setuid(uid)
 
 
-def _unshare_net() -> None:
-    if _LIBC.unshare(_CLONE_NEWNET) != 0:
+def _mount_scratch(s: _Scratch, uid: int | None) -> None:
+    """In the child's new mount namespace: one tmpfs of `s.disk_mb` MiB over every world-writable dir,
+    the read-only dirs bound back, the work dir made inside the private /tmp with its files; cd there."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the machine
+    kept = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in s.read_only]  # before they are covered
+    options = f"size={s.disk_mb}m,nr_inodes={_SCRATCH_INODES},mode=0700"
+    _mount("tmpfs", s.workdir, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for i in range(len(s.dirs)):
+        os.mkdir(f"{s.workdir}/{i}")
+        os.chmod(f"{s.workdir}/{i}", 0o1777)
+    root = os.open(s.workdir, os.O_PATH | os.O_DIRECTORY)  # reachable after /tmp (and the path) is covered
+    for i, directory in enumerate(s.dirs):
+        _mount(f"/proc/self/fd/{root}/{i}", directory, None, _MS_BIND)
+    os.close(root)
+    for path, fd in zip(s.read_only, kept):
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.close(fd)
+    os.mkdir(s.workdir, 0o700)
+    _write_files(s.workdir, s.payload, uid)
+    os.chdir(s.workdir)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    args = [None if x is None else os.fsencode(x) for x in (source, target, fstype)]
+    if _LIBC.mount(*args, flags, None if data is None else os.fsencode(data)) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def _unshare(flags: int) -> None:
+    if _LIBC.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare({flags:#x}): {os.strerror(err)}")
 
 
 @functools.cache
 def _netns_available() -> bool:
     """Whether this kernel and these privileges allow a network namespace (probed once, in a child)."""
+    return _probe(functools.partial(_unshare, _CLONE_NEWNET))
+
+
+@functools.cache
+def _scratch_available() -> bool:
+    """Whether private scratch space can be set up here (probed once, in a child, the way a run does it)."""
+    dirs = _scratch_dirs()
+    if not dirs or dirs[0] != os.path.realpath("/tmp"):
+        return False
+    workdir = _new_workdir("private")
+    try:
+        python = os.path.realpath(sys.executable)
+        private = _Scratch(workdir, {}, 1, dirs, _under_scratch((os.path.dirname(os.path.dirname(python)),)))
+        return _probe(lambda: (_unshare(_CLONE_NEWNS), _mount_scratch(private, None)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _probe(preexec_fn: Callable[[], object]) -> bool:
+    """Whether the trainer's Python starts after `preexec_fn` ran in the child."""
     try:
         subprocess.run(
             [sys.executable, "-I", "-S", "-c", ""],
-            preexec_fn=_unshare_net,
+            preexec_fn=preexec_fn,
             check=True,
             env={},
             stdin=subprocess.DEVNULL,
@@ -365,6 +533,31 @@ def _netns_available() -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return True
+
+
+@functools.cache
+def _scratch_dirs() -> tuple[str, ...]:
+    """The machine's world-writable directories that exist (real paths, /tmp first)."""
+    dirs: list[str] = []
+    for d in _WORLD_WRITABLE:
+        real = os.path.realpath(d)
+        if os.path.isdir(real) and real not in dirs:
+            dirs.append(real)
+    return tuple(dirs)
+
+
+def _under_scratch(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The existing directories among `paths` (real paths) that lie under a world-writable directory."""
+    found: list[str] = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if (
+            os.path.isdir(real)
+            and real not in found
+            and any(real.startswith(d + os.sep) for d in _scratch_dirs())
+        ):
+            found.append(real)
+    return tuple(found)
 
 
 @functools.cache
@@ -394,17 +587,30 @@ def _world_executable(path: str) -> bool:
     return bool(os.stat(path).st_mode & stat.S_IXOTH)
 
 
-def _write_files(workdir: str, files: dict[str, bytes], script: str, network: str, uid: int | None) -> None:
+def _payload(workdir: str, files: dict[str, bytes], network: str) -> dict[str, bytes]:
+    """The files of a run (`main.py` and the socket prelude included); ValueError for a name outside `workdir`."""
     payload = dict(files)
     if network == "blocked":
-        payload[_PRELUDE_NAME] = _SOCKET_PRELUDE.format(script=script).encode()
-    for name, data in payload.items():
+        payload[_PRELUDE_NAME] = _SOCKET_PRELUDE.format(script="main.py").encode()
+    for name in payload:
         path = os.path.realpath(os.path.join(workdir, name))
         if not path.startswith(os.path.realpath(workdir) + os.sep):
             raise ValueError(f"sandbox file {name!r} is outside the work directory")
+    return payload
+
+
+def _write_files(workdir: str, payload: dict[str, bytes], uid: int | None) -> None:
+    """Write `payload` into `workdir` and hand it all to `uid` (also called in the child: plain os calls)."""
+    for name, data in payload.items():
+        path = os.path.join(workdir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
     if uid is not None:
         for root, dirs, names in os.walk(workdir):
             for name in dirs + names:
@@ -510,5 +716,5 @@ def _remove_uid_files(uid: int) -> None:
                 pass
 
 
-def _failed(why: str, network: str, start: float) -> SandboxResult:
-    return SandboxResult("sandbox_error", None, "", "", why, time.monotonic() - start, network, None)
+def _failed(why: str, network: str, scratch: str, start: float) -> SandboxResult:
+    return SandboxResult("sandbox_error", None, "", "", why, time.monotonic() - start, network, None, scratch)

@@ -162,7 +162,9 @@ def _to_result(response: dict[str, Any], endpoint: str, limits: SandboxLimits, s
         status, error_line = "memory_limit", f"killed by SIGKILL on the server (exit status {code})"
     else:
         status, error_line = _classify(code, err, None, limits)
-    return SandboxResult(status, code, out, err, error_line, time.monotonic() - start, "remote", None)
+    return SandboxResult(
+        status, code, out, err, error_line, time.monotonic() - start, "remote", None, "remote"
+    )
 
 
 def _cap(text: str, max_bytes: int) -> tuple[str, bool]:
@@ -181,4 +183,6 @@ def _shorten(text: str | bytes) -> str:
 
 
 def _failed(why: str, start: float) -> SandboxResult:
-    return SandboxResult("sandbox_error", None, "", "", why, time.monotonic() - start, "remote", None)
+    return SandboxResult(
+        "sandbox_error", None, "", "", why, time.monotonic() - start, "remote", None, "remote"
+    )

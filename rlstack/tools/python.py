@@ -14,9 +14,13 @@ What the model gets (also in `PythonTool.schema`'s description):
   [`min_pixels`, `max_pixels`] (`fit_image`).
 - A call that runs past `timeout_s`, crashes the interpreter (segfault, `os._exit`) or uses up its
   CPU budget `cpu_s` ends with an observation that says so and that the state is lost; the next call
-  starts a fresh interpreter. Running out of memory (`MemoryError`) or writing a file past
-  `file_size_mb` (`OSError: File too large`) are ordinary exceptions that keep the state. Processes
+  starts a fresh interpreter. Running out of memory (`MemoryError`), writing a file past
+  `file_size_mb` (`OSError: File too large`) or more than `disk_mb` in all (`OSError: No space left
+  on device`, with a note naming the budget) are ordinary exceptions that keep the state. Processes
   a call starts do not outlive the call; threads do (the CPU budget bounds them).
+- Scratch space is private: the working directory, `/tmp`, `/var/tmp` and `/dev/shm` are one tmpfs
+  of `disk_mb` MiB of the interpreter's own, so a file one trajectory writes in `/tmp` is not there
+  for another (where the kernel allows mount namespaces; see `rewards/sandbox.py` for the fallback).
 
 Cost: an interpreter starts on the first call of its trajectory (about 0.1 s: it imports only
 Pillow; NumPy and Matplotlib, most of a second together, are imported by the cells that use them,
@@ -26,7 +30,8 @@ imports Matplotlib) until `close()`; a batch of trajectories in flight holds one
 Where the code runs: never in the trainer. Each interpreter is `tools/python_worker.py` in a
 `SandboxProcess` (`rewards/sandbox.py`): own process group and unprivileged uid, no network,
 rlimits on address space (`memory_mb`), file size (`file_size_mb`), processes (`max_processes`) and
-CPU, a fresh working directory (removed by `close`), a scrubbed environment. Trainer and worker
+CPU, private scratch space of `disk_mb` holding the working directory (gone after `close`), a
+scrubbed environment. Trainer and worker
 exchange length-prefixed JSON frames over the worker's stdin/stdout (images as base64 PNG); the
 worker moves that protocol off fds 0-2 before any user code runs, so printing cannot corrupt it, and
 the trainer treats any reply it cannot parse as a crash.
@@ -37,7 +42,8 @@ when the sandbox uid can run it, else the system `python3` (pyenv under a 0700 `
 extensions load when its minor version matches the trainer's (3.11.7 vs 3.11.2 here). When the
 sandbox uid cannot read those directories (a venv under a 0700 folder), the three distributions and
 their dependencies are copied once, root-owned and world-readable, to the temp folder (keyed by
-their versions; about 170 MB here) and that copy is used. A start-up failure (e.g. a version
+their versions; about 170 MB here) and that copy is used. Package directories under the machine's
+`/tmp` are bound, read-only, into the interpreter's private `/tmp`. A start-up failure (e.g. a version
 mismatch) is an observation naming the interpreter, the error and the fix.
 """
 
@@ -66,7 +72,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from rlstack.rewards.sandbox import SandboxLimits, SandboxProcess
+from rlstack.rewards.sandbox import SandboxLimits, SandboxProcess, is_disk_full
 from rlstack.tools.base import (
     MAX_PIXELS,
     MIN_PIXELS,
@@ -121,6 +127,7 @@ class PythonTool:
         cpu_s: float = 300.0,
         memory_mb: int = 2048,
         file_size_mb: int = 64,
+        disk_mb: int = 128,
         max_processes: int = 16,
         max_output_chars: int = 4096,
         max_images_per_call: int = 4,
@@ -129,8 +136,10 @@ class PythonTool:
         startup_timeout_s: float = 60.0,
     ) -> None:
         """Limits: `timeout_s` wall clock per call; `cpu_s` CPU seconds over one interpreter's life;
-        `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images)."""
+        `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images);
+        `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm)."""
         positive = dict(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, file_size_mb=file_size_mb)
+        positive |= dict(disk_mb=disk_mb)
         positive |= dict(max_processes=max_processes, max_output_chars=max_output_chars)
         positive |= dict(max_images_per_call=max_images_per_call, startup_timeout_s=startup_timeout_s)
         for key, value in positive.items():
@@ -146,6 +155,7 @@ class PythonTool:
             memory_mb=memory_mb,
             file_size_mb=file_size_mb,
             max_processes=max_processes,
+            disk_mb=disk_mb,
         )
         self.package_dirs = _package_dirs()
         self._images: list[Image.Image] = []
@@ -173,7 +183,7 @@ class PythonTool:
             self.close()
             return self._lost(reply, output)
         self._interpreter.process.kill_strays()
-        return self._observation(reply, output)
+        return self._observation(reply, output, self._interpreter.process.scratch)
 
     def close(self) -> None:
         """Stop the interpreter and remove its files (also between trajectories, via `reset`)."""
@@ -192,7 +202,8 @@ class PythonTool:
             "max_value_chars": self.max_output_chars,
         }
         try:
-            interpreter = _Interpreter(SandboxProcess(_worker_source(), self._files, self.limits))
+            process = SandboxProcess(_worker_source(), self._files, self.limits, self.package_dirs)
+            interpreter = _Interpreter(process)
         except (OSError, ValueError) as e:
             return failed(f"the Python interpreter could not start: {e}")
         reply, output = interpreter.exchange(init, self.startup_timeout_s, self.max_output_chars)
@@ -237,13 +248,18 @@ class PythonTool:
         )
         return failed(f"{error}; interpreter state lost", text.lstrip("\n"))
 
-    def _observation(self, reply: dict, output: str) -> Observation:
+    def _observation(self, reply: dict, output: str, scratch: str) -> Observation:
         parts = [output.rstrip("\n")] if output.strip() else []
         if reply["value"] is not None:
             parts.append(reply["value"])
+        images, notes = [], list(reply["notes"])
         if not reply["ok"]:
             parts.append("\n".join(reply["traceback"].rstrip("\n").splitlines()[-_TRACEBACK_LINES:]))
-        images, notes = [], list(reply["notes"])
+            if scratch == "private" and is_disk_full(reply["error"]):
+                notes.append(
+                    f"disk budget of {self.limits.disk_mb} MiB exceeded: the working directory, /tmp and "
+                    "/dev/shm share it; delete files to free space"
+                )
         for encoded in reply["images"]:
             image = self._decode(encoded)
             if isinstance(image, str):
