@@ -271,11 +271,11 @@ class CodeRewardConfig:
     mode: Literal["fraction", "all_or_nothing"] = "fraction"
     """`builtin:code` score: the fraction of tests passed, or 1 only when every test passes."""
     stop_at_first_failure: bool = False
-    """Stop running a response's tests at its first failure (faster; the rest count as failed)."""
+    """Stop a response's tests at its first failure (by default they stop at its first timeout anyway); tests not run count as failed."""
     test_time_s: float = 5.0
     """Wall-clock and CPU seconds allowed per test."""
     total_time_s: float = 60.0
-    """Seconds allowed for all the tests of one response; tests not started by then fail."""
+    """Seconds allowed for all the tests of one response; tests not started by then count as failed."""
     memory_mb: int = 1024
     """Address-space limit of the program, in MiB."""
     sandbox: Literal["local", "fusion"] = "local"
