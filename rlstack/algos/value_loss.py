@@ -3,8 +3,9 @@
 PPO's value clipping (Schulman et al., 2017, arXiv:1707.06347, as in OpenAI baselines and veRL):
     v_clip = v_old + clip(v - v_old, -eps, +eps)
     loss   = 0.5 * max((v - R)^2, (v_clip - R)^2)
-per sampled token, then aggregated like the policy loss. Departure: none beyond taking the
-element-wise max of the two squared errors at every token (veRL does the same).
+per sampled token; the critic averages it over the mini-batch's sampled tokens (token-mean, veRL's
+default `critic.loss_agg_mode`; rlstack has no other mode for the critic). Departure: none beyond
+taking the element-wise max of the two squared errors at every token (veRL does the same).
 """
 
 from __future__ import annotations
