@@ -3,11 +3,17 @@
 Baseline: what veRL forks do by default, `subprocess.run([python, "-c", program], input=stdin,
 timeout=...)` in the trainer's own environment, one process per test, no isolation. rlstack:
 `rlstack.rewards.code.score_code` (a fresh sandbox per test: own uid, network namespace, rlimits,
-temporary directory, group kill), sequentially and through the reward manager with
-`num_workers` threads. The same problems, solutions and tests on each side, in ABBA order.
+private scratch space, group kill), sequentially and through the reward manager with
+`num_workers` threads, and sequentially with shared scratch (the machine's /tmp, cleaned by uid
+after each run: the sandbox before private scratch, and what it falls back to where the kernel
+refuses mount namespaces). The same problems, solutions and tests on each side, in ABBA order.
 
 Workload: 3 competitive-programming problems (sum of pairs, reverse a line, count primes below n)
 with a correct solution each; each problem has `--tests` stdin/stdout tests.
+
+Hanging program: a program that sleeps forever, scored on 5 tests with `--hang-test-s` per test,
+once running every test to its limit (`stop_at_first_timeout=False`, the behaviour before it
+existed) and once with the default (the tests stop at the first timeout).
 
     .venv/bin/python bench/bench_code_reward.py          # writes bench/results/code_reward.json
 """
@@ -15,17 +21,20 @@ with a correct solution each; each problem has `--tests` stdin/stdout tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from rlstack.batch import Batch
+from rlstack.rewards import sandbox
 from rlstack.rewards.code import outputs_match, score_code
 from rlstack.rewards.loader import RewardFunction
 from rlstack.rewards.manager import RewardManager
@@ -81,6 +90,32 @@ def run_sandboxed(n_tests: int) -> tuple[int, float]:
     return passed, time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def shared_scratch() -> Iterator[None]:
+    """Runs inside use the machine's /tmp and /dev/shm (the sandbox's fallback; its behaviour before)."""
+    real = sandbox._scratch_available
+    sandbox._scratch_available = lambda: False
+    try:
+        yield
+    finally:
+        sandbox._scratch_available = real
+
+
+def run_hanging(test_time_s: float, stop_at_first_timeout: bool) -> float:
+    """Seconds to score a program that never finishes on 5 stdin/stdout tests."""
+    tests = {"inputs": [f"{i}\n" for i in range(5)], "outputs": [f"{i}\n" for i in range(5)]}
+    start = time.perf_counter()
+    out = score_code(
+        "```python\nimport time\ntime.sleep(3600)\n```",
+        tests,
+        test_time_s=test_time_s,
+        stop_at_first_timeout=stop_at_first_timeout,
+    )
+    elapsed = time.perf_counter() - start
+    assert (out["passed"], out["total"], out["status"]) == (0, 5, "time_limit"), out
+    return elapsed
+
+
 def run_manager(n_tests: int, workers: int) -> tuple[int, float]:
     """The reward manager with `workers` threads, one response per problem split into chunks of tests."""
     chunks = max(1, workers * 2)
@@ -122,26 +157,44 @@ def main() -> None:
     )
     parser.add_argument("--tests", type=int, default=20, help="tests per problem (3 problems)")
     parser.add_argument("--workers", type=int, default=2, help="reward manager threads")
+    parser.add_argument(
+        "--hang-test-s", type=float, default=5.0, help="test_time_s of the hanging program (config default 5)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "code_reward.json"))
     args = parser.parse_args()
     total = 3 * args.tests
-    times: dict[str, list[float]] = {"baseline": [], "sandbox": [], "sandbox_workers": []}
-    for order in (("baseline", "sandbox", "sandbox_workers"), ("sandbox_workers", "sandbox", "baseline")):
+    sides = ("baseline", "sandbox", "sandbox_shared_scratch", "sandbox_workers")
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for order in (sides, sides[::-1]):
         for side in order:
             if side == "baseline":
                 passed, t = run_baseline(args.tests)
             elif side == "sandbox":
                 passed, t = run_sandboxed(args.tests)
+            elif side == "sandbox_shared_scratch":
+                with shared_scratch():
+                    passed, t = run_sandboxed(args.tests)
             else:
                 passed, t = run_manager(args.tests, args.workers)
             assert passed == total, f"{side}: {passed} of {total} tests passed"
             times[side].append(t)
     rate = {k: total / (sum(v) / len(v)) for k, v in times.items()}
+    hanging = {
+        "every_test_to_its_limit": run_hanging(args.hang_test_s, stop_at_first_timeout=False),
+        "stop_at_first_timeout": run_hanging(args.hang_test_s, stop_at_first_timeout=True),
+    }
     result = {
         "tests": total,
         "tests_per_s": {k: round(v, 2) for k, v in rate.items()},
         "sandbox_vs_baseline": round(rate["sandbox"] / rate["baseline"], 3),
         "sandbox_workers_vs_baseline": round(rate["sandbox_workers"] / rate["baseline"], 3),
+        "private_vs_shared_scratch": round(rate["sandbox"] / rate["sandbox_shared_scratch"], 3),
+        "scratch": "private" if sandbox._scratch_available() else "shared",
+        "hanging_program": {
+            "tests": 5,
+            "test_time_s": args.hang_test_s,
+            "seconds": {k: round(v, 2) for k, v in hanging.items()},
+        },
         "workers": args.workers,
         "cpus": os.cpu_count(),
         "machine": platform.platform(),

@@ -227,6 +227,7 @@ class _Scratch:
     payload: dict[str, bytes]
     """Files to write into the work dir (names already checked to stay inside it)."""
     disk_mb: int
+    """Size of the tmpfs: the budget for the work dir and every scratch directory together."""
     dirs: tuple[str, ...]
     """The world-writable directories to cover with the tmpfs."""
     read_only: tuple[str, ...]
