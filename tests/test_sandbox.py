@@ -18,6 +18,9 @@ SMALL = SandboxLimits(
     wall_s=2.0, cpu_s=2.0, memory_mb=256, file_size_mb=16, max_processes=16, max_output_bytes=1 << 16
 )
 ONE_TEST = {"verifier_metadata": {"unit_tests": {"inputs": ["1 2\n"], "outputs": ["3\n"]}}}
+PRIVATE = sandbox._scratch_available()
+"""Whether runs get private scratch space here (a mount namespace and a tmpfs; see rewards/sandbox.py)."""
+needs_private = pytest.mark.skipif(not PRIVATE, reason="no mount namespaces here: scratch is shared")
 
 
 def _fence(code: str) -> str:
@@ -75,6 +78,15 @@ HOSTILE = {
     ),
     "segfault": ("import ctypes\nctypes.string_at(0)", "runtime_error"),
     "kill_parent": ("import os\nos.kill(os.getppid(), 9)\nprint(3)", "runtime_error"),
+    # 480 MiB in RAM-backed /dev/shm, a file at a time: each is under the file size limit
+    "fill_dev_shm": (
+        "for i in range(480):\n    open(f'/dev/shm/rlstack-fill-{i}', 'wb').write(b'x' * 1024**2)",
+        "disk_limit" if PRIVATE else None,
+    ),
+    "many_files": (
+        "import os\nos.mkdir('/tmp/d')\nfor i in range(100_000):\n    open(f'/tmp/d/{i}', 'w').close()",
+        "disk_limit" if PRIVATE else None,
+    ),
     "write_outside": (
         "import os\nfor p in ['/tmp/rlstack-escape', '/dev/shm/rlstack-escape', '/rlstack-escape']:\n"
         "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\nprint(3)",
@@ -192,10 +204,6 @@ def test_files_and_workdir_removed():
     assert not os.path.exists(r.stdout.split()[1])
     r = run_python("pass", limits=SMALL, files={"../escape.txt": b"x"})
     assert r.status == "sandbox_error"
-
-
-PRIVATE = sandbox._scratch_available()
-needs_private = pytest.mark.skipif(not PRIVATE, reason="no mount namespaces here: scratch is shared")
 
 
 def _owned_by(uid: int) -> list[str]:

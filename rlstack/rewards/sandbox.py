@@ -128,8 +128,8 @@ class SandboxLimits(NamedTuple):
     max_output_bytes: int = 1 << 20
     """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
     disk_mb: int = 128
-    """Total MiB of the work dir, /tmp, /var/tmp, /dev/shm (one private tmpfs); past it writes fail
-    with ENOSPC (status `disk_limit`). Enforced only where scratch is `private` (see module)."""
+    """Total MiB (and at most 16384 files) of the work dir, /tmp, /var/tmp, /dev/shm (one private tmpfs);
+    past it writes fail with ENOSPC (status `disk_limit`). Enforced only where scratch is `private`."""
 
 
 DEFAULT_LIMITS = SandboxLimits()
