@@ -31,10 +31,10 @@ Where the code runs: never in the trainer. Each interpreter is `tools/python_wor
 `SandboxProcess` (`rewards/sandbox.py`): own process group and unprivileged uid, no network,
 rlimits on address space (`memory_mb`), file size (`file_size_mb`), processes (`max_processes`) and
 CPU, private scratch space of `disk_mb` holding the working directory (gone after `close`), a
-scrubbed environment. Trainer and worker
-exchange length-prefixed JSON frames over the worker's stdin/stdout (images as base64 PNG); the
-worker moves that protocol off fds 0-2 before any user code runs, so printing cannot corrupt it, and
-the trainer treats any reply it cannot parse as a crash.
+scrubbed environment. Trainer and worker exchange length-prefixed JSON frames over the worker's
+stdin/stdout (images as base64 PNG); the worker moves that protocol off fds 0-2 before any user
+code runs, so printing cannot corrupt it, and the trainer treats any reply it cannot parse as a
+crash.
 
 Pillow, NumPy and Matplotlib come from the trainer's own environment: the worker appends the
 directories the trainer imports them from to `sys.path`. The sandbox's interpreter is the trainer's
@@ -42,9 +42,9 @@ when the sandbox uid can run it, else the system `python3` (pyenv under a 0700 `
 extensions load when its minor version matches the trainer's (3.11.7 vs 3.11.2 here). When the
 sandbox uid cannot read those directories (a venv under a 0700 folder), the three distributions and
 their dependencies are copied once, root-owned and world-readable, to the temp folder (keyed by
-their versions; about 170 MB here) and that copy is used. Package directories under the machine's
-`/tmp` are bound, read-only, into the interpreter's private `/tmp`. A start-up failure (e.g. a version
-mismatch) is an observation naming the interpreter, the error and the fix.
+their versions; about 170 MB here) and that copy is used. Package directories under the
+machine's `/tmp` are bound, read-only, into the interpreter's private `/tmp`. A start-up failure
+(e.g. a version mismatch) is an observation naming the interpreter, the error and the fix.
 """
 
 from __future__ import annotations
