@@ -271,7 +271,9 @@ class CodeRewardConfig:
     mode: Literal["fraction", "all_or_nothing"] = "fraction"
     """`builtin:code` score: the fraction of tests passed, or 1 only when every test passes."""
     stop_at_first_failure: bool = False
-    """Stop a response's tests at its first failure (by default they stop at its first timeout anyway); tests not run count as failed."""
+    """Stop a response's tests at its first failure; tests not run count as failed."""
+    stop_at_first_timeout: bool = True
+    """Stop a response's tests at the first that runs out of time (a hanging program costs one test_time_s, not one per test; NeMo RL / veRL's option); tests not run count as failed."""
     test_time_s: float = 5.0
     """Wall-clock and CPU seconds allowed per test."""
     total_time_s: float = 60.0

@@ -189,6 +189,25 @@ def test_code_settings_reach_the_builtin_code_reward():
     assert out["scores"].tolist() == [0.0]
 
 
+def test_stop_at_first_timeout_is_a_config_key_that_reaches_the_code_reward():
+    tests = json.dumps({"inputs": ["1", "2", "3"], "outputs": ["2", "4", "6"]})
+    hanging = "```python\nwhile True: pass\n```"
+    reasons = {}
+    for stop in ("true", "false"):
+        cfg = load_config(
+            [
+                "worker.reward.reward_function=builtin:code",
+                "worker.reward.code.test_time_s=0.5",
+                f"worker.reward.code.stop_at_first_timeout={stop}",
+            ]
+        )
+        out = build_reward_manager(cfg.worker.reward, 16).score(make_batch([hanging], [tests]))
+        assert out["scores"].tolist() == [0.0]
+        reasons[stop] = out["reward_info"][0]["reason"]
+    assert reasons["true"].endswith("tests 1-2 not run (counted as failed)")
+    assert "not run" not in reasons["false"]
+
+
 def test_code_on_a_sandboxfusion_server_needs_its_url():
     with pytest.raises(ConfigError, match="sandbox=fusion needs worker.reward.code.sandbox_url"):
         load_config(["worker.reward.reward_function=builtin:code", "worker.reward.code.sandbox=fusion"])

@@ -39,8 +39,9 @@ def code(
 ) -> list[dict[str, Any]]:
     """Unit tests from `ground_truth` run in the sandbox (`rlstack.rewards.code`); overall = pass rate.
 
-    `settings`: `stop_at_first_failure`, `test_time_s`, `total_time_s`, `memory_mb`, `runner` (from
-    `worker.reward.code`). Each result also carries the status of the first failure and its reason.
+    `settings`: `stop_at_first_failure`, `stop_at_first_timeout`, `test_time_s`, `total_time_s`,
+    `memory_mb`, `runner` (from `worker.reward.code`). Each result also carries the status of the
+    first failure and its reason.
     """
     from rlstack.rewards import code as code_reward
 

@@ -336,6 +336,7 @@ def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> d
         return {
             "mode": c.mode,
             "stop_at_first_failure": c.stop_at_first_failure,
+            "stop_at_first_timeout": c.stop_at_first_timeout,
             "test_time_s": c.test_time_s,
             "total_time_s": c.total_time_s,
             "memory_mb": c.memory_mb,
