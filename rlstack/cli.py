@@ -3,7 +3,7 @@
 rlstack train config=path.yaml a.b=c ... [--print-config]
 rlstack sft   config=path.yaml a.b=c ... [--print-config]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
-rlstack demo [--workdir outputs/demo]
+rlstack demo [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack config-keys
 """
 
@@ -52,6 +52,29 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_visual (visual)"
     )
     p.add_argument("--grpo-steps", type=int, default=None, help="override the number of GRPO steps")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the data order, sampling and torch in every run (default: the recipes', 1)",
+    )
+    p.add_argument(
+        "--num-threads", type=int, default=None, help="torch CPU threads in every run (default: torch's)"
+    )
+    p.add_argument(
+        "--sft-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override of the warm start (repeatable)",
+    )
+    p.add_argument(
+        "--grpo-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override of GRPO and the evaluations (repeatable)",
+    )
     sub.add_parser("config-keys", help="list every config key with its default and description")
     args = parser.parse_args(argv)
 
@@ -107,7 +130,15 @@ def _run(args: argparse.Namespace) -> int:
         from rlstack.demo import run_demo
 
         workdir = args.workdir or ("outputs/demo" if args.task == "addition" else "outputs/demo_visual")
-        run_demo(Path(workdir), grpo_steps=args.grpo_steps, task=args.task)
+        run_demo(
+            Path(workdir),
+            grpo_steps=args.grpo_steps,
+            task=args.task,
+            seed=args.seed,
+            num_threads=args.num_threads,
+            sft_overrides=args.sft_override,
+            grpo_overrides=args.grpo_override,
+        )
         return 0
     if args.command == "config-keys":
         from rlstack.config import describe

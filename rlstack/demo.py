@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlstack.config import Config, load_config
+import torch
+
+from rlstack.config import Config, load_config, to_yaml
 from rlstack.models.loading import write_model_dir
 from rlstack.sft import run_sft
 from rlstack.trainer import Trainer
@@ -49,7 +51,23 @@ TASKS = {
 }
 
 
-def run_demo(workdir: Path, grpo_steps: int | None = None, task: str = "addition") -> dict[str, float]:
+def run_demo(
+    workdir: Path,
+    grpo_steps: int | None = None,
+    task: str = "addition",
+    seed: int | None = None,
+    num_threads: int | None = None,
+    sft_overrides: list[str] | None = None,
+    grpo_overrides: list[str] | None = None,
+) -> dict[str, float]:
+    """The demo of `task` under `workdir`.
+
+    `seed` (default: the recipes' own, 1) seeds the data order, the sampling and torch in the warm
+    start, GRPO and the evaluations; the tiny base model is the same for every seed. `num_threads`
+    (default: torch's) sets torch's CPU threads in all of them. Runs with a non-default seed or
+    thread count get their own run directories (`sft_seed2_threads1`, ...). The cached warm start
+    is reused only when its saved resolved config equals the one asked for.
+    """
     start = time.perf_counter()
     spec = TASKS[task]
     base = workdir / ("base_vision_model" if spec.vision else "base_model")
@@ -57,38 +75,57 @@ def run_demo(workdir: Path, grpo_steps: int | None = None, task: str = "addition
         write_model_dir(base, vision=spec.vision)
         print(f"[demo] built a tiny {'Qwen2.5-VL' if spec.vision else 'Qwen2'} model in {base}")
 
+    common = [f"trainer.output_dir={workdir}"]
+    if seed is not None:
+        common += [f"trainer.seed={seed}", f"data.seed={seed}", f"worker.rollout.seed={seed}"]
+    if num_threads is not None:
+        common.append(f"trainer.num_threads={num_threads}")
+    suffix = _suffix(seed, num_threads)
     sft_cfg = load_config(
         [
             f"config={CONFIGS / spec.sft_config}",
             f"worker.actor.model.model_path={base}",
-            f"trainer.output_dir={workdir}",
+            *common,
+            f"trainer.experiment_name=sft{suffix}",
+            *(sft_overrides or []),
         ]
     )
     warm = sft_cfg.run_dir / "huggingface"
-    if not (warm / "config.json").is_file():
+    if _cached(sft_cfg, warm):
+        print(f"[demo] reusing the warm start in {warm} (same resolved config)")
+    else:
         print(f"[demo] supervised warm start: {sft_cfg.trainer.max_steps} steps")
         run_sft(sft_cfg)
+    sft_done = time.perf_counter()
 
     overrides = [
         f"config={CONFIGS / spec.grpo_config}",
         f"worker.actor.model.model_path={warm}",
-        f"trainer.output_dir={workdir}",
+        *common,
+        f"trainer.experiment_name=grpo{suffix}",
         "trainer.find_last_checkpoint=false",
+        *(grpo_overrides or []),
     ]
     if grpo_steps is not None:
         overrides.append(f"trainer.max_steps={grpo_steps}")
     grpo_cfg = load_config(overrides)
-    before = _evaluate(grpo_cfg, warm, spec)
+    before = _evaluate(overrides, warm, f"warm_start_eval{suffix}")
     print(f"[demo] GRPO: {grpo_cfg.trainer.max_steps} steps from the warm-started model")
+    grpo_start = time.perf_counter()
     after_metrics = Trainer(grpo_cfg).fit()
+    end = time.perf_counter()
     key = f"val/{spec.source}/accuracy"
     result = {
         "task": task,
+        "seed": grpo_cfg.trainer.seed,
+        "num_threads": torch.get_num_threads(),
         "held_out_problems": _num_val(grpo_cfg),
         "accuracy_before_grpo": before[key],
         "accuracy_after_grpo": after_metrics[key],
         "gain_points": 100 * (after_metrics[key] - before[key]),
-        "wall_time_s": time.perf_counter() - start,
+        "sft_time_s": sft_done - start,
+        "grpo_time_s": end - grpo_start,
+        "wall_time_s": end - start,
     }
     for name, short in (
         ("val/agent/tool_calls/mean", "tool_calls_per_answer"),
@@ -102,14 +139,27 @@ def run_demo(workdir: Path, grpo_steps: int | None = None, task: str = "addition
     return result
 
 
-def _evaluate(cfg: Config, model_dir: Path, spec: DemoTask) -> dict[str, float]:
-    """Held-out greedy validation metrics of `model_dir`, by a validation-only run."""
+def _suffix(seed: int | None, num_threads: int | None) -> str:
+    """Run-directory suffix of a non-default seed or thread count ("" for the default demo)."""
+    parts = ([] if seed is None else [f"seed{seed}"]) + (
+        [] if num_threads is None else [f"threads{num_threads}"]
+    )
+    return "".join(f"_{p}" for p in parts)
+
+
+def _cached(cfg: Config, model_dir: Path) -> bool:
+    """Whether `model_dir` holds a finished run of exactly `cfg` (its saved resolved config)."""
+    saved = cfg.run_dir / "config.yaml"
+    return (model_dir / "config.json").is_file() and saved.is_file() and saved.read_text() == to_yaml(cfg)
+
+
+def _evaluate(grpo_overrides: list[str], model_dir: Path, name: str) -> dict[str, float]:
+    """Held-out greedy validation metrics of `model_dir`, by a validation-only run of the GRPO recipe."""
     val_cfg = load_config(
         [
-            f"config={CONFIGS / spec.grpo_config}",
+            *grpo_overrides,
             f"worker.actor.model.model_path={model_dir}",
-            f"trainer.output_dir={cfg.trainer.output_dir}",
-            "trainer.experiment_name=warm_start_eval",
+            f"trainer.experiment_name={name}",
             "trainer.val_only=true",
             "trainer.logger=[file]",
         ]
@@ -140,4 +190,7 @@ def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
             f"{100 * r['tool_success_rate_after_grpo']:.0f}%"
         )
     print(f"\nrun directory: {cfg.run_dir}  (metrics.jsonl, generations/, tensorboard/, huggingface/)")
-    print(f"total time: {r['wall_time_s']:.0f} s")
+    print(
+        f"seed {r['seed']}, torch threads {r['num_threads']}; total time: {r['wall_time_s']:.0f} s "
+        f"(warm start {r['sft_time_s']:.0f} s, GRPO {r['grpo_time_s']:.0f} s)"
+    )

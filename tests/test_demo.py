@@ -1,0 +1,52 @@
+"""`rlstack demo` in miniature: its options reach every run, and the warm-start cache is reused only
+for the same resolved config (another seed or thread count gets its own warm start)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from rlstack.cli import main
+
+# A few steps of each phase and a few held-out problems: the wiring, not the learning.
+SMALL = [
+    "--sft-override",
+    "trainer.max_steps=2",
+    "--grpo-override",
+    "data.val_max_samples=16",
+    "--grpo-override",
+    "trainer.save_freq=-1",
+    "--grpo-steps",
+    "2",
+]
+
+
+def _demo(workdir, capsys, *args: str) -> str:
+    assert main(["demo", "--workdir", str(workdir), *SMALL, *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_demo_seed_threads_and_warm_start_cache(tmp_path, capsys):
+    out = _demo(tmp_path, capsys, "--seed", "2", "--num-threads", "1")
+    assert "supervised warm start: 2 steps" in out
+    run = tmp_path / "demo" / "grpo_seed2_threads1"
+    result = json.loads((run / "demo_result.json").read_text())
+    assert result["seed"] == 2 and result["num_threads"] == 1 and result["held_out_problems"] == 16
+    assert result["wall_time_s"] >= result["sft_time_s"] + result["grpo_time_s"]
+    for name in ("sft_seed2_threads1", "grpo_seed2_threads1", "warm_start_eval_seed2_threads1"):
+        cfg = yaml.safe_load((tmp_path / "demo" / name / "config.yaml").read_text())
+        seeds = (cfg["trainer"]["seed"], cfg["data"]["seed"], cfg["worker"]["rollout"]["seed"])
+        assert seeds == (2, 2, 2) and cfg["trainer"]["num_threads"] == 1, name
+
+    out = _demo(tmp_path, capsys, "--seed", "2", "--num-threads", "1")
+    assert "reusing the warm start" in out and "supervised warm start" not in out
+
+    out = _demo(tmp_path, capsys, "--seed", "3", "--num-threads", "1")
+    assert "supervised warm start: 2 steps" in out and (tmp_path / "demo" / "grpo_seed3_threads1").is_dir()
+
+    # The same run directory with a changed recipe: the cached warm start is not reused.
+    out = _demo(
+        tmp_path, capsys, "--seed", "3", "--num-threads", "1", "--sft-override", "trainer.max_steps=3"
+    )
+    assert "supervised warm start: 3 steps" in out
