@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 
@@ -297,3 +298,19 @@ def test_shared_scratch_fallback_cleans_up(monkeypatch):
         os.unlink(f"/tmp/{name}")
     assert (r.status, r.scratch, r.stdout) == ("ok", "shared", "True\n"), r
     assert not left or r.uid is None  # as root the run's files are found by uid and removed
+
+
+@needs_private
+def test_private_scratch_is_available_with_the_trainer_python_under_tmp(monkeypatch):
+    """A checkout (and its .venv) in a temporary folder under /tmp: the probe's interpreter is covered by
+    the private /tmp unless its prefix is mounted back, which once made every run fall back to shared."""
+    venv = tempfile.mkdtemp(prefix="rlstack-venv-", dir="/tmp")
+    try:
+        os.mkdir(f"{venv}/bin")
+        os.symlink(os.path.realpath(sys.executable), f"{venv}/bin/python")
+        monkeypatch.setattr(sys, "executable", f"{venv}/bin/python")
+        sandbox._scratch_available.cache_clear()
+        assert sandbox._scratch_available()
+    finally:
+        sandbox._scratch_available.cache_clear()
+        shutil.rmtree(venv)

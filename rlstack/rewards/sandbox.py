@@ -511,8 +511,11 @@ def _scratch_available() -> bool:
         return False
     workdir = _new_workdir("private")
     try:
-        python = os.path.realpath(sys.executable)
-        private = _Scratch(workdir, {}, 1, dirs, _under_scratch((os.path.dirname(os.path.dirname(python)),)))
+        # the probe runs sys.executable: keep its prefix (a venv under /tmp) and its target's visible
+        prefixes = tuple(
+            os.path.dirname(os.path.dirname(p)) for p in (sys.executable, os.path.realpath(sys.executable))
+        )
+        private = _Scratch(workdir, {}, 1, dirs, _under_scratch(prefixes))
         return _probe(lambda: (_unshare(_CLONE_NEWNS), _mount_scratch(private, None)))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
