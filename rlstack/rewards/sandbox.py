@@ -172,7 +172,7 @@ def run_python(
     workdir = _new_workdir(scratch)
     try:
         private = _stage(
-            workdir, {**(files or {}), "main.py": code.encode()}, limits, network, uid, scratch, ()
+            workdir, {**(files or {}), "main.py": code.encode()}, limits, network, uid, scratch, python, ()
         )
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
@@ -248,9 +248,11 @@ def _stage(
     network: str,
     uid: int | None,
     scratch: str,
+    python: str,
     read_only: tuple[str, ...],
 ) -> _Scratch | None:
-    """Check the run's files; write them now (shared scratch) or describe them for the child (private).
+    """Check the run's files; write them now (shared scratch) or describe them for the child (private),
+    with `python`'s prefix and `read_only` bound back where they lie under a scratch directory.
 
     Raises ValueError for a file outside the work dir or files larger than the disk budget.
     """
@@ -264,7 +266,6 @@ def _stage(
             f"the sandbox's files ({size / (1 << 20):.1f} MiB) do not fit its disk budget of "
             f"{limits.disk_mb} MiB (SandboxLimits.disk_mb)"
         )
-    python = _interpreter() or sys.executable
     exposed = _under_scratch((os.path.dirname(os.path.dirname(python)), *read_only))
     return _Scratch(workdir, payload, limits.disk_mb, _scratch_dirs(), exposed)
 
@@ -324,7 +325,9 @@ class SandboxProcess:
         self.workdir = _new_workdir(self.scratch)
         try:
             files = {**files, "main.py": script.encode()}
-            private = _stage(self.workdir, files, limits, self.network, self.uid, self.scratch, read_only)
+            private = _stage(
+                self.workdir, files, limits, self.network, self.uid, self.scratch, python, read_only
+            )
             proc = _spawn(python, self.workdir, subprocess.PIPE, limits, self.uid, self.network, private)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             _release_run(self.uid, self.workdir, self.scratch)

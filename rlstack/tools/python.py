@@ -139,8 +139,7 @@ class PythonTool:
         `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images);
         `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm)."""
         positive = dict(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, file_size_mb=file_size_mb)
-        positive |= dict(disk_mb=disk_mb)
-        positive |= dict(max_processes=max_processes, max_output_chars=max_output_chars)
+        positive |= dict(disk_mb=disk_mb, max_processes=max_processes, max_output_chars=max_output_chars)
         positive |= dict(max_images_per_call=max_images_per_call, startup_timeout_s=startup_timeout_s)
         for key, value in positive.items():
             if not value > 0:
