@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from PIL import Image
+from pinned import assert_matches_pinned, deterministic_metrics
 
 from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, PolicyLossParams, aggregate_loss, policy_loss
 from rlstack.batch import Batch
@@ -393,6 +394,7 @@ def test_agentic_grpo_on_the_visual_task_two_steps(tool_vlm: Path, tmp_path: Pat
         json.loads(x) for x in (cfg.run_dir / "generations" / "train_step_1.jsonl").read_text().splitlines()
     ]
     assert any(r["num_images"] > 1 for r in rows)  # an image made by code went back into the context
+    assert_matches_pinned("agent_vlm", deterministic_metrics(cfg.run_dir))
 
 
 @pytest.mark.slow
