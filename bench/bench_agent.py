@@ -30,6 +30,7 @@ from rlstack.config import AgentConfig, load_config
 from rlstack.demo import CONFIGS
 from rlstack.models.loading import load_causal_lm, load_processor
 from rlstack.rollout.agent import AgentLoop
+from rlstack.rollout.hf import HFEngine
 from rlstack.sft import run_sft
 from rlstack.tools.registry import build_toolset
 
@@ -61,20 +62,13 @@ def measure(model_dir: Path, prompts: int, n: int, rounds: int, workers: int, ma
     agent = AgentConfig(
         tools=[{"name": "python", "import_path": "builtin:python"}], max_turns=3, max_tool_workers=workers
     )
-    loop = AgentLoop(
-        model,
-        processor,
-        build_toolset(agent.tools),
-        agent,
-        max_response,
-        torch.Generator().manual_seed(0),
-        multimodal=True,
-    )
+    engine = HFEngine(model, processor.tokenizer, seed=0, multimodal=True)
+    loop = AgentLoop(engine, processor, build_toolset(agent.tools), agent, max_response, multimodal=True)
     runs = []
     for r in range(rounds + 1):
         batch = dataset.batch(list(range(r * prompts, (r + 1) * prompts)))
         start = time.perf_counter()
-        out = loop.generate(batch, n, 1.0, 1.0, -1)
+        out = loop.generate(batch, n, 1.0)
         wall = time.perf_counter() - start
         if r == 0:
             continue  # warm-up

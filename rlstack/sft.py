@@ -18,7 +18,7 @@ from rlstack.config import Config, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.workers.actor import ActorWorker
+from rlstack.workers.policy import PolicyWorker
 
 
 def run_sft(cfg: Config) -> Path:
@@ -35,7 +35,7 @@ def run_sft(cfg: Config) -> Path:
     dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)
     total = t.max_steps or len(loader) * t.total_epochs
-    actor = ActorWorker(a, cfg.worker.rollout, cfg.algorithm, d.max_response_length, total_steps=total)
+    actor = PolicyWorker(a, cfg.algorithm, d.max_response_length, total, seed=cfg.worker.rollout.seed)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     bar = tqdm(range(total), desc=f"sft {t.experiment_name}", unit="step", disable="console" not in t.logger)

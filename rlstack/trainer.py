@@ -35,9 +35,10 @@ from rlstack.models.loading import load_processor, load_tokenizer, resolve_model
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.tracking import Tracker, agent_metrics, batch_metrics, generation_rows, total_tokens
-from rlstack.workers.actor import ActorWorker, RefWorker
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
+from rlstack.workers.policy import PolicyWorker, RefWorker
+from rlstack.workers.rollout import RolloutWorker
 
 
 class Trainer:
@@ -77,9 +78,12 @@ class Trainer:
             and not alg.use_kl_in_reward
             and not alg.use_vppo_on_perception
         )
-        self.actor: WorkerGroup = LocalWorkerGroup(
-            ActorWorker(w.actor, w.rollout, alg, d.max_response_length, self.total_steps)
+        policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, seed=w.rollout.seed)
+        self.actor: WorkerGroup = LocalWorkerGroup(policy)
+        self.rollout_workers: WorkerGroup = LocalWorkerGroup(
+            RolloutWorker(w.rollout, d.max_response_length, policy)  # colocated: shares the policy's module
         )
+        self.engine = self.rollout_workers.call("capabilities")
         self.ref: WorkerGroup | None = None
         if alg.use_kl_in_reward or (
             alg.use_kl_loss and alg.kl_penalty != "full"
@@ -164,6 +168,8 @@ class Trainer:
             if self.step > self.cfg.trainer.critic_warmup:
                 with _timer(timing, "update_actor"):
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
+                with _timer(timing, "sync"):
+                    self.sync_weights()
         self.tracker.log_generations(
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )
@@ -176,15 +182,21 @@ class Trainer:
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / timing["step"]
         return metrics
 
+    def sync_weights(self) -> None:
+        """Bring the rollout engine to the policy's current weights (version = the step); an engine that
+        shares the policy's module only records the version."""
+        weights = None if self.engine.shares_policy_weights else self.actor.call("named_weights")
+        self.rollout_workers.call("update_weights", weights, self.step)
+
     def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
         """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
         with _timer(timing, "gen"):
-            batch = self.actor.call("generate", prompts)
+            batch = self.rollout_workers.call("generate", prompts)
         with _timer(timing, "reward"):
             batch = self.rewards.score(batch)
         if self.cfg.algorithm.adv_estimator == AdvEstimator.REMAX:
             with _timer(timing, "baseline"):
-                baseline = self.rewards.score(self.actor.call("generate_greedy", prompts))
+                baseline = self.rewards.score(self.rollout_workers.call("generate_greedy", prompts))
                 batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
         return batch
 
@@ -300,7 +312,7 @@ class Trainer:
         assert self.val_set is not None
         scored = []
         for idx in _chunks(range(len(self.val_set)), self.cfg.data.val_batch_size):
-            batch = self.actor.call("generate", self.val_set.batch(idx), validate=True)
+            batch = self.rollout_workers.call("generate", self.val_set.batch(idx), validate=True)
             scored.append(self.rewards.score(batch))
         val = Batch.concat(scored)
         per_source: dict[str, list[float]] = defaultdict(list)
@@ -321,6 +333,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         def write(path: Path) -> None:
             self.actor.call("save_checkpoint", path)
+            self.rollout_workers.call("save_checkpoint", path)
             if self.critic is not None:
                 self.critic.call("save_checkpoint", path)
             torch.save(
@@ -345,12 +358,14 @@ class Trainer:
         if not (path / "trainer_state.pt").is_file():
             raise FileNotFoundError(f"{path} is not an rlstack checkpoint (no trainer_state.pt)")
         self.actor.call("load_checkpoint", path)
+        self.rollout_workers.call("load_checkpoint", path)
         if self.critic is not None:
             self.critic.call("load_checkpoint", path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         self.step, self.kl_coef = state["step"], state["kl_coef"]
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
+        self.sync_weights()
         print(f"resumed from {path} at step {self.step}")
 
 

@@ -17,9 +17,10 @@ from rlstack.batch import Batch
 from rlstack.config import AgentConfig, load_config
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs
-from rlstack.models.vision import VisionProcessor
-from rlstack.rollout import agent as agent_module
+from rlstack.models.vision import VisionProcessor, position_ids
 from rlstack.rollout.agent import AgentLoop
+from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
+from rlstack.rollout.hf import HFEngine
 from rlstack.tools.base import Observation, ToolCall
 from rlstack.tools.parsing import parse_tool_call
 from rlstack.tools.registry import build_toolset
@@ -29,37 +30,32 @@ from rlstack.tools.registry import build_toolset
 
 
 class Scripted:
-    """Stands in for `rollout.hf.sample`: trajectory i's k-th turn is `turns[i][k]` (then EOS when the
-    text ends with `<eos>`), at log-prob -0.5 per token; a turn ends at EOS or a closing call tag."""
+    """A scripted engine: trajectory i's k-th turn is `turns[i][k]` (then EOS when the text ends with
+    `<eos>`), at log-prob -0.5 per token; a turn ends at EOS or a closing call tag."""
+
+    capabilities = EngineCapabilities("scripted", True, False, True, False)
+    weight_version = 0
 
     def __init__(self, tokenizer, prompts: list[list[int]], turns: list[list[str]]):
         self.tok, self.prompts, self.turns = tokenizer, prompts, turns
         self.turn = [0] * len(turns)
         self.contexts: list[list[list[int]]] = []
+        self.requests: list[list[list[Image.Image]]] = []
+        """The images of each request, per call."""
 
-    def __call__(self, model, prompts, max_new_tokens, eos_token_id, pad_token_id, temperature, **kw):
-        self.contexts.append([list(p) for p in prompts])
-        rows, ended = [], []
-        for p in prompts:
-            i = next(i for i, q in enumerate(self.prompts) if list(p[: len(q)]) == q)
+    def generate(self, requests: list[Request], sampling: SamplingSettings) -> list[Completion]:
+        self.contexts.append([list(r.prompt_ids) for r in requests])
+        self.requests.append([r.images for r in requests])
+        out = []
+        for r in requests:
+            i = next(i for i, q in enumerate(self.prompts) if list(r.prompt_ids[: len(q)]) == q)
             text = self.turns[i][self.turn[i]]
             self.turn[i] += 1
             ids = self.tok(text.removesuffix("<eos>"), add_special_tokens=False)["input_ids"]
-            ids += [eos_token_id] if text.endswith("<eos>") else []
-            rows.append(ids[:max_new_tokens])
-            ended.append(text.endswith(("<eos>", "</code>", "</tool_call>")) and len(ids) <= max_new_tokens)
-        B, P = len(prompts), max(len(p) for p in prompts)
-        R = max(len(r) for r in rows)
-        out = {
-            "input_ids": torch.full((B, P + R), pad_token_id),
-            "response_mask": torch.zeros(B, P + R, dtype=torch.long),
-            "rollout_logprobs": torch.zeros(B, P + R),
-            "truncated": ~torch.tensor(ended),
-        }
-        for b, r in enumerate(rows):
-            out["input_ids"][b, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
-            out["response_mask"][b, P : P + len(r)] = 1
-            out["rollout_logprobs"][b, P : P + len(r)] = -0.5
+            ids += [self.tok.eos_token_id] if text.endswith("<eos>") else []
+            ended = text.endswith(("<eos>", "</code>", "</tool_call>")) and len(ids) <= sampling.max_tokens
+            ids = ids[: sampling.max_tokens]
+            out.append(Completion(ids, [-0.5] * len(ids), "stop" if ended else "length"))
         return out
 
 
@@ -92,23 +88,20 @@ class Echo:
         self.closed = True
 
 
-def _loop(model_dir: Path | str, monkeypatch, turns: list[list[str]], **agent: Any) -> tuple[Batch, Scripted]:
+def _loop(model_dir: Path | str, turns: list[list[str]], **agent: Any) -> tuple[Batch, Scripted]:
     tok = load_tokenizer(str(model_dir))
-    model = load_causal_lm(str(model_dir))
     processor = load_processor(str(model_dir))
     prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(len(turns))]
     scripted = Scripted(tok, prompts, turns)
-    monkeypatch.setattr(agent_module, "sample", scripted)
     cfg = AgentConfig(
         tools=[{"name": "echo", "import_path": f"{__name__}:Echo"}], tool_call_format="hermes", **agent
     )
     loop = AgentLoop(
-        model,
+        scripted,
         processor or VisionProcessor(tok, None),
         build_toolset(cfg.tools),
         cfg,
         max_response_length=400,
-        generator=torch.Generator().manual_seed(0),
         multimodal=processor is not None,
     )
     batch = Batch(
@@ -119,18 +112,17 @@ def _loop(model_dir: Path | str, monkeypatch, turns: list[list[str]], **agent: A
             "where": [f"rows.jsonl:{i + 1}" for i in range(len(turns))],
         }
     )
-    return loop.generate(batch, 1, 1.0, 1.0, -1), scripted
+    return loop.generate(batch, 1, 1.0), scripted
 
 
 def _call(x: str = "", **args: Any) -> str:
     return "<tool_call>" + json.dumps({"name": "echo", "arguments": {"x": x, **args}}) + "</tool_call>"
 
 
-def test_observations_are_masked_and_turns_counted(tiny_model_dir, monkeypatch):
+def test_observations_are_masked_and_turns_counted(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
     out, scripted = _loop(
         tiny_model_dir,
-        monkeypatch,
         [[_call("a"), "ok <answer>1</answer><eos>"], ["<answer>2</answer><eos>"]],
     )
     assert out["end_reason"] == ["done", "done"]
@@ -149,11 +141,12 @@ def test_observations_are_masked_and_turns_counted(tiny_model_dir, monkeypatch):
     assert tok.decode(second).endswith("echo a<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_observation_tokens_get_no_gradient(tiny_model_dir, monkeypatch):
-    out, _ = _loop(tiny_model_dir, monkeypatch, [[_call("zz"), "<answer>1</answer><eos>"]])
+def test_observation_tokens_get_no_gradient(tiny_model_dir):
+    out, _ = _loop(tiny_model_dir, [[_call("zz"), "<answer>1</answer><eos>"]])
     model = load_causal_lm(str(tiny_model_dir))
+    positions = position_ids(model, out["input_ids"], out["attention_mask"])
     logp, _ = forward_logprobs(
-        model, out["input_ids"], out["attention_mask"], out["position_ids"], out["response_mask"]
+        model, out["input_ids"], out["attention_mask"], positions, out["response_mask"]
     )
     logp.retain_grad()
     mask = out["response_mask"].float()
@@ -169,7 +162,7 @@ def test_observation_tokens_get_no_gradient(tiny_model_dir, monkeypatch):
     assert (logp.grad[out["response_mask"] == 1] != 0).all()
 
 
-def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir, monkeypatch):
+def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir):
     turns = [
         [_call("1"), _call("2"), _call("3")],  # max_turns=3: still calling on the last turn
         ["<tool_call>{not json</tool_call>", "<answer>x</answer><eos>"],  # malformed: an observation
@@ -178,7 +171,7 @@ def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir, monkeypat
         [_call(images=1), "<eos>"],  # a text model cannot see the image: told so
         ["x" * 450],  # never ends: over_length
     ]
-    out, _ = _loop(tiny_model_dir, monkeypatch, turns, max_turns=3)
+    out, _ = _loop(tiny_model_dir, turns, max_turns=3)
     assert out["end_reason"] == ["max_turns", "done", "done", "done", "done", "over_length"]
     assert out["tool_calls"].tolist() == [2, 1, 1, 1, 1, 0]
     assert out["tool_errors"].tolist() == [0, 1, 1, 1, 0, 0]
@@ -189,11 +182,11 @@ def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir, monkeypat
     assert all(getattr(e, "closed", False) for e in Echo.instances[-6:])  # every trajectory's tools closed
 
 
-def test_tool_images_come_back_as_image_tokens_and_max_images_ends(monkeypatch):
+def test_tool_images_come_back_as_image_tokens_and_max_images_ends():
     vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
     processor = load_processor(vlm)
     turns = [[_call(images=1), _call(images=2), "<eos>"], [_call(images=4), "<eos>"]]
-    out, scripted = _loop(vlm, monkeypatch, turns, max_images=3)
+    out, scripted = _loop(vlm, turns, max_images=3)
     assert out["end_reason"] == ["done", "max_images"]
     grids = out["image_grid_thw"]
     assert [len(g) for g in grids] == [3, 0]  # 1 + 2 images fed back; 4 > max_images=3 is refused
@@ -205,7 +198,7 @@ def test_tool_images_come_back_as_image_tokens_and_max_images_ends(monkeypatch):
     assert int((out["input_ids"][0] == pad).sum()) == sum(tokens_per_image)
     assert out["response_mask"][0][out["input_ids"][0] == pad].sum() == 0  # image tokens are observations
     assert len(out["pixel_values"][0]) == int(grids[0].prod(-1).sum())
-    assert out["position_ids"].shape == (2, 3, out["input_ids"].shape[1])
+    assert [len(images) for images in scripted.requests[-1]] == [3]  # the engine saw the images themselves
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,22 +243,20 @@ def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_sft(cfg)
 
 
-def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_model_dir, monkeypatch):
+def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_model_dir):
     turns = [
         ["<code>x = 41</code>", "<code>print(x + 1)</code>", "<eos>"],
         ["<code>print(x)</code>", "<code>print(image_1.size)</code>", "<eos>"],
     ]
     tok = load_tokenizer(str(tiny_model_dir))
     prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(2)]
-    monkeypatch.setattr(agent_module, "sample", Scripted(tok, prompts, turns))
     cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], tool_call_format="code")
     loop = AgentLoop(
-        load_causal_lm(str(tiny_model_dir)),
+        Scripted(tok, prompts, turns),
         VisionProcessor(tok, None),
         build_toolset(cfg.tools),
         cfg,
         max_response_length=600,
-        generator=torch.Generator().manual_seed(0),
         multimodal=False,
     )
     picture = Image.new("RGB", (64, 48), "blue")
@@ -278,7 +269,7 @@ def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_mode
             "where": ["r:1", "r:2"],
         }
     )
-    out = loop.generate(batch, 1, 1.0, 1.0, -1)
+    out = loop.generate(batch, 1, 1.0)
     first, second = out["response_text"]
     assert "42" in first  # x from the first cell is still there in the second
     assert "NameError" in second and "(64, 48)" in second  # another trajectory's x is not; its image is
@@ -318,16 +309,9 @@ def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_traject
     model = load_causal_lm(str(tool_vlm))
     processor = load_processor(str(tool_vlm))
     cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], max_turns=3)
-    loop = AgentLoop(
-        model,
-        processor,
-        build_toolset(cfg.tools),
-        cfg,
-        160,
-        torch.Generator().manual_seed(0),
-        multimodal=True,
-    )
-    out = loop.generate(_visual_batch(processor, 4), 3, 1.0, 1.0, -1)
+    engine = HFEngine(model, processor.tokenizer, seed=0, multimodal=True)
+    loop = AgentLoop(engine, processor, build_toolset(cfg.tools), cfg, 160, multimodal=True)
+    out = loop.generate(_visual_batch(processor, 4), 3, 1.0)
     images = torch.tensor([len(g) for g in out["image_grid_thw"]])
     multi = (images >= 2) & (out["num_turns"] >= 2)
     assert multi.any(), (out["end_reason"], out["response_text"])  # a crop came back and was read
@@ -336,7 +320,7 @@ def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_traject
             model,
             out["input_ids"],
             out["attention_mask"],
-            out["position_ids"],
+            position_ids(model, out["input_ids"], out["attention_mask"], out["image_grid_thw"]),
             out["response_mask"],
             pixel_values=out["pixel_values"],
             image_grid_thw=out["image_grid_thw"],

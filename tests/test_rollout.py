@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from rlstack.batch import Batch
+from rlstack.config import AgentConfig
 from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
+from rlstack.models.vision import VisionProcessor, position_ids
+from rlstack.rollout.agent import AgentLoop
+from rlstack.rollout.engine import Request, SamplingSettings
 from rlstack.rollout.hf import HFEngine, sample
 
 PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
@@ -37,7 +41,7 @@ def rescored(m, out, temperature: float = 1.0) -> torch.Tensor:
             m,
             out["input_ids"],
             out["attention_mask"],
-            out["position_ids"],
+            position_ids(m, out["input_ids"], out["attention_mask"]),
             out["response_mask"],
             temperature=temperature,
         )
@@ -65,7 +69,7 @@ def test_masks_prompt_padding_and_first_eos(eos_model, tok):
     ids, attn, rmask = out["input_ids"], out["attention_mask"], out["response_mask"]
     R = ids.shape[1] - P
     assert 1 <= R <= MAX_NEW
-    for k in ("input_ids", "attention_mask", "position_ids", "response_mask", "rollout_logprobs"):
+    for k in ("input_ids", "attention_mask", "response_mask", "rollout_logprobs"):
         assert out[k].shape == (B, P + R), k
     assert out["truncated"].shape == (B,)
 
@@ -90,7 +94,6 @@ def test_masks_prompt_padding_and_first_eos(eos_model, tok):
         assert out["truncated"][i].item() == (eos not in resp)
     assert out["truncated"].any() and not out["truncated"].all()
     assert len(set(ended)) >= 2 and min(ended) < R - 1  # some rows are padded after their EOS
-    assert out["position_ids"].tolist() == (attn.cumsum(-1) - 1).clamp(min=0).tolist()
     lp = out["rollout_logprobs"]
     assert (lp[rmask == 0] == 0).all()
     assert (lp[rmask == 1] < 0).all()
@@ -159,7 +162,9 @@ def test_greedy_is_deterministic_and_picks_the_argmax(model, tok):
     P = max(len(p) for p in prompt_ids(tok))
     with torch.no_grad():
         logits = model(
-            input_ids=a["input_ids"], attention_mask=a["attention_mask"], position_ids=a["position_ids"]
+            input_ids=a["input_ids"],
+            attention_mask=a["attention_mask"],
+            position_ids=position_ids(model, a["input_ids"], a["attention_mask"]),
         ).logits
     assert torch.equal(logits[:, P - 1 : -1].argmax(-1), a["input_ids"][:, P:])
 
@@ -199,10 +204,18 @@ def prompt_batch(tok, texts: list[str]) -> Batch:
     )
 
 
-def test_engine_repeats_prompts_and_decodes_responses(eos_model, tok):
-    engine = HFEngine(eos_model, tok, max_response_length=MAX_NEW, seed=2)
+def rollout_loop(m, tok, max_response_length: int, seed: int) -> AgentLoop:
+    """Single-turn generation as the rollout worker does it: the loop without tools over the HF engine."""
+    engine = HFEngine(m, tok, seed=seed, multimodal=False)
+    return AgentLoop(
+        engine, VisionProcessor(tok, None), None, AgentConfig(), max_response_length, multimodal=False
+    )
+
+
+def test_loop_repeats_prompts_and_decodes_responses(eos_model, tok):
+    loop = rollout_loop(eos_model, tok, MAX_NEW, seed=2)
     eos_model.train()
-    out = engine.generate(prompt_batch(tok, ["1+2=", "123+4567="]), n=3, temperature=1.0, top_p=1.0, top_k=-1)
+    out = loop.generate(prompt_batch(tok, ["1+2=", "123+4567="]), n=3, temperature=1.0)
     assert eos_model.training  # the mode is restored
     eos_model.eval()
     assert len(out) == 6
@@ -220,34 +233,85 @@ def test_engine_repeats_prompts_and_decodes_responses(eos_model, tok):
     assert all(tok.eos_token not in t for t in out["response_text"])
     assert out["end_reason"] == ["over_length" if t else "done" for t in out["truncated"].tolist()]
     assert "done" in out["end_reason"]
+    assert "num_turns" not in out and "agent_timing" not in out.meta  # no agent columns without tools
     # samples of the same prompt differ
     assert len(set(out["response_text"][:3])) > 1
 
 
-def test_engine_greedy_meta_and_chunking(model, tok):
-    engine = HFEngine(model, tok, max_response_length=4, seed=0)
-    batch = prompt_batch(tok, ["1+2=", "123+4567=", "ab"])
-    whole = engine.generate(batch, n=2, temperature=0.0, top_p=1.0, top_k=-1)
-    chunked = engine.generate(batch, n=2, temperature=0.0, top_p=1.0, top_k=-1, chunk_size=4)
+def test_loop_greedy_meta(model, tok):
+    loop = rollout_loop(model, tok, 4, seed=0)
+    whole = loop.generate(prompt_batch(tok, ["1+2=", "123+4567=", "ab"]), n=2, temperature=0.0)
     assert whole.meta["temperature"] == 1.0  # greedy log-probs are at temperature 1
-    assert whole["uid"] == chunked["uid"] == ["u0", "u0", "u1", "u1", "u2", "u2"]
-    assert whole["response_text"] == chunked["response_text"]
+    assert whole["uid"] == ["u0", "u0", "u1", "u1", "u2", "u2"]
     assert whole["response_text"][0] == whole["response_text"][1]  # greedy: both samples agree
-    assert chunked["input_ids"].shape == whole["input_ids"].shape
-    for i in range(len(whole)):
-        a = whole["input_ids"][i][whole["attention_mask"][i].bool()]
-        b = chunked["input_ids"][i][chunked["attention_mask"][i].bool()]
-        assert torch.equal(a, b)
+
+
+def test_engine_completions_are_the_sampled_tokens_their_logprobs_and_why_they_ended(eos_model, tok):
+    requests = [Request(p) for p in prompt_ids(tok)]
+    for seed in range(20):
+        engine = HFEngine(eos_model, tok, seed=seed, multimodal=False)
+        completions = engine.generate(requests, SamplingSettings(max_tokens=MAX_NEW))
+        reasons = {c.finish_reason for c in completions}
+        if reasons == {"stop", "length"}:
+            break
+    else:
+        raise AssertionError("no seed in 0..19 gave completions ending both ways")
+    out = run(eos_model, tok, seed=seed)  # the same draws through the tensor-level sampler
+    P = max(len(p) for p in prompt_ids(tok))
+    for b, c in enumerate(completions):
+        n = int(out["response_mask"][b].sum())
+        assert c.token_ids == out["input_ids"][b, P : P + n].tolist()
+        assert c.logprobs == out["rollout_logprobs"][b, P : P + n].tolist()
+        assert len(c.token_ids) == len(c.logprobs)
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == tok.eos_token_id
+        else:
+            assert len(c.token_ids) == MAX_NEW and tok.eos_token_id not in c.token_ids
+
+
+def test_engine_shares_the_policy_weights_and_only_records_versions(model, tok):
+    engine = HFEngine(model, tok, seed=0, multimodal=False)
+    assert engine.capabilities.shares_policy_weights and not engine.capabilities.sleep
+    engine.update_weights(None, 7)
+    assert engine.weight_version == 7
+    with pytest.raises(ValueError, match="takes no weights"):
+        engine.update_weights(iter([("lm_head.weight", torch.zeros(1))]), 8)
+    engine.sleep()
+    engine.wake_up()  # no-ops: nothing to free
+    assert engine.state_dict()["weight_version"] == 7
+
+
+def test_one_model_call_per_token_and_ended_rows_keep_attending(eos_model, tok):
+    """The prefill gives the first token and each later token costs one decode call, none after the
+    last; rows that ended keep 1 in the attention mask (their padding is masked out of the result)."""
+    masks = []
+
+    def record(module, args, kwargs):
+        masks.append(kwargs["attention_mask"].clone())
+
+    handle = eos_model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = mixed_outcome(eos_model, tok)
+    finally:
+        handle.remove()
+    R = out["input_ids"].shape[1] - max(len(p) for p in prompt_ids(tok))
+    assert R == MAX_NEW  # a row ran out of tokens
+    last = masks[-R:]  # mixed_outcome may have tried several seeds: the last sample's calls
+    assert last[0].shape[1] == max(len(p) for p in prompt_ids(tok))  # the prefill
+    assert [m.shape[1] for m in last[1:]] == [last[0].shape[1] + k for k in range(1, R)]
+    P = last[0].shape[1]
+    assert (last[-1][:, P:] == 1).all()  # ended rows included
+    assert not out["truncated"].all()
 
 
 def test_engine_generator_state_round_trip(eos_model, tok):
-    engine = HFEngine(eos_model, tok, max_response_length=MAX_NEW, seed=11)
+    loop = rollout_loop(eos_model, tok, MAX_NEW, seed=11)
     batch = prompt_batch(tok, ["1+2=", "ab"])
-    engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
-    state = engine.state_dict()
-    first = engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
-    engine.load_state_dict(state)
-    again = engine.generate(batch, n=2, temperature=1.0, top_p=1.0, top_k=-1)
+    loop.generate(batch, n=2, temperature=1.0)
+    state = loop.engine.state_dict()
+    first = loop.generate(batch, n=2, temperature=1.0)
+    loop.engine.load_state_dict(state)
+    again = loop.generate(batch, n=2, temperature=1.0)
     assert first["response_text"] == again["response_text"]
     assert torch.equal(first["input_ids"], again["input_ids"])
 

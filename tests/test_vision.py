@@ -19,7 +19,6 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
-from rlstack.batch import Batch
 from rlstack.cli import main
 from rlstack.data.images import fit_pixels, load_image
 from rlstack.models.loading import (
@@ -40,8 +39,10 @@ from rlstack.models.vision import (
     encode_observation,
     encode_prompt,
     is_vision_model,
+    position_ids,
     vision_tower_parameters,
 )
+from rlstack.rollout.engine import Request, SamplingSettings
 from rlstack.rollout.hf import HFEngine, StopStrings, sample
 
 EOS_BIAS = 3.5  # responses end at different lengths with the near-uniform random model
@@ -393,13 +394,17 @@ def images_of(encoded_rows):
     }
 
 
-def rescore(model, out, images, position_ids=None, temperature=1.0):
+def model_positions(model, out, images) -> torch.Tensor:
+    return position_ids(model, out["input_ids"], out["attention_mask"], images["image_grid_thw"])
+
+
+def rescore(model, out, images, positions=None, temperature=1.0):
     with torch.no_grad():
         logp, _ = forward_logprobs(
             model,
             out["input_ids"],
             out["attention_mask"],
-            out["position_ids"] if position_ids is None else position_ids,
+            model_positions(model, out, images) if positions is None else positions,
             out["response_mask"],
             temperature=temperature,
             **images,
@@ -426,51 +431,66 @@ def test_rollout_logprobs_match_a_multimodal_forward_pass(family):
     assert len(set(out["response_mask"].sum(-1).tolist())) > 1
     prompt_lens = [len(e.input_ids) for e in encoded]
     P = max(prompt_lens)
-    assert out["position_ids"].shape == (3, 3, out["input_ids"].shape[1])
+    positions = model_positions(vl_model, out, images)
+    assert positions.shape == (3, 3, out["input_ids"].shape[1])
     assert out["attention_mask"][:, :P].sum(-1).tolist() == prompt_lens  # left padding
     diff = (rescore(vl_model, out, images, temperature=0.8) - out["rollout_logprobs"]).abs().max()
     assert diff < 1e-4
     # the M-RoPE ids matter: image rows scored with plain text positions give other log-probs
     text_pos = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)[:, None, :].expand(-1, 3, -1)
-    assert not torch.equal(text_pos[1:], out["position_ids"][1:])
-    assert torch.equal(text_pos[0] * out["attention_mask"][0], out["position_ids"][0])  # no image: text ids
-    wrong = rescore(vl_model, out, images, position_ids=text_pos, temperature=0.8)
+    assert not torch.equal(text_pos[1:], positions[1:])
+    assert torch.equal(text_pos[0] * out["attention_mask"][0], positions[0])  # no image: text ids
+    wrong = rescore(vl_model, out, images, positions=text_pos, temperature=0.8)
     assert (wrong[1:] - out["rollout_logprobs"][1:]).abs().max() > 1e-2
 
 
 STOP = tuple("aeiou0123456789")
 
 
-def end_kinds(out, tok) -> list[str]:
-    """How each row ended ("stop", "eos" or "length"), checking that nothing follows its end."""
-    kinds = []
-    for text, truncated, ids, mask in zip(
-        out["response_text"], out["truncated"].tolist(), out["input_ids"], out["response_mask"]
-    ):
-        assert not any(s in text[:-1] for s in STOP)  # nothing after a stop string
-        last = int(mask.nonzero().max())
-        assert (ids[last + 1 :] == tok.pad_token_id).all()  # an ended row does not grow
-        if truncated:
-            kinds.append("length")
-        elif text.endswith(STOP):
-            kinds.append("stop")
-        else:
-            assert ids[last] == tok.eos_token_id
-            kinds.append("eos")
-    return kinds
-
-
 def test_engine_samples_n_per_image_prompt_with_shared_prefill_and_stop_strings(vl_model, proc, encoded):
-    prompts = Batch({"prompt_ids": [e.input_ids.tolist() for e in encoded], **images_of(encoded)})
+    tok = proc.tokenizer
+    requests = [
+        Request(e.input_ids.tolist(), pixel_values=e.pixel_values, image_grid_thw=e.image_grid_thw)
+        for e in encoded
+        for _ in range(2)  # n = 2: neighbours share their prefill
+    ]
     for seed in range(10):
-        engine = HFEngine(vl_model, proc.tokenizer, max_response_length=12, seed=seed)
-        out = engine.generate(prompts, n=2, temperature=1.0, top_p=1.0, top_k=-1, stop=STOP)
-        kinds = end_kinds(out, proc.tokenizer)
+        engine = HFEngine(vl_model, tok, seed=seed, multimodal=True)
+        completions = engine.generate(requests, SamplingSettings(max_tokens=12, stop=STOP))
+        kinds = []
+        for c in completions:
+            text = tok.decode(c.token_ids, skip_special_tokens=True)
+            assert not any(s in text[:-1] for s in STOP)  # nothing after a stop string
+            if c.finish_reason == "length":
+                kinds.append("length")
+            elif c.token_ids[-1] == tok.eos_token_id:
+                kinds.append("eos")
+            else:
+                assert text.endswith(STOP)
+                kinds.append("stop")
         if "stop" in kinds and len(set(kinds)) > 1:
             break
     assert "stop" in kinds and len(set(kinds)) > 1, kinds
-    assert len(out) == 6 and out["pixel_values"][2] is out["pixel_values"][3]
-    images = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    # the same draws as the tensor-level sampler, whose log-probs match a forward pass (above)
+    out = sample(
+        vl_model,
+        [r.prompt_ids for r in requests],
+        max_new_tokens=12,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(seed),
+        pixel_values=[r.pixel_values for r in requests],
+        image_grid_thw=[r.image_grid_thw for r in requests],
+        stop=StopStrings(tok, STOP),
+    )
+    P = max(len(r.prompt_ids) for r in requests)
+    for b, c in enumerate(completions):
+        assert c.token_ids == out["input_ids"][b, P : P + len(c.token_ids)].tolist()
+    images = {
+        "pixel_values": [r.pixel_values for r in requests],
+        "image_grid_thw": [r.image_grid_thw for r in requests],
+    }
     assert (rescore(vl_model, out, images) - out["rollout_logprobs"]).abs().max() < 1e-4
 
 
@@ -498,7 +518,7 @@ def test_gradients_reach_the_language_model_and_the_vision_tower_unless_frozen(v
             model,
             out["input_ids"],
             out["attention_mask"],
-            out["position_ids"],
+            model_positions(model, out, images_of(encoded)),
             out["response_mask"],
             **images_of(encoded),
         )

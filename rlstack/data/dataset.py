@@ -252,7 +252,7 @@ def sft_batch(
     other messages (a tool's observation: `content` with `<image>` placeholders and the message's
     `images`) are rendered through the chat template as the next turn with `response_mask = 0`
     (`models.vision.encode_observation`). Rows of a vision model also carry their images; their
-    M-RoPE positions need the model and are computed by the actor (`ActorWorker.sft_update`)."""
+    M-RoPE positions need the model and are computed by the policy worker from the image grids."""
     seqs, masks, pixels, grids = [], [], [], []
     for i in indices:
         it = dataset.items[i]

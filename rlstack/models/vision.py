@@ -404,6 +404,20 @@ def mrope_position_ids(
     return positions.permute(1, 0, 2).contiguous()
 
 
+def position_ids(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_grid_thw: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The position ids the model gives a batch of left-padded rows: M-RoPE `[B, 3, T]` for a row
+    layout with images (`image_grid_thw`, one tensor per row), else `[B, T]` counting the attended
+    tokens (0 on left padding)."""
+    if image_grid_thw is not None:
+        return mrope_position_ids(model, input_ids, attention_mask, image_grid_thw)
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def as_model_positions(position_ids: torch.Tensor) -> torch.Tensor:
     """rlstack's `[B, T]` / `[B, 3, T]` position ids in the layout the model's forward takes
     (`[B, T]` / `[3, B, T]`)."""

@@ -1,8 +1,10 @@
-"""The multi-turn agent loop: generate, run the tool calls, append the observations, repeat.
+"""The rollout loop: generate, run the tool calls, append the observations, repeat.
 
-Every active trajectory of a batch is generated together (`rollout.hf.sample`, with each
-trajectory's whole context and images), up to a stop string of the call format (`</code>`,
-`</tool_call>`) or EOS. Each turn is then read:
+It is the only caller of an engine (`rollout/engine.py`). Without tools it is single-turn
+generation: one turn per trajectory, ending at EOS (`done`) or when the response budget runs out
+(`over_length`). With tools (`worker.rollout.agent.tools`) every active trajectory of a batch is
+generated together (one engine request per trajectory, its whole context and images), up to a
+stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is then read:
 
 - EOS: the trajectory is done (`done`);
 - a tool call (or a malformed one): the calls of all trajectories run concurrently in threads
@@ -22,10 +24,14 @@ rollout.
 The response of a trajectory is everything after its prompt: sampled tokens (`response_mask` 1,
 with their rollout log-probs) and observation tokens (`response_mask` 0, log-prob 0, never trained
 on nor used in ratios). `max_response_length` bounds the whole response, observations included.
+
+Nothing here touches a model: position ids (M-RoPE for vision-language models) are computed by the
+workers that run the model, from the token ids and image grids.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,17 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
-from rlstack.models.vision import (
-    IMAGE_PLACEHOLDER,
-    ImageInputError,
-    VisionProcessor,
-    encode_observation,
-    mrope_position_ids,
-)
-from rlstack.rollout.hf import StopStrings, sample
+from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
+from rlstack.rollout.engine import Engine, Request, SamplingSettings
 from rlstack.tools.base import Observation
 from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
 from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
@@ -56,11 +57,14 @@ class Trajectory:
     """One row being generated: its prompt, the response so far, its images and its tools."""
 
     prompt_ids: list[int]
-    toolbox: Toolbox
+    toolbox: Toolbox | None
+    """None without tools."""
     where: str
-    pixel_values: torch.Tensor
-    """The processor's rows of every image the model has seen (prompt images first, then tool images)."""
-    image_grid_thw: torch.Tensor
+    images: list[Image.Image]
+    """Every image the model has seen (prompt images first, then tool images); empty for a text model."""
+    pixel_values: torch.Tensor | None
+    """The processor's rows of `images` (None for a text model)."""
+    image_grid_thw: torch.Tensor | None
     """`[images, 3]`, in the same order."""
     num_images: int
     """Images in the context (a text-only model counts the row's images, which only tools see)."""
@@ -79,56 +83,58 @@ class Trajectory:
 
     def finish(self, reason: str) -> None:
         self.end_reason = reason
-        self.toolbox.close()
+        if self.toolbox is not None:
+            self.toolbox.close()
+
+    def request(self) -> Request:
+        return Request(self.prompt_ids + self.tokens, self.images, self.pixel_values, self.image_grid_thw)
 
 
 class AgentLoop:
-    """Generates `n` multi-turn trajectories per prompt row (see module docstring)."""
+    """Generates `n` trajectories per prompt row with an engine (see module docstring)."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        engine: Engine,
         processor: VisionProcessor,
-        toolset: ToolSet,
+        toolset: ToolSet | None,
         config: AgentConfig,
         max_response_length: int,
-        generator: torch.Generator,
         multimodal: bool,
     ):
-        self.model = model
+        self.engine = engine
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.toolset = toolset
         self.cfg = config
         self.max_response_length = max_response_length
-        self.generator = generator
         self.multimodal = multimodal
-        self.stop = StopStrings(self.tokenizer, STOP_STRINGS[config.tool_call_format])
+        self.stop = tuple(STOP_STRINGS[config.tool_call_format]) if toolset is not None else ()
         self.timing = {"gen": 0.0, "tools": 0.0}
         """Seconds spent generating and running tools in the current `generate` call."""
 
-    def generate(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
-        """Trajectories for every row of `prompts`, `n` each; `meta["agent_timing"]` holds this call's
-        seconds of generation (`gen`) and of tool calls (`tools`)."""
+    def generate(
+        self, prompts: Batch, n: int, temperature: float, top_p: float = 1.0, top_k: int = -1
+    ) -> Batch:
+        """Trajectories for every row of `prompts`, `n` each; with tools, `meta["agent_timing"]` holds this
+        call's seconds of generation (`gen`) and of tool calls (`tools`)."""
         self.timing = {"gen": 0.0, "tools": 0.0}
+        sampling = SamplingSettings(self.max_response_length, temperature, top_p, top_k, self.stop)
         batch = prompts.repeat_interleave(n)
         trajectories = [self._start(batch, i) for i in range(len(batch))]
-        was_training = self.model.training
-        self.model.eval()
         try:
             with ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool") as pool:
                 while True:
                     active = [t for t in trajectories if not t.done]
                     if not active:
                         break
-                    self._generate_turn(active, temperature, top_p, top_k)
+                    self._generate_turn(active, sampling)
                     calling = [t for t in active if not t.done]
                     if calling:
                         self._run_tools(calling, pool)
         finally:
-            self.model.train(was_training)
             for t in trajectories:  # after an error mid-rollout: stop the interpreters still running
-                if not t.done:
+                if not t.done and t.toolbox is not None:
                     t.toolbox.close()
         return self._assemble(batch, trajectories, temperature)
 
@@ -138,53 +144,44 @@ class AgentLoop:
         images = list(batch["images"][i]) if "images" in batch else []
         extra = batch["extra"][i] if "extra" in batch else {}
         where = batch["where"][i] if "where" in batch else f"row {i}"
-        if self.multimodal and "image_grid_thw" in batch:
-            pixel_values, grid = batch["pixel_values"][i], batch["image_grid_thw"][i]
-        else:
-            pixel_values, grid = self.processor.process_images([], where)
+        pixel_values = grid = None
+        if self.multimodal:
+            if "image_grid_thw" in batch:
+                pixel_values, grid = batch["pixel_values"][i], batch["image_grid_thw"][i]
+            else:
+                pixel_values, grid = self.processor.process_images([], where)
         return Trajectory(
             prompt_ids=list(batch["prompt_ids"][i]),
-            toolbox=self.toolset.new(images, dict(extra)),
+            toolbox=self.toolset.new(images, dict(extra)) if self.toolset is not None else None,
             where=where,
+            images=images if self.multimodal else [],
             pixel_values=pixel_values,
             image_grid_thw=grid,
             num_images=len(images),
         )
 
-    def _generate_turn(self, active: list[Trajectory], temperature: float, top_p: float, top_k: int) -> None:
+    def _generate_turn(self, active: list[Trajectory], sampling: SamplingSettings) -> None:
         budget = max(self.max_response_length - len(t.tokens) for t in active)
         began = time.perf_counter()
-        out = sample(
-            self.model,
-            [t.prompt_ids + t.tokens for t in active],
-            max_new_tokens=budget,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            generator=self.generator,
-            pixel_values=[t.pixel_values for t in active] if self.multimodal else None,
-            image_grid_thw=[t.image_grid_thw for t in active] if self.multimodal else None,
-            stop=self.stop,
+        completions = self.engine.generate(
+            [t.request() for t in active], dataclasses.replace(sampling, max_tokens=budget)
         )
         self.timing["gen"] += time.perf_counter() - began
         eos = self.tokenizer.eos_token_id
-        for b, t in enumerate(active):
-            keep = out["response_mask"][b].bool()
-            new = out["input_ids"][b][keep].tolist()
-            logp = out["rollout_logprobs"][b][keep].tolist()
+        for t, c in zip(active, completions):
             room = self.max_response_length - len(t.tokens)
-            cut = len(new) > room
-            new, logp = new[:room], logp[:room]
+            cut = len(c.token_ids) > room
+            new, logp = c.token_ids[:room], c.logprobs[:room]
             t.tokens += new
             t.mask += [1] * len(new)
             t.logprobs += logp
             t.num_turns += 1
             if not cut and new and new[-1] == eos:
                 t.finish("done")
-            elif cut or bool(out["truncated"][b]) or len(t.tokens) >= self.max_response_length:
+            elif cut or c.finish_reason == "length" or len(t.tokens) >= self.max_response_length:
                 t.finish("over_length")
+            elif self.toolset is None:
+                t.finish("done")  # a stop string ends a single-turn completion
             elif t.num_turns >= self.cfg.max_turns:
                 t.finish("max_turns")
 
@@ -245,6 +242,7 @@ class AgentLoop:
         t.mask += [0] * len(ids)
         t.logprobs += [0.0] * len(ids)
         if images:
+            t.images += images
             t.pixel_values = torch.cat([t.pixel_values, encoded.pixel_values])
             t.image_grid_thw = torch.cat([t.image_grid_thw, encoded.image_grid_thw])
             t.num_images += len(images)
@@ -253,50 +251,40 @@ class AgentLoop:
 
     def _assemble(self, batch: Batch, trajectories: list[Trajectory], temperature: float) -> Batch:
         pad = self.tokenizer.pad_token_id
-        B = len(trajectories)
         P = max(len(t.prompt_ids) for t in trajectories)
         R = max(1, max(len(t.tokens) for t in trajectories))
-        input_ids = torch.full((B, P + R), pad, dtype=torch.long)
-        attention_mask = torch.zeros((B, P + R), dtype=torch.long)
-        response_mask = torch.zeros((B, P + R), dtype=torch.long)
-        logprobs = torch.zeros((B, P + R))
-        for b, t in enumerate(trajectories):
-            p, r = len(t.prompt_ids), len(t.tokens)
-            input_ids[b, P - p : P] = torch.tensor(t.prompt_ids)
-            attention_mask[b, P - p : P + r] = 1
-            if r:
-                input_ids[b, P : P + r] = torch.tensor(t.tokens)
-                response_mask[b, P : P + r] = torch.tensor(t.mask)
-                logprobs[b, P : P + r] = torch.tensor(t.logprobs)
-        grids = [t.image_grid_thw for t in trajectories]
-        if self.multimodal:
-            with torch.no_grad():
-                position_ids = mrope_position_ids(self.model, input_ids, attention_mask, grids)
-        else:
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = batch.update(
-            {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "position_ids": position_ids,
-                "response_mask": response_mask,
-                "rollout_logprobs": logprobs * response_mask,
-                "truncated": torch.tensor([t.end_reason == "over_length" for t in trajectories]),
-                "end_reason": [t.end_reason for t in trajectories],
+        ids, attention, response, logprobs = [], [], [], []
+        for t in trajectories:  # prompts left-padded to P, responses right-padded to R
+            left, right = P - len(t.prompt_ids), R - len(t.tokens)
+            ids.append([pad] * left + t.prompt_ids + t.tokens + [pad] * right)
+            attention.append([0] * left + [1] * (len(t.prompt_ids) + len(t.tokens)) + [0] * right)
+            response.append([0] * P + t.mask + [0] * right)
+            logprobs.append([0.0] * P + [lp * m for lp, m in zip(t.logprobs, t.mask)] + [0.0] * right)
+        columns: dict[str, Any] = {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "attention_mask": torch.tensor(attention, dtype=torch.long),
+            "response_mask": torch.tensor(response, dtype=torch.long),
+            "rollout_logprobs": torch.tensor(logprobs, dtype=torch.float32),
+            "truncated": torch.tensor([t.end_reason == "over_length" for t in trajectories]),
+            "end_reason": [t.end_reason for t in trajectories],
+            "response_text": self.tokenizer.batch_decode(
+                [t.tokens for t in trajectories], skip_special_tokens=True
+            ),
+        }
+        if self.toolset is not None:
+            columns |= {
                 "num_turns": torch.tensor([t.num_turns for t in trajectories]),
                 "tool_calls": torch.tensor([t.tool_calls for t in trajectories]),
                 "tool_errors": torch.tensor([t.tool_errors for t in trajectories]),
                 "num_images": torch.tensor([t.num_images for t in trajectories]),
-                "response_text": [
-                    self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories
-                ],
             }
-        )
         if self.multimodal:
-            out["pixel_values"] = [t.pixel_values for t in trajectories]
-            out["image_grid_thw"] = grids
+            columns["pixel_values"] = [t.pixel_values for t in trajectories]
+            columns["image_grid_thw"] = [t.image_grid_thw for t in trajectories]
+        out = batch.update(columns)
         out.meta["temperature"] = temperature if temperature > 0 else 1.0
-        out.meta["agent_timing"] = dict(self.timing)
+        if self.toolset is not None:
+            out.meta["agent_timing"] = dict(self.timing)
         return out
 
 

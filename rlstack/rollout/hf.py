@@ -1,29 +1,33 @@
-"""Batched sampling with Hugging Face transformers models (the embedded default engine).
+"""The embedded default engine: batched sampling with the policy's own Hugging Face module.
 
-The engine shares the actor's model object (colocated, so weights never need syncing), keeps a
-KV cache across decode steps, and samples with a seeded `torch.Generator` whose state is saved
-in checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neighbouring rows
+`HFEngine` samples from the module it is given (the policy's, colocated: no weights to sync), keeps
+a KV cache across decode steps, and draws with a seeded `torch.Generator` whose state is saved in
+checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neighbouring requests
 with the same prompt (the `n` samples of a prompt; for a vision-language model, the same images
 too) are prefilled once and share its KV cache. Vision-language prompts get M-RoPE positions from
 the model's `get_rope_index`; each decoded token takes the prompt's largest position + 1 + its
 index, in all three dimensions, which is what `get_rope_index` gives the response tokens of the
-finished sequence. Rows end at EOS or, optionally, at stop strings (`StopStrings`).
+finished sequence. A completion ends at EOS or, optionally, at a stop string (`StopStrings`).
 
-`rollout_logprobs` are log-probabilities under the temperature-scaled distribution before top-k
-/ top-p truncation, which is the distribution the actor scores (`logits / temperature`): at
-temperature 1 with no truncation they equal a separate forward pass.
+Decoding makes one model call per generated token after the first (the prefill gives the first),
+and a row that has ended keeps attending normally (its tokens are padding, masked out of the
+result), as transformers' `generate` does: masking ended rows in the attention mask sends every
+call onto a slower attention path.
+
+Log-probs are under the temperature-scaled distribution before top-k / top-p truncation, which is
+the distribution the policy scores (`logits / temperature`): at temperature 1 with no truncation
+they equal a separate forward pass.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-from rlstack.batch import Batch
 from rlstack.errors import TrainingDiverged
 from rlstack.models.logprobs import run_starts
 from rlstack.models.vision import (
@@ -32,6 +36,7 @@ from rlstack.models.vision import (
     mrope_position_ids,
     multimodal_inputs,
 )
+from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
 
 
 def _cloned_out_of_inference_mode(fn):
@@ -103,9 +108,8 @@ def sample(
     A row ends at EOS, or at a stop string with `stop`; an ended row gets padding, masked out.
 
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
-    longest response R): input_ids, attention_mask, position_ids (`[B, 3, P + R]` M-RoPE ids
-    with images), response_mask, rollout_logprobs; and `truncated` [B] (neither EOS nor a stop
-    string within `max_new_tokens`).
+    longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
+    `truncated` [B] (neither EOS nor a stop string within `max_new_tokens`).
     """
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -193,9 +197,9 @@ def sample(
         if stop is not None:
             ended |= stop.hit(tokens, newly_valid & ~ended)
         done = done | ended
-        if bool(done.all()):
+        if bool(done.all()) or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, newly_valid[:, None].long()], dim=-1)
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         pos = next_pos + step  # [B]: the same id in all three M-RoPE dims
         out = model(
             input_ids=tok[:, None],
@@ -212,17 +216,10 @@ def sample(
     valid = torch.arange(resp.shape[1], device=device)[None, :] < lengths[:, None]
     resp_mask = valid.long()
 
-    input_ids = torch.cat([prompt_ids, torch.where(valid, resp, pad_token_id)], dim=1)
-    attention_mask = torch.cat([prompt_mask, resp_mask], dim=1)
-    if multimodal:
-        position_ids = mrope_position_ids(model, input_ids, attention_mask, image_grid_thw)
-    else:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     zeros = torch.zeros_like(prompt_ids)
     return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
+        "input_ids": torch.cat([prompt_ids, torch.where(valid, resp, pad_token_id)], dim=1),
+        "attention_mask": torch.cat([prompt_mask, resp_mask], dim=1),
         "response_mask": torch.cat([zeros, resp_mask], dim=1),
         "rollout_logprobs": torch.cat([zeros.float(), resp_logp * resp_mask], dim=1),
         "truncated": ~done,
@@ -253,63 +250,67 @@ def _same_images_as_previous(
 
 
 class HFEngine:
-    """Generates `n` responses per prompt row of a Batch with the given model."""
+    """The `Engine` over a Hugging Face causal LM (the policy's own module; see module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_response_length: int, seed: int):
+    def __init__(self, model: torch.nn.Module, tokenizer, seed: int, multimodal: bool):
         self.model = model
         self.tokenizer = tokenizer
-        self.max_response_length = max_response_length
         self.generator = torch.Generator().manual_seed(seed)
+        self.multimodal = multimodal
+        self.capabilities = EngineCapabilities(
+            name="hf", shares_policy_weights=True, sleep=False, multimodal=multimodal, prefix_caching=True
+        )
+        self.weight_version = 0
 
-    def generate(
-        self,
-        prompts: Batch,
-        n: int,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        chunk_size: int | None = None,
-        stop: Sequence[str] = (),
-    ) -> Batch:
-        """Rows of `prompts` (with `prompt_ids`; for a vision-language model also `pixel_values` and
-        `image_grid_thw`, one tensor per row) repeated `n` times, each with a sampled response that
-        ends at EOS or at one of the `stop` strings."""
-        batch = prompts.repeat_interleave(n)
-        stop_strings = StopStrings(self.tokenizer, stop) if stop else None
+    def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
+        # A vision-language model's requests all carry their (possibly empty) processed images: its
+        # positions are M-RoPE ids, with or without images.
+        images = self.multimodal
         was_training = self.model.training
         self.model.eval()
-        parts = []
-        for piece in batch.split(chunk_size or len(batch)):
-            cols = sample(
+        try:
+            out = sample(
                 self.model,
-                piece["prompt_ids"],
-                max_new_tokens=self.max_response_length,
+                [r.prompt_ids for r in requests],
+                max_new_tokens=sampling.max_tokens,
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
                 generator=self.generator,
-                pixel_values=piece.get("pixel_values"),
-                image_grid_thw=piece.get("image_grid_thw"),
-                stop=stop_strings,
+                pixel_values=[r.pixel_values for r in requests] if images else None,
+                image_grid_thw=[r.image_grid_thw for r in requests] if images else None,
+                stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
             )
-            parts.append(piece.update(cols))
-        self.model.train(was_training)
-        out = Batch.concat(parts, pad_values={"input_ids": self.tokenizer.pad_token_id})
-        out["response_text"] = self.decode_responses(out)
-        out["end_reason"] = ["over_length" if t else "done" for t in out["truncated"].tolist()]
-        out.meta["temperature"] = temperature if temperature > 0 else 1.0
-        return out
+        finally:
+            self.model.train(was_training)
+        P = max(len(r.prompt_ids) for r in requests)
+        tokens = out["input_ids"][:, P:].tolist()
+        logprobs = out["rollout_logprobs"][:, P:].tolist()
+        lengths = out["response_mask"][:, P:].sum(-1).tolist()
+        truncated = out["truncated"].tolist()
+        return [
+            Completion(t[:n], lp[:n], "length" if cut else "stop")
+            for t, lp, n, cut in zip(tokens, logprobs, lengths, truncated)
+        ]
 
-    def decode_responses(self, batch: Batch) -> list[str]:
-        ids, mask = batch["input_ids"], batch["response_mask"].bool()
-        return self.tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True
-        )
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+        if weights is not None:
+            raise ValueError(
+                "the HF engine samples from the policy's own module; it takes no weights (pass None)"
+            )
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine's only memory is the policy's module and a per-call KV cache."""
+
+    def wake_up(self) -> None:
+        """See `sleep`."""
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "weight_version": self.weight_version}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+        self.weight_version = state["weight_version"]

@@ -12,6 +12,7 @@ from rlstack.algos.value_loss import clipped_value_loss, explained_variance
 from rlstack.batch import Batch
 from rlstack.config import CriticConfig
 from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
+from rlstack.models.vision import position_ids
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
 
@@ -45,7 +46,9 @@ class CriticWorker:
 
     def _values(self, b: Batch) -> torch.Tensor:
         out = self.model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            position_ids=position_ids(self.model, b["input_ids"], b["attention_mask"]),
         )
         v = out.logits[..., 0].float()  # [B, T]: value of the prefix ending at each column
         shifted = torch.zeros_like(v)

@@ -1,8 +1,9 @@
-"""The actor (trained policy, with its colocated HF rollout engine) and the frozen reference model."""
+"""The policy (the trained model: log-probs, updates, checkpoints, its weights for a rollout engine)
+and the frozen reference model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from rlstack.algos.policy_loss import (
     token_mean,
 )
 from rlstack.batch import Batch
-from rlstack.config import ActorConfig, AlgorithmConfig, RolloutConfig
+from rlstack.config import ActorConfig, AlgorithmConfig
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import (
     forward_logprobs,
@@ -27,10 +28,7 @@ from rlstack.models.logprobs import (
     response_logits,
     to_full_width,
 )
-from rlstack.models.vision import VisionProcessor, mask_patches, mrope_position_ids, vision_tower_parameters
-from rlstack.rollout.agent import AgentLoop
-from rlstack.rollout.hf import HFEngine
-from rlstack.tools.registry import build_toolset
+from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini_batch, logprobs, entropy, exact KL to the reference or None)
@@ -41,26 +39,30 @@ LossFn = Callable[
 ]
 
 
-def _model_inputs(b: Batch) -> dict[str, torch.Tensor]:
-    """Forward inputs of a (micro-)batch: token columns, plus each row's images for a vision model."""
-    inputs = {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}
-    if "image_grid_thw" in b:
-        inputs |= {"pixel_values": b["pixel_values"], "image_grid_thw": b["image_grid_thw"]}
+def _model_inputs(model: torch.nn.Module, b: Batch) -> dict[str, torch.Tensor]:
+    """Forward inputs of a (micro-)batch: token columns with the model's position ids, plus each row's
+    images for a vision model."""
+    inputs = {k: b[k] for k in ("input_ids", "attention_mask", "response_mask")}
+    grids = b.get("image_grid_thw")
+    if grids is not None:
+        inputs |= {"pixel_values": b["pixel_values"], "image_grid_thw": grids}
+    inputs["position_ids"] = position_ids(model, b["input_ids"], b["attention_mask"], grids)
     return inputs
 
 
-class ActorWorker:
-    """Owns the policy model, its optimizer and scheduler, and the rollout engine that samples from it."""
+class PolicyWorker:
+    """Owns the policy model, its optimizer and scheduler: log-probs, updates, checkpoints, and its
+    weights under Hugging Face names for a rollout engine that does not share the module."""
 
     def __init__(
         self,
         actor: ActorConfig,
-        rollout: RolloutConfig,
         algorithm: AlgorithmConfig,
         max_response_length: int,
         total_steps: int,
+        seed: int,
     ):
-        self.cfg, self.rollout_cfg, self.algo = actor, rollout, algorithm
+        self.cfg, self.algo = actor, algorithm
         path = resolve_model_path(actor.model.model_path)
         self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
         self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code)
@@ -73,19 +75,6 @@ class ActorWorker:
                 )
             for p in vision_tower_parameters(self.model):
                 p.requires_grad_(False)
-        self.engine = HFEngine(self.model, self.tokenizer, max_response_length, seed=rollout.seed)
-        self.agent: AgentLoop | None = None
-        """The multi-turn agent loop, when `worker.rollout.agent.tools` is set (it samples with the engine's generator)."""
-        if rollout.agent.tools:
-            self.agent = AgentLoop(
-                self.model,
-                self.processor or VisionProcessor(self.tokenizer, None),
-                build_toolset(rollout.agent.tools, key="worker.rollout.agent.tools"),
-                rollout.agent,
-                max_response_length,
-                self.engine.generator,
-                multimodal=self.processor is not None,
-            )
         self.max_response_length = max_response_length
         self.ref_model = None
         """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
@@ -94,21 +83,14 @@ class ActorWorker:
             self.ref_model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code).eval()
             self.ref_model.requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
-        self.vppo_generator = torch.Generator().manual_seed(rollout.seed + 1)
+        self.seed = seed
+        self.vppo_generator = torch.Generator().manual_seed(seed + 1)
         """Draws VPPO's patch masks (saved with checkpoints)."""
 
-    # ------------------------------------------------------------------------------ rollout
-
-    def generate(self, prompts: Batch, validate: bool = False) -> Batch:
-        r = self.rollout_cfg
-        generate = self.agent.generate if self.agent is not None else self.engine.generate
-        if validate:
-            return generate(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
-        return generate(prompts, r.n, r.temperature, r.top_p, r.top_k)
-
-    def generate_greedy(self, prompts: Batch) -> Batch:
-        """One greedy response per prompt (ReMax's baseline)."""
-        return self.engine.generate(prompts, 1, 0.0, 1.0, -1)
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under their Hugging Face names, detached (what a rollout engine loads)."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
 
     # ----------------------------------------------------------------------------- log-probs
 
@@ -200,10 +182,6 @@ class ActorWorker:
             loss = token_mean(-logp, micro["response_mask"].float(), mini["response_mask"].sum())
             return loss, {"sft/loss": loss.detach()}
 
-        if "image_grid_thw" in batch:
-            batch["position_ids"] = mrope_position_ids(
-                self.model, batch["input_ids"], batch["attention_mask"], batch["image_grid_thw"]
-            )
         return self._train(batch, len(batch), nll, epochs=1, shuffle=False)
 
     def _train(
@@ -213,14 +191,14 @@ class ActorWorker:
         entropy_grad = self.cfg.entropy_coeff != 0
 
         def micro_loss(micro: Batch, mini: Batch):
-            logits, start = response_logits(self.model, **_model_inputs(micro))
+            logits, start = response_logits(self.model, **_model_inputs(self.model, micro))
             if temperature != 1.0:
                 logits = logits / temperature
             logp, ent = logprobs_from_response_logits(logits, micro["input_ids"], start, True, entropy_grad)
             exact_kl = None
             if self.ref_model is not None:  # KL over whole next-token distributions (kl_penalty=full)
                 with torch.no_grad():
-                    ref_logits, _ = response_logits(self.ref_model, **_model_inputs(micro))
+                    ref_logits, _ = response_logits(self.ref_model, **_model_inputs(self.ref_model, micro))
                 exact_kl = to_full_width(
                     kl_full(logits, ref_logits / temperature), logits.shape[1] + start, start
                 )
@@ -238,7 +216,7 @@ class ActorWorker:
             epochs,
             c.max_grad_norm,
             role="actor",
-            shuffle_seed=self.rollout_cfg.seed if shuffle else None,
+            shuffle_seed=self.seed if shuffle else None,
         )
 
     # --------------------------------------------------------------------------- checkpoints
@@ -257,7 +235,6 @@ class ActorWorker:
             {
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
-                "engine": self.engine.state_dict(),
                 "vppo_generator": self.vppo_generator.get_state(),
             },
             path / "actor_state.pt",
@@ -272,7 +249,6 @@ class ActorWorker:
         s = torch.load(path / "actor_state.pt", weights_only=False)
         self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
-        self.engine.load_state_dict(s["engine"])
         self.vppo_generator.set_state(s["vppo_generator"])
 
 
@@ -298,7 +274,7 @@ def _batched_logprobs(
     logps, ents = [], []
     for mb in batch.split(micro):
         lp, ent = forward_logprobs(
-            model, **_model_inputs(mb), temperature=temperature, with_entropy=with_entropy
+            model, **_model_inputs(model, mb), temperature=temperature, with_entropy=with_entropy
         )
         logps.append(lp)
         ents.append(ent)

@@ -1,0 +1,179 @@
+"""Rollout speed, side by side in one run on one machine.
+
+1. `sampler`: the HF engine (`rlstack.rollout.hf.HFEngine.generate`) against a minimal
+   shared-prompt decode loop in plain torch doing the same work: each distinct prompt prefilled
+   once and its KV cache copied to its `n` samples, one model call per further token, sampling at
+   temperature 1 with the sampled token's log-prob kept, stopping when every row has ended. The
+   minimal loop has none of the engine's checks (finite logits, stop strings, warpers, vision
+   inputs); the ratio is what they and the engine's bookkeeping cost.
+2. `engines` (when vLLM is installed: `pip install 'rlstack[vllm]'`): the HF engine against the
+   vLLM engine on the same requests, for the tiny model and for a Qwen2-0.5B-shaped model with
+   random weights (built from a config; nothing is downloaded).
+
+Rounds alternate between the sides (ABBA), after one warm-up call each; tokens/s counts the
+sampled tokens (EOS included). Random weights rarely sample EOS, so rows run to `--max-tokens`.
+
+    python bench/bench_rollout.py                      # writes bench/results/rollout.json
+    python bench/bench_rollout.py --only sampler       # the HF engine vs the minimal loop only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "rollout.json"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", choices=["sampler", "engines"], help="one part only")
+    p.add_argument("--prompts", type=int, default=16, help="distinct prompts per call")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens per sample at most")
+    p.add_argument("--rounds", type=int, default=6, help="timed calls per side")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--output", default=str(RESULTS))
+    return p.parse_args()
+
+
+def addition_prompts(tokenizer, count: int) -> list[list[int]]:
+    from rlstack.data.tasks import builtin_rows
+
+    rows = builtin_rows("builtin:addition@train")[:count]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["problem"]}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
+        for r in rows
+    ]
+
+
+@torch.inference_mode()
+def minimal_loop(model, prompts: list[list[int]], n: int, max_tokens: int, eos: int, pad: int, generator):
+    """The least a shared-prompt sampler can do (see module docstring). Returns sampled tokens."""
+    B, P = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, P), pad, dtype=torch.long)
+    mask = torch.zeros((B, P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p) :] = torch.tensor(p)
+        mask[i, P - len(p) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
+    )
+    rows = torch.arange(B).repeat_interleave(n)
+    cache.reorder_cache(rows)
+    logits, mask, next_pos = out.logits[rows, -1], mask[rows], positions[rows, -1] + 1
+    done = torch.zeros(B * n, dtype=torch.bool)
+    tokens, logps = [], []
+    for step in range(max_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        tok = torch.where(done, pad, tok)
+        tokens.append(tok)
+        logps.append(logp.gather(-1, tok[:, None]))
+        done |= tok == eos
+        if bool(done.all()) or step == max_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        logits = model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=(next_pos + step)[:, None],
+            past_key_values=cache,
+        ).logits[:, -1]
+    return torch.stack(tokens, 1)
+
+
+def timed(fn) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokens = fn()
+    return time.perf_counter() - start, tokens
+
+
+def sampler_part(a: argparse.Namespace, model_dir: Path) -> dict:
+    from rlstack.models.loading import load_causal_lm, load_tokenizer
+    from rlstack.rollout.engine import Request, SamplingSettings
+    from rlstack.rollout.hf import HFEngine
+
+    tok = load_tokenizer(str(model_dir))
+    model = load_causal_lm(str(model_dir)).eval()
+    prompts = addition_prompts(tok, a.prompts)
+    engine = HFEngine(model, tok, seed=0, multimodal=False)
+    requests = [Request(p) for p in prompts for _ in range(a.n)]
+    settings = SamplingSettings(max_tokens=a.max_tokens)
+    generator = torch.Generator().manual_seed(0)
+
+    def run_engine() -> int:
+        return sum(len(c.token_ids) for c in engine.generate(requests, settings))
+
+    def run_minimal() -> int:
+        out = minimal_loop(model, prompts, a.n, a.max_tokens, tok.eos_token_id, tok.pad_token_id, generator)
+        ended = (out == tok.eos_token_id).cumsum(-1)
+        return int(((ended == 0) | ((ended == 1) & (out == tok.eos_token_id))).sum())
+
+    sides = {"hf_engine": run_engine, "minimal_loop": run_minimal}
+    for fn in sides.values():
+        fn()  # warm-up
+    seconds: dict[str, list[float]] = {k: [] for k in sides}
+    tokens: dict[str, int] = dict.fromkeys(sides, 0)
+    order = ["hf_engine", "minimal_loop", "minimal_loop", "hf_engine"]
+    for r in range(a.rounds):
+        name = order[r % 4]
+        for side in (name, "minimal_loop" if name == "hf_engine" else "hf_engine"):
+            s, t = timed(sides[side])
+            seconds[side].append(s)
+            tokens[side] += t
+    result = {
+        side: {
+            "tokens_per_s": tokens[side] / sum(seconds[side]),
+            "call_s_median": statistics.median(seconds[side]),
+        }
+        for side in sides
+    }
+    result["engine_time_over_minimal"] = (
+        result["minimal_loop"]["tokens_per_s"] / result["hf_engine"]["tokens_per_s"]
+    )
+    return result
+
+
+def main() -> None:
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    from rlstack.models.loading import write_model_dir
+
+    results: dict = {
+        "machine": {"cpu_count": __import__("os").cpu_count(), "platform": platform.platform()},
+        "torch": torch.__version__,
+        "threads": a.threads,
+        "settings": {"prompts": a.prompts, "n": a.n, "max_tokens": a.max_tokens, "rounds": a.rounds},
+    }
+    with tempfile.TemporaryDirectory(prefix="rlstack-bench-rollout-") as tmp:
+        tiny = write_model_dir(Path(tmp) / "tiny")
+        if a.only in (None, "sampler"):
+            results["sampler"] = sampler_part(a, tiny)
+            s = results["sampler"]
+            print(
+                f"sampler, tiny model: HF engine {s['hf_engine']['tokens_per_s']:.0f} tok/s, minimal loop "
+                f"{s['minimal_loop']['tokens_per_s']:.0f} tok/s: engine takes "
+                f"{s['engine_time_over_minimal']:.2f}x the minimal loop's time"
+            )
+    out = Path(a.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

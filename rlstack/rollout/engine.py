@@ -1,0 +1,100 @@
+"""The seam between training and generation: token-in / token-out engines.
+
+An engine turns requests (prompt token ids, plus images for a vision-language model) and one set
+of sampling settings into completions: the sampled token ids, the behaviour log-prob of each, and
+why generation stopped. It knows nothing about trajectories, tools, rewards or batches; the agent
+loop (`rollout/agent.py`) is its only caller, for single-turn generation too.
+
+Weights reach an engine through `update_weights(named tensors under Hugging Face names, version)`.
+An engine that samples from the policy's own module (`EngineCapabilities.shares_policy_weights`,
+the embedded HF engine) needs no tensors: the trainer only tells it the version. `sleep()` /
+`wake_up()` free and restore the engine's memory between rollouts where the platform supports it
+(`EngineCapabilities.sleep`); elsewhere they do nothing.
+
+Engines: `hf` (`rollout/hf.py`, the embedded default) and `vllm` (`rollout/vllm.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+from PIL import Image
+
+FinishReason = Literal["stop", "length"]
+"""`stop`: the completion ended at EOS or a stop string (its last token); `length`: `max_tokens` ran out."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How every request of one `generate` call is sampled. `temperature == 0` decodes greedily."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1: no top-k truncation."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion once its text contains one (the tokens that complete it are kept)."""
+
+
+@dataclass
+class Request:
+    """One completion to generate: a prompt (the whole context so far, for a multi-turn trajectory)."""
+
+    prompt_ids: list[int]
+    images: list[Image.Image] = field(default_factory=list)
+    """The context's images in order, as the model's processor will see them (vision-language models)."""
+    pixel_values: torch.Tensor | None = None
+    """The processor's patches of `images` (what an engine sharing the policy's processor feeds the model)."""
+    image_grid_thw: torch.Tensor | None = None
+    """`[len(images), 3]` patch grid of each image, in the same order."""
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    """The behaviour log-prob of each sampled token, under the temperature-scaled distribution before
+    top-k / top-p truncation (what the policy's forward pass scores)."""
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    name: str
+    shares_policy_weights: bool
+    """Samples from the policy's own module: `update_weights` needs no tensors."""
+    sleep: bool
+    """`sleep()` really frees memory (False: it is a no-op)."""
+    multimodal: bool
+    """Accepts requests with images."""
+    prefix_caching: bool
+    """Reuses the KV cache of a shared prefix (the `n` samples of a prompt; a trajectory's earlier turns)."""
+
+
+class Engine(Protocol):
+    capabilities: EngineCapabilities
+    weight_version: int
+    """The version of the weights it samples from (the trainer's step at the last `update_weights`)."""
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
+        """One completion per request, in order."""
+        ...
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+        """Load `weights` (Hugging Face parameter names) and record `version`. `None` is accepted only by
+        an engine that shares the policy's weights."""
+        ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps to continue sampling the same way (e.g. the sampler's RNG)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
