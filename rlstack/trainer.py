@@ -28,7 +28,7 @@ from rlstack.algos.groups import group_index
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_in_reward
 from rlstack.algos.vppo import advantage_shaping_scale, perception_token_mask, token_visual_dependency
 from rlstack.batch import Batch
-from rlstack.config import Config, to_dict, to_yaml
+from rlstack.config import Config, resolve_device, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
@@ -78,7 +78,8 @@ class Trainer:
             and not alg.use_kl_in_reward
             and not alg.use_vppo_on_perception
         )
-        policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, seed=w.rollout.seed)
+        device = resolve_device(t.device)
+        policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, w.rollout.seed, device)
         self.actor: WorkerGroup = LocalWorkerGroup(policy)
         self.rollout_workers: WorkerGroup = LocalWorkerGroup(
             RolloutWorker(w.rollout, d.max_response_length, policy)  # colocated: shares the policy's module
@@ -88,10 +89,14 @@ class Trainer:
         if alg.use_kl_in_reward or (
             alg.use_kl_loss and alg.kl_penalty != "full"
         ):  # full: the actor holds one
-            self.ref = LocalWorkerGroup(RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience))
+            self.ref = LocalWorkerGroup(
+                RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience, device)
+            )
         self.critic: WorkerGroup | None = None
         if alg.adv_estimator == AdvEstimator.GAE:
-            self.critic = LocalWorkerGroup(CriticWorker(w.critic, w.actor.model.model_path, self.total_steps))
+            self.critic = LocalWorkerGroup(
+                CriticWorker(w.critic, w.actor.model.model_path, self.total_steps, device)
+            )
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.rewards = build_reward_manager(w.reward, d.max_response_length)
@@ -170,6 +175,8 @@ class Trainer:
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
                 with _timer(timing, "sync"):
                     self.sync_weights()
+                    if self.cfg.worker.rollout.check_weight_sync:
+                        metrics |= self.check_weight_sync()
         self.tracker.log_generations(
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )
@@ -187,6 +194,24 @@ class Trainer:
         shares the policy's module only records the version."""
         weights = None if self.engine.shares_policy_weights else self.actor.call("named_weights")
         self.rollout_workers.call("update_weights", weights, self.step)
+
+    def check_weight_sync(self) -> dict[str, float]:
+        """Score a fixed probe (the first training prompt followed by its own first tokens) with the engine
+        and with the policy; fail loudly when they disagree (an engine left on stale weights)."""
+        prompt = list(self.train_set.batch([0])["prompt_ids"][0])
+        probe = prompt[: min(len(prompt), 16)]
+        engine = self.rollout_workers.call("score", prompt, probe)
+        policy = self.actor.call("score", prompt, probe)
+        diff = max(abs(a - b) for a, b in zip(engine, policy))
+        tolerance = self.cfg.worker.rollout.weight_sync_tolerance
+        if not diff <= tolerance:
+            raise RLStackError(
+                f"after the weight sync of step {self.step}, the rollout engine's log-probs differ from the "
+                f"policy's by up to {diff:.3g} on a fixed probe (worker.rollout.weight_sync_tolerance={tolerance}): "
+                f"the {self.engine.name} engine is not sampling from the weights being trained. Training on "
+                "its samples would be off-policy without anyone knowing; stopping instead"
+            )
+        return {"rollout/weight_sync_max_diff": diff}
 
     def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
         """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""

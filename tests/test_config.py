@@ -472,3 +472,58 @@ def test_config_choices_match_the_algorithm_registries():
         == {e.value for e in KLPenalty}
         == set(KL_ESTIMATORS) | {"full"}
     )
+
+
+# ------------------------------------------------------------------------------------ devices, engines
+
+
+def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(config_module, "cpu_supports_bfloat16", lambda: False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                "trainer.device=cuda",
+                "worker.actor.model.dtype=bfloat16",
+                "worker.actor.model.attn_implementation=flash_attention_2",
+                "worker.rollout.name=vllm",
+                "worker.rollout.free_cache_engine=true",
+                "worker.rollout.tensor_parallel_size=2",
+            ]
+        )
+    text = str(info.value)
+    for expected in (
+        "trainer.device = cuda, but torch sees no CUDA GPU",
+        "no native bfloat16",
+        "flash_attention_2 needs a CUDA GPU",
+        "pip install 'rlstack[vllm]'",
+        "sleep mode exists only on CUDA GPUs",
+        "tensor_parallel_size = 2, but there is no GPU",
+    ):
+        assert expected in text, expected
+
+
+def test_engine_defaults_resolve_at_load(monkeypatch):
+    cfg = load_config([])
+    assert cfg.worker.rollout.name == "hf" and cfg.worker.rollout.free_cache_engine is None
+    assert cfg.trainer.device == "auto"
+    with pytest.raises(ConfigError, match="free_cache_engine is a vLLM setting"):
+        load_config(["worker.rollout.free_cache_engine=false"])
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    cfg = load_config(
+        ["worker.rollout.name=vllm", "data.max_prompt_length=100", "data.max_response_length=28"]
+    )
+    assert cfg.worker.rollout.free_cache_engine is False  # no sleep mode on the CPU
+    assert cfg.worker.rollout.max_model_len == 128

@@ -651,3 +651,40 @@ def test_the_code_reward_runs_a_correct_program_from_a_nemotron_row():
         [{"response": right, "ground_truth": tests}, {"response": wrong, "ground_truth": tests}]
     )
     assert [o["overall"] for o in out] == [1.0, 0.0]
+
+
+def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    import copy
+
+    from rlstack.errors import RLStackError
+
+    reward = tmp_path / "digits.py"  # a reward with signal, so that the policy moves
+    reward.write_text(
+        "REWARD_TYPE = 'sequential'\n\n"
+        "def compute_score(x):\n"
+        "    return {'overall': sum(c.isdigit() for c in x['response']) / max(1, len(x['response']))}\n"
+    )
+    args = [
+        "trainer.max_steps=2",
+        "data.val_files=",
+        "trainer.logger=[file]",
+        "trainer.save_model_only=true",
+        f"worker.reward.reward_function={reward}:compute_score",
+        "worker.rollout.check_weight_sync=true",
+    ]
+    cfg = load_config(_overrides(tiny_model_dir, tmp_path / "ok", *args))
+    Trainer(cfg).fit()
+    metrics = _metrics(cfg.run_dir)
+    assert any(metrics[s]["actor/grad_norm"] > 0 for s in (1, 2))
+    assert all(metrics[s]["rollout/weight_sync_max_diff"] < 1e-5 for s in (1, 2))
+    assert all(metrics[s]["timing_s/sync"] >= 0 for s in (1, 2))
+
+    # An engine that kept its own copy of the initial weights: the check must catch it
+    cfg = load_config(_overrides(tiny_model_dir, tmp_path / "stale", *args))
+    trainer = Trainer(cfg)
+    engine = trainer.rollout_workers.worker.engine
+    engine.model = copy.deepcopy(engine.model)
+    with pytest.raises(RLStackError, match="not sampling from the weights being trained"):
+        trainer.fit()

@@ -111,13 +111,18 @@ def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcesso
     return VisionProcessor(load_tokenizer(path, trust_remote_code), image_processor)
 
 
-def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_causal_lm(
+    path: str, dtype: str = "float32", trust_remote_code: bool = False, attn_implementation: str = "sdpa"
+) -> PreTrainedModel:
     """The causal LM at `path`, or the vision-language model (image-text-to-text class) for a VL directory."""
     _require_dir(path, "model", "config.json")
     auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
     try:
         model = auto_class.from_pretrained(
-            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+            path,
+            dtype=DTYPES[dtype],
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
         )
     except (OSError, ValueError) as e:
         raise ModelLoadError(

@@ -84,6 +84,11 @@ class Engine(Protocol):
         """One completion per request, in order."""
         ...
 
+    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+        """Log-probs (temperature 1) of `token_ids` following the request's prompt, under the engine's
+        current weights (the weight-sync check compares them with the policy's)."""
+        ...
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
         """Load `weights` (Hugging Face parameter names) and record `version`. `None` is accepted only by
         an engine that shares the policy's weights."""

@@ -295,6 +295,27 @@ class HFEngine:
             for t, lp, n, cut in zip(tokens, logprobs, lengths, truncated)
         ]
 
+    @torch.no_grad()
+    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+        ids = torch.tensor([request.prompt_ids + token_ids], device=self.model.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            kwargs = {}
+            if self.multimodal:
+                mask = torch.ones_like(ids)
+                kwargs = {
+                    "position_ids": as_model_positions(
+                        mrope_position_ids(self.model, ids, mask, [request.image_grid_thw])
+                    ),
+                    **multimodal_inputs([request.pixel_values], [request.image_grid_thw], ids.device),
+                }
+            logits = self.model(input_ids=ids, **kwargs).logits[0, len(request.prompt_ids) - 1 : -1].float()
+        finally:
+            self.model.train(was_training)
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, ids[0, len(request.prompt_ids) :, None]).squeeze(-1).tolist()
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
         if weights is not None:
             raise ValueError(

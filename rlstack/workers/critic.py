@@ -19,10 +19,10 @@ from rlstack.workers.training import build_optimizer, optimizer_steps
 class CriticWorker:
     """`values[b, t]` estimates the return from the state just before token t (aligned with log-probs)."""
 
-    def __init__(self, cfg: CriticConfig, actor_model_path: str, total_steps: int):
+    def __init__(self, cfg: CriticConfig, actor_model_path: str, total_steps: int, device: str = "cpu"):
         self.cfg = cfg
         path = resolve_model_path(cfg.model.model_path or actor_model_path)
-        self.model = self._load(path)
+        self.model = self._load(path).to(device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, total_steps)
 
     def _load(self, path: str) -> torch.nn.Module:
@@ -45,6 +45,7 @@ class CriticWorker:
         return model
 
     def _values(self, b: Batch) -> torch.Tensor:
+        b = b.to(self.model.device)
         out = self.model(
             input_ids=b["input_ids"],
             attention_mask=b["attention_mask"],
@@ -58,11 +59,13 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
-        parts = [self._values(mb) for mb in batch.split(self.cfg.micro_batch_size_per_device_for_experience)]
+        micro = self.cfg.micro_batch_size_per_device_for_experience
+        parts = [self._values(mb).cpu() for mb in batch.split(micro)]
         return batch.update({"values": torch.cat(parts)})
 
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         def micro_loss(mb: Batch, mini: Batch):
+            mb = mb.to(self.model.device)
             mask, normalizer = mb["response_mask"].float(), mini["response_mask"].sum()
             out = clipped_value_loss(
                 self._values(mb), mb["values"], mb["returns"], mask, self.cfg.cliprange_value

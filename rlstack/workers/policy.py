@@ -20,7 +20,7 @@ from rlstack.algos.policy_loss import (
     token_mean,
 )
 from rlstack.batch import Batch
-from rlstack.config import ActorConfig, AlgorithmConfig
+from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import (
     forward_logprobs,
@@ -40,14 +40,24 @@ LossFn = Callable[
 
 
 def _model_inputs(model: torch.nn.Module, b: Batch) -> dict[str, torch.Tensor]:
-    """Forward inputs of a (micro-)batch: token columns with the model's position ids, plus each row's
-    images for a vision model."""
-    inputs = {k: b[k] for k in ("input_ids", "attention_mask", "response_mask")}
+    """Forward inputs of a (micro-)batch on the model's device: token columns with the model's position
+    ids, plus each row's images for a vision model."""
+    device = model.device
+    inputs = {k: b[k].to(device) for k in ("input_ids", "attention_mask", "response_mask")}
     grids = b.get("image_grid_thw")
     if grids is not None:
         inputs |= {"pixel_values": b["pixel_values"], "image_grid_thw": grids}
-    inputs["position_ids"] = position_ids(model, b["input_ids"], b["attention_mask"], grids)
+    inputs["position_ids"] = position_ids(model, inputs["input_ids"], inputs["attention_mask"], grids)
     return inputs
+
+
+def load_trained_model(m: ModelConfig, path: str, device: str) -> torch.nn.Module:
+    """The model at `path` as `worker.actor.model` asks (dtype, attention kernel, gradient checkpointing),
+    on `device`."""
+    model = load_causal_lm(path, m.dtype, m.trust_remote_code, m.attn_implementation).to(device)
+    if m.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 class PolicyWorker:
@@ -61,11 +71,12 @@ class PolicyWorker:
         max_response_length: int,
         total_steps: int,
         seed: int,
+        device: str = "cpu",
     ):
         self.cfg, self.algo = actor, algorithm
         path = resolve_model_path(actor.model.model_path)
         self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
-        self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code)
+        self.model = load_trained_model(actor.model, path, device)
         self.model.train()
         self.processor = load_processor(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
         if actor.freeze_vision_tower:
@@ -80,7 +91,7 @@ class PolicyWorker:
         """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
         the reference's whole distributions per micro-batch rather than sampled-token log-probs."""
         if algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL:
-            self.ref_model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code).eval()
+            self.ref_model = load_trained_model(actor.model, path, device).eval()
             self.ref_model.requires_grad_(False)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
         self.seed = seed
@@ -93,6 +104,24 @@ class PolicyWorker:
             yield name, tensor.detach()
 
     # ----------------------------------------------------------------------------- log-probs
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+        """Log-probs (temperature 1) of `token_ids` after a text prompt, under the current weights."""
+        ids = torch.tensor([prompt_ids + token_ids])
+        response = torch.zeros_like(ids)
+        response[0, len(prompt_ids) :] = 1
+        row = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": response})
+        if self.processor is not None:
+            pixel_values, grid = self.processor.process_images([], "the weight-sync probe")
+            row.update({"pixel_values": [pixel_values], "image_grid_thw": [grid]})
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logp, _ = _batched_logprobs(self.model, row, 1, with_entropy=False)
+        finally:
+            self.model.train(was_training)
+        return logp[0, len(prompt_ids) :].tolist()
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> Batch:
@@ -191,6 +220,7 @@ class PolicyWorker:
         entropy_grad = self.cfg.entropy_coeff != 0
 
         def micro_loss(micro: Batch, mini: Batch):
+            micro = micro.to(self.model.device)
             logits, start = response_logits(self.model, **_model_inputs(self.model, micro))
             if temperature != 1.0:
                 logits = logits / temperature
@@ -255,9 +285,9 @@ class PolicyWorker:
 class RefWorker:
     """A frozen copy of the initial policy, for KL terms."""
 
-    def __init__(self, actor: ActorConfig, micro_batch_size: int):
+    def __init__(self, actor: ActorConfig, micro_batch_size: int, device: str = "cpu"):
         path = resolve_model_path(actor.model.model_path)
-        self.model = load_causal_lm(path, actor.model.dtype, actor.model.trust_remote_code).eval()
+        self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
         self.micro_batch_size = micro_batch_size
 
@@ -276,7 +306,7 @@ def _batched_logprobs(
         lp, ent = forward_logprobs(
             model, **_model_inputs(model, mb), temperature=temperature, with_entropy=with_entropy
         )
-        logps.append(lp)
-        ents.append(ent)
+        logps.append(lp.cpu())
+        ents.append(ent.cpu() if ent is not None else None)
     logp = torch.cat(logps)
     return logp, (torch.cat(ents) if with_entropy else None)

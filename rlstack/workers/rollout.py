@@ -11,7 +11,7 @@ from rlstack.batch import Batch
 from rlstack.config import RolloutConfig
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
-from rlstack.rollout.engine import Engine, EngineCapabilities
+from rlstack.rollout.engine import Engine, EngineCapabilities, Request
 from rlstack.rollout.hf import HFEngine
 from rlstack.tools.registry import build_toolset
 from rlstack.workers.policy import PolicyWorker
@@ -31,9 +31,11 @@ class RolloutWorker:
         multimodal = processor is not None
         self.engine: Engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
         tools = cfg.agent.tools
+        self.processor = processor or VisionProcessor(policy.tokenizer, None)
+        self.multimodal = multimodal
         self.loop = AgentLoop(
             self.engine,
-            processor or VisionProcessor(policy.tokenizer, None),
+            self.processor,
             build_toolset(tools, key="worker.rollout.agent.tools") if tools else None,
             cfg.agent,
             max_response_length,
@@ -63,6 +65,15 @@ class RolloutWorker:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
         """Load the policy's weights into the engine (None for an engine that shares the policy's module)."""
         self.engine.update_weights(weights, version)
+
+    def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+        """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe)."""
+        request = Request(prompt_ids)
+        if self.multimodal:
+            request.pixel_values, request.image_grid_thw = self.processor.process_images(
+                [], "the weight-sync probe"
+            )
+        return self.engine.score(request, token_ids)
 
     def save_checkpoint(self, path: Path) -> None:
         torch.save({"engine": self.engine.state_dict()}, path / "rollout_state.pt")
