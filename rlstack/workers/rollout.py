@@ -33,7 +33,6 @@ class RolloutWorker:
         model: ModelConfig,
         max_response_length: int,
         policy: PolicyWorker,
-        pixels: tuple[int, int],
     ):
         self.cfg = cfg
         processor = policy.processor
@@ -58,9 +57,6 @@ class RolloutWorker:
                 bool(cfg.free_cache_engine),
                 model.trust_remote_code,
                 image_limit=cfg.agent.max_images,
-                mm_processor_kwargs={"min_pixels": pixels[0], "max_pixels": pixels[1]}
-                if multimodal
-                else None,
             )
         else:
             self.engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
