@@ -41,6 +41,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per sample at most")
     p.add_argument("--rounds", type=int, default=6, help="timed calls per side")
+    p.add_argument("--big-prompts", type=int, default=4, help="distinct prompts per call, Qwen2-0.5B shape")
+    p.add_argument("--big-n", type=int, default=4, help="samples per prompt, Qwen2-0.5B shape")
+    p.add_argument("--big-rounds", type=int, default=2, help="timed calls per side, Qwen2-0.5B shape")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--output", default=str(RESULTS))
     return p.parse_args()
@@ -148,6 +151,64 @@ def sampler_part(a: argparse.Namespace, model_dir: Path) -> dict:
     return result
 
 
+def qwen2_0_5b_shaped(out: Path) -> Path:
+    """Qwen2-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864, vocabulary 151936, tied
+    embeddings) with random weights and rlstack's character tokenizer; nothing is downloaded."""
+    from rlstack.models.loading import mark_generic_tokenizer
+    from rlstack.models.tiny import build_char_tokenizer, build_tiny_qwen2
+
+    tok = build_char_tokenizer()
+    model = build_tiny_qwen2(
+        vocab_size=151936,
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate_size=4864,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    mark_generic_tokenizer(out)
+    return out
+
+
+def engines_part(model_dir: Path, prompts_per_call: int, n: int, max_tokens: int, rounds: int) -> dict:
+    """The HF engine and the vLLM engine on the same requests, alternating (ABBA)."""
+    from rlstack.models.loading import load_causal_lm, load_tokenizer
+    from rlstack.rollout.engine import Request, SamplingSettings
+    from rlstack.rollout.hf import HFEngine
+    from rlstack.rollout.vllm import VLLMEngine
+
+    tok = load_tokenizer(str(model_dir))
+    requests = [Request(p) for p in addition_prompts(tok, prompts_per_call) for _ in range(n)]
+    settings = SamplingSettings(max_tokens=max_tokens)
+    longest = max(len(r.prompt_ids) for r in requests) + max_tokens
+    start = time.perf_counter()
+    vllm = VLLMEngine(str(model_dir), None, "float32", 0, False, longest + 8, 0.5, 1, True, True, 4096, False)
+    vllm_start_s = time.perf_counter() - start
+    hf = HFEngine(load_causal_lm(str(model_dir)).eval(), tok, seed=0, multimodal=False)
+    sides = {"hf": hf, "vllm": vllm}
+    for engine in sides.values():
+        engine.generate(requests, settings)  # warm-up
+    seconds: dict[str, list[float]] = {k: [] for k in sides}
+    tokens: dict[str, int] = dict.fromkeys(sides, 0)
+    for r in range(rounds):
+        for side in ("hf", "vllm") if r % 2 == 0 else ("vllm", "hf"):
+            began = time.perf_counter()
+            completions = sides[side].generate(requests, settings)
+            seconds[side].append(time.perf_counter() - began)
+            tokens[side] += sum(len(c.token_ids) for c in completions)
+    result = {side: {"tokens_per_s": tokens[side] / sum(seconds[side])} for side in sides}
+    result["vllm_over_hf"] = result["vllm"]["tokens_per_s"] / result["hf"]["tokens_per_s"]
+    result["vllm_start_s"] = vllm_start_s
+    result["requests"] = len(requests)
+    del vllm
+    return result
+
+
 def main() -> None:
     a = parse_args()
     torch.set_num_threads(a.threads)
@@ -169,6 +230,25 @@ def main() -> None:
                 f"{s['minimal_loop']['tokens_per_s']:.0f} tok/s: engine takes "
                 f"{s['engine_time_over_minimal']:.2f}x the minimal loop's time"
             )
+        if a.only in (None, "engines"):
+            try:
+                import vllm  # noqa: F401
+            except ImportError:
+                print(
+                    "engines: vLLM is not installed (pip install 'rlstack[vllm]', or run in .venv-vllm); skipped"
+                )
+            else:
+                results["engines_tiny"] = engines_part(tiny, a.prompts, a.n, a.max_tokens, a.rounds)
+                big = qwen2_0_5b_shaped(Path(tmp) / "qwen2-0.5b-shaped")
+                results["engines_qwen2_0_5b_shaped"] = engines_part(
+                    big, a.big_prompts, a.big_n, a.max_tokens, a.big_rounds
+                )
+                for name in ("engines_tiny", "engines_qwen2_0_5b_shaped"):
+                    e = results[name]
+                    print(
+                        f"{name}: HF {e['hf']['tokens_per_s']:.0f} tok/s, vLLM {e['vllm']['tokens_per_s']:.0f} "
+                        f"tok/s ({e['vllm_over_hf']:.2f}x), {e['requests']} requests per call"
+                    )
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
