@@ -13,8 +13,8 @@ import torch
 from rlstack.models.loading import load_causal_lm, load_tokenizer
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import position_ids
-from rlstack.rollout.engine import Request, SamplingSettings
-from rlstack.rollout.vllm import RequestTooLong, VLLMEngine
+from rlstack.rollout.engine import Request, RequestTooLong, SamplingSettings
+from rlstack.rollout.vllm import VLLMEngine
 
 TOLERANCE = 1e-4
 """|vLLM log-prob - policy log-prob| on the same tokens, float32 on both sides (measured: ~5e-7)."""
@@ -92,9 +92,19 @@ def test_stop_strings_keep_the_completing_tokens_and_end_with_stop(engine, tiny_
     assert ended > 0
 
 
-def test_a_request_longer_than_the_context_is_refused_with_its_index(engine):
+def test_a_request_longer_than_the_context_is_refused_with_its_row(engine, tiny_dir):
     with pytest.raises(RequestTooLong, match="request 1 has 300 prompt tokens.*at most 256"):
         engine.generate([Request([5] * 8), Request([5] * 300)], SamplingSettings(max_tokens=4))
+    from rlstack.batch import Batch
+    from rlstack.config import AgentConfig
+    from rlstack.models.vision import VisionProcessor
+    from rlstack.rollout.agent import AgentLoop
+
+    tok = load_tokenizer(str(tiny_dir))
+    loop = AgentLoop(engine, VisionProcessor(tok, None), None, AgentConfig(), 8, multimodal=False)
+    rows = Batch({"prompt_ids": [[5] * 8, [5] * 300], "where": ["data.jsonl:1", "data.jsonl:2"]})
+    with pytest.raises(RequestTooLong, match="data.jsonl:2, turn 1: request 1 has 300 prompt tokens"):
+        loop.generate(rows, 1, 1.0)
 
 
 def test_weights_pushed_from_the_policy_are_sampled_from_and_scored_with(engine, tiny_dir):

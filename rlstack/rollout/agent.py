@@ -44,7 +44,7 @@ from PIL import Image
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
-from rlstack.rollout.engine import Engine, Request, SamplingSettings
+from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings
 from rlstack.tools.base import Observation
 from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
 from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
@@ -163,9 +163,16 @@ class AgentLoop:
     def _generate_turn(self, active: list[Trajectory], sampling: SamplingSettings) -> None:
         budget = max(self.max_response_length - len(t.tokens) for t in active)
         began = time.perf_counter()
-        completions = self.engine.generate(
-            [t.request() for t in active], dataclasses.replace(sampling, max_tokens=budget)
-        )
+        try:
+            completions = self.engine.generate(
+                [t.request() for t in active], dataclasses.replace(sampling, max_tokens=budget)
+            )
+        except RequestTooLong as e:
+            t = active[e.index]
+            raise RequestTooLong(
+                e.index,
+                f"{t.where}, turn {t.num_turns + 1}: {e} (the trajectory's context so far is too long)",
+            ) from e
         self.timing["gen"] += time.perf_counter() - began
         eos = self.tokenizer.eos_token_id
         for t, c in zip(active, completions):

@@ -23,8 +23,18 @@ from typing import Literal, Protocol
 import torch
 from PIL import Image
 
+from rlstack.errors import RLStackError
+
 FinishReason = Literal["stop", "length"]
 """`stop`: the completion ended at EOS or a stop string (its last token); `length`: `max_tokens` ran out."""
+
+
+class RequestTooLong(RLStackError):
+    """A request does not fit in the engine's context (never truncated silently)."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
 
 
 @dataclass(frozen=True)

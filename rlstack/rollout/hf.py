@@ -179,10 +179,13 @@ def sample(
         if temperature > 0:
             scaled = logits / temperature
             logp_all = torch.log_softmax(scaled, dim=-1)
-            warped = warpers(None, scaled)
-            if banned is not None:
-                warped[:, banned] = float("-inf")
-            probs = torch.softmax(warped, dim=-1)
+            if warpers or banned is not None:
+                warped = warpers(None, scaled)
+                if banned is not None:
+                    warped[:, banned] = float("-inf")
+                probs = torch.softmax(warped, dim=-1)
+            else:
+                probs = logp_all.exp()  # the same distribution, without a second softmax
             tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
         else:
             logp_all = torch.log_softmax(logits, dim=-1)

