@@ -653,6 +653,18 @@ def test_the_code_reward_runs_a_correct_program_from_a_nemotron_row():
     assert [o["overall"] for o in out] == [1.0, 0.0]
 
 
+def _digits_reward(folder: Path) -> str:
+    """An override scoring the share of digits in a response: a reward with signal for the random
+    tiny model (exact match is always 0), so that the policy moves."""
+    reward = folder / "digits.py"
+    reward.write_text(
+        "REWARD_TYPE = 'sequential'\n\n"
+        "def compute_score(x):\n"
+        "    return {'overall': sum(c.isdigit() for c in x['response']) / max(1, len(x['response']))}\n"
+    )
+    return f"worker.reward.reward_function={reward}:compute_score"
+
+
 def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
     tiny_model_dir: Path, tmp_path: Path
 ):
@@ -660,18 +672,12 @@ def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
 
     from rlstack.errors import RLStackError
 
-    reward = tmp_path / "digits.py"  # a reward with signal, so that the policy moves
-    reward.write_text(
-        "REWARD_TYPE = 'sequential'\n\n"
-        "def compute_score(x):\n"
-        "    return {'overall': sum(c.isdigit() for c in x['response']) / max(1, len(x['response']))}\n"
-    )
     args = [
         "trainer.max_steps=2",
         "data.val_files=",
         "trainer.logger=[file]",
         "trainer.save_model_only=true",
-        f"worker.reward.reward_function={reward}:compute_score",
+        _digits_reward(tmp_path),
         "worker.rollout.check_weight_sync=true",
     ]
     cfg = load_config(_overrides(tiny_model_dir, tmp_path / "ok", *args))
@@ -688,3 +694,27 @@ def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
     engine.model = copy.deepcopy(engine.model)
     with pytest.raises(RLStackError, match="not sampling from the weights being trained"):
         trainer.fit()
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir: Path, tmp_path: Path):
+    runs = []
+    for name, flag in (("plain", "false"), ("checkpointed", "true")):
+        cfg = load_config(
+            _overrides(
+                tiny_model_dir,
+                tmp_path / name,
+                "trainer.max_steps=1",
+                "data.val_files=",
+                "trainer.logger=[file]",
+                "trainer.save_model_only=true",
+                _digits_reward(tmp_path),
+                f"worker.actor.model.enable_gradient_checkpointing={flag}",
+            )
+        )
+        trainer = Trainer(cfg)
+        assert trainer.actor.worker.model.is_gradient_checkpointing == (flag == "true")
+        trainer.fit()
+        runs.append(_metrics(cfg.run_dir)[1])
+    assert runs[0]["actor/grad_norm"] > 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+        assert runs[0][key] == pytest.approx(runs[1][key], rel=1e-4, abs=1e-6), key
