@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 from pinned import assert_matches_pinned, deterministic_metrics
+from visual_agent import build_tool_vlm, visual_batch
 
 from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, PolicyLossParams, aggregate_loss, policy_loss
 from rlstack.batch import Batch
@@ -207,40 +208,8 @@ def test_tool_images_come_back_as_image_tokens_and_max_images_ends():
 
 @pytest.fixture(scope="module")
 def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen2.5-VL after 60 SFT steps on 64 visual rows whose answer is a Python cell that
-    returns a crop of the image (the last expression comes back as an image)."""
-    from rlstack.data.visual import row
-    from rlstack.sft import run_sft
-
-    tmp = tmp_path_factory.mktemp("tool_vlm")
-    lines = []
-    for i in range(64):
-        r = row("train", i)
-        path = tmp / f"img{i}.png"
-        r["images"][0].save(path)
-        call = "<code>```python\nimage_1.crop((0, 0, 112, 112))\n```</code>"
-        lines.append(json.dumps({"problem": r["problem"], "answer": call, "images": [path.name]}))
-    (tmp / "sft.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = load_config(
-        [
-            "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
-            f"trainer.output_dir={tmp}",
-            f"data.train_files={tmp / 'sft.jsonl'}",
-            "data.val_files=",
-            "data.max_prompt_length=256",
-            "data.max_response_length=64",
-            "data.min_pixels=3136",
-            "data.max_pixels=12544",
-            "data.rollout_batch_size=8",
-            "worker.actor.global_batch_size=8",
-            "worker.actor.micro_batch_size_per_device_for_update=8",
-            "worker.actor.optim.lr=3e-3",
-            "trainer.max_steps=60",
-            "trainer.total_epochs=100",
-            "trainer.logger=[file]",
-        ]
-    )
-    return run_sft(cfg)
+    """The tiny Qwen2.5-VL warm-started to answer with a Python cell that crops the image."""
+    return build_tool_vlm(tmp_path_factory.mktemp("tool_vlm"), "builtin:tiny-qwen2.5-vl")
 
 
 def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_model_dir):
@@ -283,27 +252,6 @@ def _assert_documented(metrics: dict[int, dict]) -> None:
             assert f"`{name}`" in glossary, f"{name} is logged but not described in docs/metrics.md"
 
 
-def _visual_batch(processor, n_rows: int, where: str = "visual") -> Batch:
-    from rlstack.data.images import fit_pixels
-    from rlstack.data.visual import row
-    from rlstack.models.vision import encode_prompt
-
-    cols: dict[str, list] = {k: [] for k in ("prompt_ids", "uid", "images", "extra", "where")}
-    cols |= {"pixel_values": [], "image_grid_thw": []}
-    for i in range(n_rows):
-        r = row("test", i)
-        image = fit_pixels(r["images"][0], 3136, 12544, processor.factor)
-        enc = encode_prompt(processor, [{"role": "user", "content": r["problem"]}], [image], f"{where}:{i}")
-        cols["prompt_ids"].append(enc.input_ids.tolist())
-        cols["pixel_values"].append(enc.pixel_values)
-        cols["image_grid_thw"].append(enc.image_grid_thw)
-        cols["uid"].append(str(i))
-        cols["images"].append(r["images"])  # tools work on the original picture
-        cols["extra"].append(r["extra"])
-        cols["where"].append(f"{where}:{i}")
-    return Batch(cols)
-
-
 @pytest.mark.slow
 def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_trajectories(tool_vlm: Path):
     model = load_causal_lm(str(tool_vlm))
@@ -311,7 +259,7 @@ def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_traject
     cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], max_turns=3)
     engine = HFEngine(model, processor.tokenizer, seed=0, multimodal=True)
     loop = AgentLoop(engine, processor, build_toolset(cfg.tools), cfg, 160, multimodal=True)
-    out = loop.generate(_visual_batch(processor, 4), 3, 1.0)
+    out = loop.generate(visual_batch(processor, 4), 3, 1.0)
     images = torch.tensor([len(g) for g in out["image_grid_thw"]])
     multi = (images >= 2) & (out["num_turns"] >= 2)
     assert multi.any(), (out["end_reason"], out["response_text"])  # a crop came back and was read

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engines import make_engine
 
 from rlstack.models.loading import load_causal_lm, load_tokenizer
 from rlstack.models.logprobs import forward_logprobs
@@ -22,20 +23,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir: Path) -> VLLMEngine:
-    return VLLMEngine(
-        str(tiny_dir),
-        None,
-        "float32",
-        0,
-        multimodal=False,
-        max_model_len=256,
-        gpu_memory_utilization=0.5,
-        tensor_parallel_size=1,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        max_num_batched_tokens=2048,
-        free_cache_engine=False,
-    )
+    return make_engine(tiny_dir, multimodal=False, max_model_len=256)
 
 
 def prompts(tok, texts=("1+2=", "12+34=", "99+1=")) -> list[list[int]]:

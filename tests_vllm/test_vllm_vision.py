@@ -4,14 +4,15 @@ policy's forward pass."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from engines import make_engine
+from visual_agent import build_tool_vlm, visual_batch
 
 from rlstack.batch import Batch
-from rlstack.config import AgentConfig, load_config
+from rlstack.config import AgentConfig
 from rlstack.models.loading import load_causal_lm, load_processor
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import position_ids
@@ -19,88 +20,23 @@ from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.vllm import VLLMEngine
 from rlstack.tools.registry import build_toolset
 
-MIN_PIXELS, MAX_PIXELS = 3136, 12544
 TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
 def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2.5-VL (text head size 32, which vLLM's CPU attention takes) after 60 SFT steps on
-    rows whose answer is a Python cell returning a crop of the image."""
-    from rlstack.data.visual import row
+    """A tiny Qwen2.5-VL with text head size 32 (the smallest vLLM's CPU attention takes), warm-started
+    to answer with a Python cell that crops the image."""
     from rlstack.models.loading import write_model_dir
-    from rlstack.sft import run_sft
 
-    tmp = tmp_path_factory.mktemp("tool_vlm")
-    base = write_model_dir(tmp / "base", vision=True, hidden_size=64, num_heads=2, num_kv_heads=1)
-    lines = []
-    for i in range(64):
-        r = row("train", i)
-        path = tmp / f"img{i}.png"
-        r["images"][0].save(path)
-        call = "<code>```python\nimage_1.crop((0, 0, 112, 112))\n```</code>"
-        lines.append(json.dumps({"problem": r["problem"], "answer": call, "images": [path.name]}))
-    (tmp / "sft.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = load_config(
-        [
-            f"worker.actor.model.model_path={base}",
-            f"trainer.output_dir={tmp}",
-            f"data.train_files={tmp / 'sft.jsonl'}",
-            "data.val_files=",
-            "data.max_prompt_length=256",
-            "data.max_response_length=64",
-            f"data.min_pixels={MIN_PIXELS}",
-            f"data.max_pixels={MAX_PIXELS}",
-            "data.rollout_batch_size=8",
-            "worker.actor.global_batch_size=8",
-            "worker.actor.micro_batch_size_per_device_for_update=8",
-            "worker.actor.optim.lr=3e-3",
-            "trainer.max_steps=60",
-            "trainer.total_epochs=100",
-            "trainer.logger=[file]",
-        ]
-    )
-    return run_sft(cfg)
+    folder = tmp_path_factory.mktemp("tool_vlm")
+    base = write_model_dir(folder / "base", vision=True, hidden_size=64, num_heads=2, num_kv_heads=1)
+    return build_tool_vlm(folder, str(base))
 
 
 @pytest.fixture(scope="module")
 def engine(tool_vlm: Path) -> VLLMEngine:
-    return VLLMEngine(
-        str(tool_vlm),
-        None,
-        "float32",
-        0,
-        multimodal=True,
-        max_model_len=512,
-        gpu_memory_utilization=0.5,
-        tensor_parallel_size=1,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        max_num_batched_tokens=2048,
-        free_cache_engine=False,
-        image_limit=4,
-    )
-
-
-def visual_batch(processor, n_rows: int) -> Batch:
-    from rlstack.data.images import fit_pixels
-    from rlstack.data.visual import row
-    from rlstack.models.vision import encode_prompt
-
-    cols: dict[str, list] = {k: [] for k in ("prompt_ids", "uid", "images", "extra", "where")}
-    cols |= {"pixel_values": [], "image_grid_thw": []}
-    for i in range(n_rows):
-        r = row("test", i)
-        image = fit_pixels(r["images"][0], MIN_PIXELS, MAX_PIXELS, processor.factor)
-        enc = encode_prompt(processor, [{"role": "user", "content": r["problem"]}], [image], f"visual:{i}")
-        cols["prompt_ids"].append(enc.input_ids.tolist())
-        cols["pixel_values"].append(enc.pixel_values)
-        cols["image_grid_thw"].append(enc.image_grid_thw)
-        cols["uid"].append(str(i))
-        cols["images"].append(r["images"])  # tools work on the original picture
-        cols["extra"].append(r["extra"])
-        cols["where"].append(f"visual:{i}")
-    return Batch(cols)
+    return make_engine(tool_vlm, multimodal=True, max_model_len=512, image_limit=4)
 
 
 def max_logprob_gap(model, out: Batch) -> float:
