@@ -55,6 +55,8 @@ class Trainer:
             w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
         )
         self.pad_token_id = tokenizer.pad_token_id
+        self.probe = tokenizer("The weight-sync probe: 12 + 34 = 46.", add_special_tokens=False)["input_ids"]
+        """Fixed text (no images, whatever the model) that `check_weight_sync` scores with engine and policy."""
         processor = load_processor(
             w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
         )
@@ -196,10 +198,9 @@ class Trainer:
         self.rollout_workers.call("update_weights", weights, self.step)
 
     def check_weight_sync(self) -> dict[str, float]:
-        """Score a fixed probe (the first training prompt followed by its own first tokens) with the engine
-        and with the policy; fail loudly when they disagree (an engine left on stale weights)."""
-        prompt = list(self.train_set.batch([0])["prompt_ids"][0])
-        probe = prompt[: min(len(prompt), 16)]
+        """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an
+        engine left on stale weights)."""
+        prompt, probe = self.probe[:8], self.probe[8:]
         engine = self.rollout_workers.call("score", prompt, probe)
         policy = self.actor.call("score", prompt, probe)
         diff = max(abs(a - b) for a, b in zip(engine, policy))

@@ -358,6 +358,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
             "algorithm.use_kl_loss=true",  # the reference model scores the same rows, images included
             "trainer.max_steps=2",
             "trainer.logger=[file]",
+            "worker.rollout.check_weight_sync=true",  # the probe works for a vision model too
         ]
     )
     trainer = Trainer(cfg)
@@ -376,6 +377,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
         assert m["actor/kl_loss"] >= 0
     assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
     assert metrics[2]["actor/kl_loss"] > 1e-7
+    assert all(metrics[step]["rollout/weight_sync_max_diff"] < 1e-5 for step in (1, 2))
     _assert_documented(metrics)
     model = trainer.actor.worker.model
     for name, p in model.model.visual.named_parameters():
