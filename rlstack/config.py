@@ -1011,8 +1011,7 @@ def _device_problems(cfg: Config) -> list[str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if t.device == "cuda" and not gpus:
         p.append("trainer.device = cuda, but torch sees no CUDA GPU: use trainer.device=auto (or cpu)")
-    device = resolve_device(t.device) if t.device != "cuda" or gpus else "cpu"
-    on_cpu = device == "cpu"
+    on_cpu = t.device == "cpu" or not gpus
     for key, dtype in (
         ("worker.actor.model.dtype", m.dtype),
         ("worker.critic.model.dtype", cfg.worker.critic.model.dtype),

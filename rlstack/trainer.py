@@ -177,8 +177,8 @@ class Trainer:
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
                 with _timer(timing, "sync"):
                     self.sync_weights()
-                    if self.cfg.worker.rollout.check_weight_sync:
-                        metrics |= self.check_weight_sync()
+                if self.cfg.worker.rollout.check_weight_sync:
+                    metrics |= self.check_weight_sync()
         self.tracker.log_generations(
             generation_rows(batch, self.cfg.trainer.train_generations_to_log, self.step), self.step, "train"
         )

@@ -266,7 +266,7 @@ class AgentLoop:
             ids.append([pad] * left + t.prompt_ids + t.tokens + [pad] * right)
             attention.append([0] * left + [1] * (len(t.prompt_ids) + len(t.tokens)) + [0] * right)
             response.append([0] * P + t.mask + [0] * right)
-            logprobs.append([0.0] * P + [lp * m for lp, m in zip(t.logprobs, t.mask)] + [0.0] * right)
+            logprobs.append([0.0] * P + t.logprobs + [0.0] * right)  # 0 on observation tokens already
         columns: dict[str, Any] = {
             "input_ids": torch.tensor(ids, dtype=torch.long),
             "attention_mask": torch.tensor(attention, dtype=torch.long),

@@ -30,12 +30,13 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from rlstack.errors import TrainingDiverged
-from rlstack.models.logprobs import run_starts
+from rlstack.models.logprobs import forward_logprobs, run_starts
 from rlstack.models.vision import (
     as_model_positions,
     check_batch_image_tokens,
     mrope_position_ids,
     multimodal_inputs,
+    position_ids,
 )
 from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
 
@@ -312,7 +313,6 @@ class HFEngine:
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
         # positions are M-RoPE ids, with or without images.
-        images = self.multimodal
         was_training = self.model.training
         self.model.eval()
         try:
@@ -326,8 +326,8 @@ class HFEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 generator=self.generator,
-                pixel_values=[r.pixel_values for r in requests] if images else None,
-                image_grid_thw=[r.image_grid_thw for r in requests] if images else None,
+                pixel_values=[r.pixel_values for r in requests] if self.multimodal else None,
+                image_grid_thw=[r.image_grid_thw for r in requests] if self.multimodal else None,
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
             )
         finally:
@@ -345,23 +345,25 @@ class HFEngine:
     @torch.no_grad()
     def score(self, request: Request, token_ids: list[int]) -> list[float]:
         ids = torch.tensor([request.prompt_ids + token_ids], device=self.model.device)
+        mask = torch.ones_like(ids)
+        response = torch.zeros_like(ids)
+        response[0, len(request.prompt_ids) :] = 1
+        grids = [request.image_grid_thw] if self.multimodal else None
         was_training = self.model.training
         self.model.eval()
         try:
-            kwargs = {}
-            if self.multimodal:
-                mask = torch.ones_like(ids)
-                kwargs = {
-                    "position_ids": as_model_positions(
-                        mrope_position_ids(self.model, ids, mask, [request.image_grid_thw])
-                    ),
-                    **multimodal_inputs([request.pixel_values], [request.image_grid_thw], ids.device),
-                }
-            logits = self.model(input_ids=ids, **kwargs).logits[0, len(request.prompt_ids) - 1 : -1].float()
+            logp, _ = forward_logprobs(
+                self.model,
+                ids,
+                mask,
+                position_ids(self.model, ids, mask, grids),
+                response,
+                pixel_values=[request.pixel_values] if self.multimodal else None,
+                image_grid_thw=grids,
+            )
         finally:
             self.model.train(was_training)
-        logp = torch.log_softmax(logits, dim=-1)
-        return logp.gather(-1, ids[0, len(request.prompt_ids) :, None]).squeeze(-1).tolist()
+        return logp[0, len(request.prompt_ids) :].tolist()
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
         if weights is not None:

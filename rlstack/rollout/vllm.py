@@ -22,6 +22,7 @@ KV cache dropped) and wakes before the next; on the CPU vLLM has no sleep mode a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 
@@ -147,15 +148,14 @@ class VLLMEngine:
         ids = [
             t
             for k, t in enumerate(r.prompt_ids)
-            if t != self.image_pad or r.prompt_ids[k - 1] != self.image_pad
+            if t != self.image_pad or k == 0 or r.prompt_ids[k - 1] != self.image_pad
         ]
         images = list(r.images)
         if r.image_grid_thw is not None:
+            sizes = [(w * self.patch_size, h * self.patch_size) for _, h, w in r.image_grid_thw.tolist()]
             images = [
-                image.resize((int(w) * self.patch_size, int(h) * self.patch_size), Image.Resampling.BICUBIC)
-                if image.size != (int(w) * self.patch_size, int(h) * self.patch_size)
-                else image
-                for image, (_, h, w) in zip(images, r.image_grid_thw.tolist())
+                image if image.size == size else image.resize(size, Image.Resampling.BICUBIC)
+                for image, size in zip(images, sizes)
             ]
         return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
@@ -194,7 +194,7 @@ class VLLMEngine:
     def score(self, request: Request, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
 
-        prompt = self._prompt(Request(request.prompt_ids + token_ids, request.images), 0)
+        prompt = self._prompt(dataclasses.replace(request, prompt_ids=request.prompt_ids + token_ids), 0)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         (out,) = self.llm.generate([prompt], params, use_tqdm=False)
         start = len(request.prompt_ids)

@@ -99,9 +99,8 @@ class PolicyWorker:
         """Draws VPPO's patch masks (saved with checkpoints)."""
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights under their Hugging Face names, detached (what a rollout engine loads)."""
-        for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach()
+        """The policy's weights under their Hugging Face names (what a rollout engine loads)."""
+        yield from self.model.state_dict().items()
 
     # ----------------------------------------------------------------------------- log-probs
 
