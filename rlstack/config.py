@@ -109,11 +109,20 @@ class OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """With several ranks (FSDP2): the dtype parameters are gathered and computed in (gradients are
+    reduced in float32); unset: the parameters' own dtype (`model.dtype`)."""
+
+
+@dataclass
 class ActorConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The policy optimizer."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of the policy and reference over several ranks (`trainer.backend=ray`)."""
     global_batch_size: int = 32
     """Prompts per optimizer step (mini-batch); its trajectories are `global_batch_size * n`."""
     micro_batch_size_per_device_for_update: int = 64

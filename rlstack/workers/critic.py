@@ -13,6 +13,8 @@ from rlstack.batch import Batch
 from rlstack.config import CriticConfig
 from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
 from rlstack.models.vision import position_ids
+from rlstack.workers.distributed import MiniBatchTotals
+from rlstack.workers.group import Dispatch, dispatch
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
 
@@ -56,6 +58,7 @@ class CriticWorker:
         shifted[:, 1:] = v[:, :-1]
         return shifted * b["response_mask"]
 
+    @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
@@ -63,10 +66,11 @@ class CriticWorker:
         parts = [self._values(mb).cpu() for mb in batch.split(micro)]
         return batch.update({"values": torch.cat(parts)})
 
+    @dispatch(Dispatch.MINI_BATCHES)
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
-        def micro_loss(mb: Batch, mini: Batch):
+        def micro_loss(mb: Batch, totals: MiniBatchTotals):
             mb = mb.to(self.model.device)
-            mask, normalizer = mb["response_mask"].float(), mini["response_mask"].sum()
+            mask, normalizer = mb["response_mask"].float(), totals.tokens
             out = clipped_value_loss(
                 self._values(mb), mb["values"], mb["returns"], mask, self.cfg.cliprange_value
             )

@@ -29,12 +29,15 @@ from rlstack.models.logprobs import (
     to_full_width,
 )
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
+from rlstack.workers import distributed
+from rlstack.workers.distributed import MiniBatchTotals
+from rlstack.workers.group import Dispatch, dispatch
 from rlstack.workers.training import build_optimizer, optimizer_steps
 
-# loss_fn(micro_batch, mini_batch, logprobs, entropy, exact KL to the reference or None)
+# loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
 #   -> (loss, {metric: contribution summed over the mini-batch})
 LossFn = Callable[
-    [Batch, Batch, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    [Batch, MiniBatchTotals, torch.Tensor, torch.Tensor, torch.Tensor | None],
     tuple[torch.Tensor, dict[str, torch.Tensor]],
 ]
 
@@ -93,14 +96,20 @@ class PolicyWorker:
         if algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL:
             self.ref_model = load_trained_model(actor.model, path, device).eval()
             self.ref_model.requires_grad_(False)
+        if distributed.sharded():  # FSDP2 over the role's ranks; the optimizer then holds the shards
+            distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
+            if self.ref_model is not None:
+                distributed.shard_model(self.ref_model, device, actor.fsdp.mp_param_dtype)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
         self.seed = seed
         self.vppo_generator = torch.Generator().manual_seed(seed + 1)
         """Draws VPPO's patch masks (saved with checkpoints)."""
 
+    @dispatch(Dispatch.ALL)
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights under their Hugging Face names (what a rollout engine loads)."""
-        yield from self.model.state_dict().items()
+        """The policy's whole weights under their Hugging Face names (what a rollout engine loads); with
+        several ranks each is gathered from its shards, so every rank iterates."""
+        yield from distributed.full_state_dict(self.model)
 
     # ----------------------------------------------------------------------------- log-probs
 
@@ -122,6 +131,7 @@ class PolicyWorker:
             self.model.train(was_training)
         return logp[0, len(prompt_ids) :].tolist()
 
+    @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Adds `old_logprobs` and `entropy` [B, T] under the current weights."""
@@ -130,6 +140,7 @@ class PolicyWorker:
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
 
+    @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_masked_image_logprobs(self, batch: Batch) -> Batch:
         """Adds `masked_logprobs` [B, T]: log-probs of the sampled tokens under the current weights with
@@ -152,6 +163,7 @@ class PolicyWorker:
 
     # -------------------------------------------------------------------------------- update
 
+    @dispatch(Dispatch.MINI_BATCHES)
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """Policy update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
         c, alg = self.cfg, self.algo
@@ -174,7 +186,11 @@ class PolicyWorker:
         )
 
         def loss_fn(
-            micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None
+            micro: Batch,
+            totals: MiniBatchTotals,
+            logp: torch.Tensor,
+            ent: torch.Tensor,
+            exact_kl: torch.Tensor | None,
         ):
             inputs = ActorLossInputs(
                 logprobs=logp,
@@ -187,11 +203,7 @@ class PolicyWorker:
                 ref_logprobs=micro.get("ref_logprobs"),
                 exact_kl=exact_kl,
             )
-            normalizers = LossNormalizers(
-                mini["response_mask"].sum(),
-                (mini["response_mask"].sum(-1) > 0).sum(),
-                self.max_response_length,
-            )
+            normalizers = LossNormalizers(totals.tokens, totals.sequences, self.max_response_length)
             return actor_loss(inputs, params, normalizers)
 
         metrics = self._train(
@@ -205,9 +217,13 @@ class PolicyWorker:
         """One optimizer step of supervised fine-tuning: mean NLL of the `response_mask` tokens."""
 
         def nll(
-            micro: Batch, mini: Batch, logp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None
+            micro: Batch,
+            totals: MiniBatchTotals,
+            logp: torch.Tensor,
+            ent: torch.Tensor,
+            exact_kl: torch.Tensor | None,
         ):
-            loss = token_mean(-logp, micro["response_mask"].float(), mini["response_mask"].sum())
+            loss = token_mean(-logp, micro["response_mask"].float(), totals.tokens)
             return loss, {"sft/loss": loss.detach()}
 
         return self._train(batch, len(batch), nll, epochs=1, shuffle=False)
@@ -218,7 +234,7 @@ class PolicyWorker:
         temperature = batch.meta.get("temperature", 1.0)
         entropy_grad = self.cfg.entropy_coeff != 0
 
-        def micro_loss(micro: Batch, mini: Batch):
+        def micro_loss(micro: Batch, totals: MiniBatchTotals):
             micro = micro.to(self.model.device)
             logits, start = response_logits(self.model, **_model_inputs(self.model, micro))
             if temperature != 1.0:
@@ -231,7 +247,7 @@ class PolicyWorker:
                 exact_kl = to_full_width(
                     kl_full(logits, ref_logits / temperature), logits.shape[1] + start, start
                 )
-            return loss_fn(micro, mini, logp, ent, exact_kl)
+            return loss_fn(micro, totals, logp, ent, exact_kl)
 
         c = self.cfg
         return optimizer_steps(
@@ -288,8 +304,11 @@ class RefWorker:
         path = resolve_model_path(actor.model.model_path)
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
+        if distributed.sharded():
+            distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
         self.micro_batch_size = micro_batch_size
 
+    @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         logp, _ = _batched_logprobs(self.model, batch, self.micro_batch_size, with_entropy=False)

@@ -2,14 +2,18 @@
 
 `optimizer_steps` cuts a batch into mini-batches (one optimizer step each, for `epochs` passes)
 and each mini-batch into micro-batches (gradient accumulation). `micro_loss` receives the
-micro-batch and its mini-batch, and normalizes by the mini-batch's token or sequence count, so
-accumulation does not change the gradient. A NaN or infinite loss, gradient norm or weight raises
-`TrainingDiverged` before anything is applied or saved.
+micro-batch and the totals of its mini-batch (over all data-parallel ranks, `MiniBatchTotals`), and
+normalizes by the mini-batch's token or sequence count, so neither accumulation nor the number of
+ranks changes the gradient. A NaN or infinite loss, gradient norm or weight raises
+`TrainingDiverged` before anything is applied or saved, on every rank at once.
+
+With several ranks (`distributed.sharded()`), each rank's `batch` holds its rows of every
+mini-batch, in order: local mini-batch i is this rank's part of global mini-batch i
+(`mini_batch_size` is then the per-rank size). Metrics are summed over ranks.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -18,10 +22,12 @@ from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_
 from rlstack.batch import Batch
 from rlstack.config import OptimConfig
 from rlstack.errors import TrainingDiverged
+from rlstack.workers import distributed
+from rlstack.workers.distributed import MiniBatchTotals
 
-# micro_loss(micro_batch, mini_batch) -> (loss, {metric: contribution summed over the mini-batch}); the loss
-# is normalized by the mini-batch (its tokens or sequences), so micro-batch losses add up to its loss.
-MicroLoss = Callable[[Batch, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# micro_loss(micro_batch, mini_batch_totals) -> (loss, {metric: contribution summed over the mini-batch}); the
+# loss is normalized by the mini-batch (its tokens or sequences), so micro-batch losses add up to its loss.
+MicroLoss = Callable[[Batch, MiniBatchTotals], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
@@ -52,34 +58,57 @@ def optimizer_steps(
 ) -> dict[str, float]:
     """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`."""
     step = scheduler.last_epoch + 1
+    dp = distributed.current()
     model.train()
-    sums: dict[str, float] = defaultdict(float)
-    n_steps = 0
+    sums: dict[str, torch.Tensor] = {}
+    grad_norms: list[float] = []
     for epoch in range(epochs):
         order = batch
-        if shuffle_seed is not None:
-            g = torch.Generator().manual_seed(shuffle_seed * 1_000_003 + step * 101 + epoch)
+        if shuffle_seed is not None:  # with several ranks, each shuffles its own rows
+            g = torch.Generator().manual_seed(shuffle_seed * 1_000_003 + step * 101 + epoch + 7919 * dp.rank)
             order = batch.select(torch.randperm(len(batch), generator=g))
         for mb in order.split(mini_batch_size):
+            totals = MiniBatchTotals.of(mb["response_mask"])
+            bad_loss = None
             for micro in mb.split(micro_batch_size):
-                loss, stats = micro_loss(micro, mb)
-                if not torch.isfinite(loss):
-                    optimizer.zero_grad(set_to_none=True)
-                    raise TrainingDiverged(f"the {role} loss became {loss.item()} at step {step}")
-                loss.backward()
+                loss, stats = micro_loss(micro, totals)
+                if not torch.isfinite(loss) and bad_loss is None:
+                    bad_loss = loss.item()
+                    if dp.world_size == 1:
+                        break
+                # FSDP2 averages gradients over ranks; each rank's loss is its share of the sum.
+                (loss * dp.world_size if dp.world_size > 1 else loss).backward()
                 for k, v in stats.items():
-                    sums[k] += float(v)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                    sums[k] = sums.get(k, 0.0) + v.detach().double().cpu()
+            bad = [(r, v) for r, v in enumerate(distributed.gather_objects(bad_loss)) if v is not None]
+            if bad:
+                optimizer.zero_grad(set_to_none=True)
+                ranks = [r for r, _ in bad]
+                raise TrainingDiverged(f"the {role} loss became {bad[0][1]} at step {step}{_on(ranks, dp)}")
+            grad_norm = distributed.full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
                 raise TrainingDiverged(f"the {role} gradient norm became {grad_norm.item()} at step {step}")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):
-                raise TrainingDiverged(f"the {role} optimizer step made weights non-finite at step {step}")
-            sums[f"{role}/grad_norm"] += float(grad_norm)
-            n_steps += 1
-    metrics = {k: v / n_steps for k, v in sums.items()}
+            finite = bool(
+                torch.stack([distributed.local(p).isfinite().all() for p in model.parameters()]).all()
+            )
+            ranks = distributed.all_ranks(finite)
+            if ranks:
+                raise TrainingDiverged(
+                    f"the {role} optimizer step made weights non-finite at step {step}{_on(ranks, dp)}"
+                )
+            grad_norms.append(float(grad_norm))
+    keys = sorted(sums)
+    summed = distributed.all_reduce_sum(torch.stack([sums[k] for k in keys])) if keys else torch.zeros(0)
+    metrics = {k: float(v) / len(grad_norms) for k, v in zip(keys, summed)}
+    metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
     scheduler.step()
     return metrics
+
+
+def _on(ranks: list[int], dp: distributed.Rank) -> str:
+    """Where it happened, when there are several ranks."""
+    return f" (on rank {', '.join(map(str, ranks))} of {dp.world_size})" if dp.world_size > 1 else ""

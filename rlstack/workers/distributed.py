@@ -1,0 +1,136 @@
+"""Data parallelism within a role: the ranks' process group, FSDP2 sharding, and the reductions that
+keep a training step's gradient independent of the number of ranks.
+
+A worker runs as one rank of a `torch.distributed` process group when its worker group starts it
+so (`init_process_group`: gloo on CPU, NCCL on GPU); otherwise it is rank 0 of a world of one, and
+every function here is a no-op (the embedded default). With more than one rank:
+
+- models are sharded with FSDP2 (`torch.distributed.fsdp.fully_shard`): each transformer block
+  (the model's `_no_split_modules`) is a unit, then the whole model;
+- a mini-batch's rows are split across ranks, and its loss normalisers (token and sequence counts)
+  are totals over all ranks (`MiniBatchTotals`), so each rank's loss is its share of the
+  mini-batch's loss. FSDP2 averages gradients over ranks, so the loss is scaled by the world size
+  before `backward`: the summed gradient is the one-process gradient;
+- decisions that end a step (a non-finite loss, gradient norm or weight) are taken together
+  (`all_ranks`): one rank raising while the others wait in a collective would be a hang.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this process is in its role's data-parallel group."""
+
+    rank: int = 0
+    world_size: int = 1
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
+    """Join the group of `world_size` ranks (gloo on CPU, NCCL on CUDA) as `rank`."""
+    os.environ.update(
+        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def current() -> Rank:
+    if dist.is_available() and dist.is_initialized():
+        return Rank(dist.get_rank(), dist.get_world_size())
+    return Rank()
+
+
+def sharded() -> bool:
+    """Whether this process is one of several ranks (models are FSDP2-sharded)."""
+    return current().world_size > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the ranks (a new tensor; `t` itself with one rank)."""
+    if not sharded():
+        return t
+    out = t.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's `obj` (picklable), by rank. Every rank must call it."""
+    if not sharded():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_ranks(flag: bool) -> list[int]:
+    """The ranks where `flag` is False (empty: it holds on every rank). Every rank must call it."""
+    return [r for r, f in enumerate(gather_objects(bool(flag))) if not f]
+
+
+@dataclass(frozen=True)
+class MiniBatchTotals:
+    """Counts of a whole mini-batch, over all ranks: what each micro-batch's loss is divided by."""
+
+    tokens: torch.Tensor
+    """Sampled tokens, `response_mask.sum()`."""
+    sequences: torch.Tensor
+    """Rows with at least one sampled token."""
+
+    @classmethod
+    def of(cls, response_mask: torch.Tensor) -> MiniBatchTotals:
+        """The totals of the mini-batch whose rows on this rank have `response_mask`."""
+        local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).long().cpu()
+        tokens, sequences = all_reduce_sum(local)
+        return cls(tokens, sequences)
+
+
+def shard_model(model: torch.nn.Module, device: str, param_dtype: str | None = None) -> torch.nn.Module:
+    """FSDP2 over the current group: every transformer block (`_no_split_modules`), then the model.
+    `param_dtype` (e.g. bfloat16) is the compute dtype of parameters in forward/backward (gradients are
+    reduced in float32); None computes in the parameters' own dtype."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+        reduce_dtype=torch.float32 if param_dtype else None,
+    )
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    units = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not units:
+        raise ValueError(
+            f"{type(model).__name__} names no transformer block class (`_no_split_modules`) to shard with FSDP2"
+        )
+    for m in units:
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (possibly FSDP2-sharded) parameter or value."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly sharded) parameter or value; a collective when sharded."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's whole tensors under their Hugging Face names, one at a time (every rank must iterate
+    to the end: each sharded tensor is gathered by a collective)."""
+    for name, t in model.state_dict().items():
+        yield name, full(t).detach()

@@ -1,0 +1,40 @@
+"""Run a function on several ranks of a gloo process group (spawned processes), for the tests of
+data-parallel training. Each rank's result comes back through a file."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, out: Path) -> None:
+    import torch.distributed as dist
+
+    from rlstack.workers import distributed
+
+    torch.set_num_threads(1)
+    distributed.init_process_group(rank, world, "127.0.0.1", port, "cpu")
+    try:
+        torch.save(fn(*args), out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any, tmp: Path) -> list[Any]:
+    """`fn(*args)` on each of `world` ranks (gloo, CPU); their results, by rank. `fn` must be importable."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    mp.start_processes(
+        _rank_main, args=(world, free_port(), fn, args, tmp), nprocs=world, start_method="spawn"
+    )
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -1,0 +1,141 @@
+"""Data-parallel training: FSDP2 over 2 gloo ranks on CPU gives the one-process step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from ranks import run_ranks
+
+from rlstack.batch import Batch
+from rlstack.config import ActorConfig, AlgorithmConfig
+from rlstack.workers.group import gather_rows, split_mini_batches, split_rows
+
+ROWS, PROMPT, RESPONSE = 8, 6, 8
+
+
+def uneven_batch(vocab: int) -> Batch:
+    """4 prompts x 2 samples, left-padded prompts of 3-6 tokens; the first half of the rows (rank 0's
+    share with 2 ranks) has long responses, the second half 1-2 tokens."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (ROWS, PROMPT + RESPONSE), generator=g)
+    attn = torch.zeros(ROWS, PROMPT + RESPONSE, dtype=torch.long)
+    resp = torch.zeros_like(attn)
+    lengths = [8, 7, 8, 6, 1, 2, 1, 2]
+    for i in range(ROWS):
+        p = 3 + (i // 2) % 4
+        ids[i] = ids[i - 1] if i % 2 else ids[i]  # the two samples of a prompt share it ...
+        attn[i, PROMPT - p : PROMPT + lengths[i]] = 1
+        resp[i, PROMPT : PROMPT + lengths[i]] = 1
+    ids[1::2, PROMPT:] = torch.randint(3, vocab, (ROWS // 2, RESPONSE), generator=g)  # ... not the response
+    ids = torch.where(attn.bool(), ids, 0)
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": attn,
+            "response_mask": resp,
+            "advantages": torch.randn(ROWS, 1, generator=g).expand(-1, PROMPT + RESPONSE) * resp,
+            "old_logprobs": -2.0 - torch.rand(ROWS, PROMPT + RESPONSE, generator=g) * resp,
+        }
+    )
+
+
+def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int) -> dict:
+    """One optimizer step of a fresh policy worker on `batch`: its metrics and whole updated weights."""
+    from rlstack.workers import distributed
+    from rlstack.workers.policy import PolicyWorker
+
+    torch.manual_seed(0)
+    actor = ActorConfig(micro_batch_size_per_device_for_update=2, loss_agg_mode=agg_mode)
+    actor.model.model_path = model_dir
+    # Adam's first step moves every weight by about lr, 50x the tolerance; a larger lr magnifies the
+    # float noise of gradients near Adam's eps (g ~ 1e-9) past it.
+    actor.optim.lr = 5e-4
+    worker = PolicyWorker(actor, AlgorithmConfig(), RESPONSE, total_steps=1, seed=1)
+    metrics = worker.update(batch, mini_batch_size)
+    weights = {k: v.clone() for k, v in distributed.full_state_dict(worker.model)}
+    return {"metrics": metrics, "weights": weights, "sharded": distributed.sharded()}
+
+
+def ranks_update(model_dir: str, agg_mode: str, parts: list[Batch], mini_per_rank: int) -> dict:
+    from rlstack.workers import distributed
+
+    return one_update(model_dir, agg_mode, parts[distributed.current().rank], mini_per_rank)
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_two_rank_fsdp2_step_equals_one_process(tiny_model_dir: Path, tok, tmp_path: Path, agg_mode: str):
+    batch = uneven_batch(len(tok))
+    single = one_update(str(tiny_model_dir), agg_mode, batch, ROWS)
+    assert not single["sharded"]
+
+    parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
+    assert [p["response_mask"].sum().item() for p in parts] == [29, 6]  # uneven on purpose
+    ranks = run_ranks(2, ranks_update, str(tiny_model_dir), agg_mode, parts, mini_per_rank, tmp=tmp_path)
+
+    assert all(r["sharded"] for r in ranks)
+    for r in ranks:
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
+            assert r["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-5), key
+        assert r["weights"].keys() == single["weights"].keys()
+        moved = 0.0
+        for name, w in single["weights"].items():
+            torch.testing.assert_close(r["weights"][name], w, atol=1e-5, rtol=0)
+            moved = max(moved, float((w - load_initial(tiny_model_dir)[name]).abs().max()))
+        assert moved > 2.5e-4  # the step changed the weights by far more than the tolerance
+
+
+_INITIAL: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def load_initial(model_dir: Path) -> dict[str, torch.Tensor]:
+    from rlstack.models.loading import load_causal_lm
+
+    if str(model_dir) not in _INITIAL:
+        _INITIAL[str(model_dir)] = load_causal_lm(str(model_dir)).state_dict()
+    return _INITIAL[str(model_dir)]
+
+
+def test_split_rows_pads_and_gathers_in_order():
+    b = Batch({"x": torch.arange(5)})
+    parts, padding = split_rows(b, 2)
+    assert [p["x"].tolist() for p in parts] == [[0, 1, 2], [3, 4, 4]] and padding == 1
+    assert gather_rows(parts, padding, 6)["x"].tolist() == [0, 1, 2, 3, 4]
+    # a method that returns 2 rows per input row (generation with n=2) drops 2 per padding row
+    doubled = [p.repeat_interleave(2) for p in parts]
+    assert gather_rows(doubled, padding, 6)["x"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_split_mini_batches_gives_each_rank_its_part_of_every_mini_batch():
+    b = Batch({"x": torch.arange(10), "response_mask": torch.ones(10, 3, dtype=torch.long)})
+    parts, per_rank = split_mini_batches(b, 4, 2)  # mini-batches [0..3], [4..7], [8, 9]
+    assert per_rank == 2
+    assert [p["x"].tolist() for p in parts] == [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
+    parts, per_rank = split_mini_batches(b, 5, 3)  # 5 rows in 3 parts of 2: one padding row each
+    assert per_rank == 2
+    assert [p["x"].tolist() for p in parts] == [[0, 1, 5, 6], [2, 3, 7, 8], [4, 4, 9, 9]]
+    assert parts[2]["response_mask"].sum(-1).tolist() == [3, 0, 3, 0]  # padding adds no tokens
+
+
+def ranks_diverge(model_dir: str, parts: list[Batch], mini_per_rank: int) -> str:
+    from rlstack.errors import TrainingDiverged
+    from rlstack.workers import distributed
+
+    try:
+        one_update(model_dir, "token-mean", parts[distributed.current().rank], mini_per_rank)
+    except TrainingDiverged as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_without_a_hang(
+    tiny_model_dir: Path, tok, tmp_path: Path
+):
+    batch = uneven_batch(len(tok))
+    batch["advantages"][6, PROMPT] = float("nan")  # a row of rank 1's share
+    parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
+    messages = run_ranks(2, ranks_diverge, str(tiny_model_dir), parts, mini_per_rank, tmp=tmp_path)
+    for m in messages:
+        assert "the actor loss became nan at step 1 (on rank 1 of 2)" in m
