@@ -111,8 +111,7 @@ class OptimConfig:
 @dataclass
 class FSDPConfig:
     mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """With several ranks (FSDP2): the dtype parameters are gathered and computed in (gradients are
-    reduced in float32); unset: the parameters' own dtype (`model.dtype`)."""
+    """With several ranks (FSDP2): the dtype parameters are gathered and computed in, gradients reduced in float32 (unset: `model.dtype`)."""
 
 
 @dataclass
@@ -496,6 +495,12 @@ class TrainerConfig:
     """torch CPU threads (0: leave torch's default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""
+    backend: Literal["local", "ray"] = "local"
+    """local: every worker in this process; ray: one Ray actor per rank, models sharded with FSDP2."""
+    nnodes: int = 1
+    """Nodes of the Ray cluster the run uses (`backend=ray`)."""
+    n_gpus_per_node: int = 1
+    """Ranks per node (`backend=ray`): one per GPU; on machines without a GPU, CPU ranks."""
 
 
 @dataclass
@@ -985,10 +990,49 @@ def validate(cfg: Config) -> list[str]:
             if file_part.endswith(".py") and not os.path.isfile(file_part):
                 p.append(f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)")
     p += _device_problems(cfg)
+    p += _backend_problems(cfg)
     unknown_loggers = set(t.logger) - {"console", "file", "tensorboard", "wandb"}
     if unknown_loggers:
         p.append(
             f"trainer.logger: unknown logger(s) {sorted(unknown_loggers)}; choose from console, file, tensorboard, wandb"
+        )
+    return p
+
+
+def _backend_problems(cfg: Config) -> list[str]:
+    """Ranks the backend cannot run, and batches that do not split across them."""
+    import importlib.util
+
+    p: list[str] = []
+    t = cfg.trainer
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        p.append(
+            f"trainer.nnodes = {t.nnodes}, trainer.n_gpus_per_node = {t.n_gpus_per_node}: both must be >= 1"
+        )
+        return p
+    world = t.nnodes * t.n_gpus_per_node
+    if t.backend == "local":
+        if world > 1:
+            p.append(
+                f"trainer.nnodes x trainer.n_gpus_per_node = {world} ranks, but trainer.backend = local runs one "
+                "process: set trainer.backend=ray (or both to 1)"
+            )
+        return p
+    if importlib.util.find_spec("ray") is None:
+        p.append("trainer.backend = ray, but Ray is not installed: pip install 'rlstack[ray]'")
+    trajectories = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n
+    if trajectories % world:
+        p.append(
+            f"worker.actor.global_batch_size x worker.rollout.n = {trajectories} trajectories per mini-batch do not "
+            f"split evenly over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a multiple of {world}"
+        )
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if t.nnodes == 1 and gpus and t.device != "cpu" and t.n_gpus_per_node > gpus:
+        p.append(
+            f"trainer.n_gpus_per_node = {t.n_gpus_per_node}, but this machine has {gpus} GPUs: one rank per GPU; "
+            f"use trainer.n_gpus_per_node={gpus}, or add nodes (trainer.nnodes)"
         )
     return p
 

@@ -35,10 +35,8 @@ from rlstack.models.loading import load_processor, load_tokenizer, resolve_model
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.tracking import Tracker, agent_metrics, batch_metrics, generation_rows, total_tokens
-from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
-from rlstack.workers.policy import PolicyWorker, RefWorker
-from rlstack.workers.rollout import RolloutWorker
+from rlstack.workers.roles import build_roles
 
 
 class Trainer:
@@ -81,24 +79,22 @@ class Trainer:
             and not alg.use_vppo_on_perception
         )
         device = resolve_device(t.device)
-        policy = PolicyWorker(w.actor, alg, d.max_response_length, self.total_steps, w.rollout.seed, device)
-        self.actor: WorkerGroup = LocalWorkerGroup(policy)
-        self.rollout_workers: WorkerGroup = LocalWorkerGroup(
-            RolloutWorker(w.rollout, w.actor.model, d.max_response_length, policy)
-        )
+        self.cluster = None
+        """The Ray rank actors (`trainer.backend=ray`), closed at the end of `fit`."""
+        if t.backend == "ray":
+            from rlstack.workers.ray_group import RayCluster
+
+            self.cluster = RayCluster(cfg, self.total_steps, device)
+            groups: dict[str, WorkerGroup] = {role: self.cluster.group(role) for role in self.cluster.roles}
+        else:
+            groups = {
+                role: LocalWorkerGroup(w) for role, w in build_roles(cfg, self.total_steps, device).items()
+            }
+        self.actor: WorkerGroup = groups["actor"]
+        self.rollout_workers: WorkerGroup = groups["rollout"]
         self.engine = self.rollout_workers.call("capabilities")
-        self.ref: WorkerGroup | None = None
-        if alg.use_kl_in_reward or (
-            alg.use_kl_loss and alg.kl_penalty != "full"
-        ):  # full: the actor holds one
-            self.ref = LocalWorkerGroup(
-                RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience, device)
-            )
-        self.critic: WorkerGroup | None = None
-        if alg.adv_estimator == AdvEstimator.GAE:
-            self.critic = LocalWorkerGroup(
-                CriticWorker(w.critic, w.actor.model.model_path, self.total_steps, device)
-            )
+        self.ref: WorkerGroup | None = groups.get("ref")
+        self.critic: WorkerGroup | None = groups.get("critic")
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.rewards = build_reward_manager(w.reward, d.max_response_length)
@@ -142,6 +138,8 @@ class Trainer:
         finally:
             self.tracker.close()
             self.rewards.close()
+            if self.cluster is not None:
+                self.cluster.close()
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -192,10 +190,10 @@ class Trainer:
         return metrics
 
     def sync_weights(self) -> None:
-        """Bring the rollout engine to the policy's current weights (version = the step); an engine that
-        shares the policy's module only records the version."""
-        weights = None if self.engine.shares_policy_weights else self.actor.call("named_weights")
-        self.rollout_workers.call("update_weights", weights, self.step)
+        """Bring the rollout engines to the policy's current weights (version = the step): each rollout
+        worker pulls them from its colocated policy; an engine sharing the policy's module only records
+        the version."""
+        self.rollout_workers.call("sync_weights", self.step)
 
     def check_weight_sync(self) -> dict[str, float]:
         """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an

@@ -300,13 +300,26 @@ def _same_images_as_previous(
 class HFEngine:
     """The `Engine` over a Hugging Face causal LM (the policy's own module; see module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, seed: int, multimodal: bool):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        seed: int,
+        multimodal: bool,
+        shares_policy_weights: bool = True,
+    ):
+        """`model`: the policy's own module (`shares_policy_weights`), or a copy of its own whose weights
+        `update_weights` loads (the policy is sharded over ranks and cannot generate rank by rank)."""
         self.model = model
         self.tokenizer = tokenizer
         self.generator = torch.Generator().manual_seed(seed)
         self.multimodal = multimodal
         self.capabilities = EngineCapabilities(
-            name="hf", shares_policy_weights=True, sleep=False, multimodal=multimodal, prefix_caching=True
+            name="hf",
+            shares_policy_weights=shares_policy_weights,
+            sleep=False,
+            multimodal=multimodal,
+            prefix_caching=True,
         )
         self.weight_version = 0
 
@@ -365,11 +378,21 @@ class HFEngine:
             self.model.train(was_training)
         return logp[0, len(request.prompt_ids) :].tolist()
 
+    @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
-        if weights is not None:
-            raise ValueError(
-                "the HF engine samples from the policy's own module; it takes no weights (pass None)"
-            )
+        if self.capabilities.shares_policy_weights:
+            if weights is not None:
+                raise ValueError(
+                    "this HF engine samples from the policy's own module; it takes no weights (pass None)"
+                )
+        else:
+            if weights is None:
+                raise ValueError("this HF engine holds its own copy of the model: pass the policy's weights")
+            own = self.model.state_dict()
+            for name, tensor in weights:
+                if name not in own:
+                    raise KeyError(f"the policy's weight {name!r} is not a weight of the engine's model")
+                own[name].copy_(tensor)
         self.weight_version = version
 
     def sleep(self) -> None:

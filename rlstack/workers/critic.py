@@ -13,6 +13,7 @@ from rlstack.batch import Batch
 from rlstack.config import CriticConfig
 from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
 from rlstack.models.vision import position_ids
+from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import Dispatch, dispatch
 from rlstack.workers.training import build_optimizer, optimizer_steps
@@ -25,6 +26,8 @@ class CriticWorker:
         self.cfg = cfg
         path = resolve_model_path(cfg.model.model_path or actor_model_path)
         self.model = self._load(path).to(device)
+        if distributed.sharded():
+            distributed.shard_model(self.model, device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, total_steps)
 
     def _load(self, path: str) -> torch.nn.Module:
@@ -99,15 +102,22 @@ class CriticWorker:
         return metrics
 
     def save_checkpoint(self, path: Path) -> None:
-        self.model.save_pretrained(path / "critic")
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-            path / "critic_state.pt",
-        )
+        """Like the policy's: the Hugging Face model, and with several ranks the sharded state too."""
+        distributed.save_pretrained(self.model, path / "critic")
+        state = {"scheduler": self.scheduler.state_dict()}
+        if distributed.sharded():
+            distributed.save_sharded(self.model, self.optimizer, path / "critic_dcp")
+        else:
+            state["optimizer"] = self.optimizer.state_dict()
+        if distributed.current().rank == 0:
+            torch.save(state, path / "critic_state.pt")
 
     def load_checkpoint(self, path: Path) -> None:
-        saved = self._load(str(path / "critic"))
-        self.model.load_state_dict(saved.state_dict())
         s = torch.load(path / "critic_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(s["optimizer"])
+        if (path / "critic_dcp").is_dir() or distributed.sharded():
+            distributed.load_sharded(self.model, self.optimizer, path / "critic_dcp")
+        else:
+            saved = self._load(str(path / "critic"))
+            self.model.load_state_dict(saved.state_dict())
+            self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])

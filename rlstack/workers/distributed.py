@@ -134,3 +134,33 @@ def full_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
     to the end: each sharded tensor is gathered by a collective)."""
     for name, t in model.state_dict().items():
         yield name, full(t).detach()
+
+
+def save_pretrained(model: torch.nn.Module, path) -> bool:
+    """`model.save_pretrained(path)` of the whole weights (gathered from the shards on every rank; rank 0
+    writes). Returns whether this rank wrote."""
+    weights = dict(full_state_dict(model)) if sharded() else None
+    if current().rank != 0:
+        return False
+    model.save_pretrained(path, state_dict=weights)
+    return True
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
+    """Model and optimizer state with `torch.distributed.checkpoint`: every rank writes its shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path)
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path) -> None:
+    """What `save_sharded` wrote, on any number of ranks, resharded onto this run's."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -79,6 +79,7 @@ class PolicyWorker:
         self.cfg, self.algo = actor, algorithm
         path = resolve_model_path(actor.model.model_path)
         self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
+        self.device = device
         self.model = load_trained_model(actor.model, path, device)
         self.model.train()
         self.processor = load_processor(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
@@ -267,32 +268,42 @@ class PolicyWorker:
     # --------------------------------------------------------------------------- checkpoints
 
     def save_model(self, path: Path) -> None:
-        """The model, tokenizer and (vision models) image processor in Hugging Face format."""
-        self.model.save_pretrained(path)
+        """The model, tokenizer and (vision models) image processor in Hugging Face format; with several
+        ranks the whole weights are gathered on every rank and rank 0 writes them."""
+        if not distributed.save_pretrained(self.model, path):
+            return
         if self.processor is not None:
             self.processor.save_pretrained(path)
         else:
             self.tokenizer.save_pretrained(path)
 
     def save_checkpoint(self, path: Path) -> None:
+        """The Hugging Face model, plus the optimizer and scheduler. With several ranks, model and optimizer
+        are also written sharded (`actor_dcp/`, torch.distributed.checkpoint: every rank writes its shards),
+        which a run on any number of ranks can load."""
         self.save_model(path / "model")
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "vppo_generator": self.vppo_generator.get_state(),
-            },
-            path / "actor_state.pt",
-        )
+        state = {"scheduler": self.scheduler.state_dict(), "vppo_generator": self.vppo_generator.get_state()}
+        if distributed.sharded():
+            distributed.save_sharded(self.model, self.optimizer, path / "actor_dcp")
+        else:
+            state["optimizer"] = self.optimizer.state_dict()
+        if distributed.current().rank == 0:
+            torch.save(state, path / "actor_state.pt")
 
     def load_checkpoint(self, path: Path) -> None:
-        # from_pretrained reads sharded weights and ties embeddings; its tensors are copied in place
-        # so that the optimizer, which holds the live parameters, stays attached to them.
-        saved = load_causal_lm(str(path / "model"), self.cfg.model.dtype, self.cfg.model.trust_remote_code)
-        self.model.load_state_dict(saved.state_dict())
-        del saved
         s = torch.load(path / "actor_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(s["optimizer"])
+        if (path / "actor_dcp").is_dir() or distributed.sharded():
+            _check_sharded(path, "actor_dcp")
+            distributed.load_sharded(self.model, self.optimizer, path / "actor_dcp")
+        else:
+            # from_pretrained reads sharded weights and ties embeddings; its tensors are copied in place
+            # so that the optimizer, which holds the live parameters, stays attached to them.
+            saved = load_causal_lm(
+                str(path / "model"), self.cfg.model.dtype, self.cfg.model.trust_remote_code
+            )
+            self.model.load_state_dict(saved.state_dict())
+            del saved
+            self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
         self.vppo_generator.set_state(s["vppo_generator"])
 
@@ -328,3 +339,11 @@ def _batched_logprobs(
         ents.append(ent.cpu() if ent is not None else None)
     logp = torch.cat(logps)
     return logp, (torch.cat(ents) if with_entropy else None)
+
+
+def _check_sharded(path: Path, name: str) -> None:
+    if not (path / name).is_dir():
+        raise FileNotFoundError(
+            f"{path} was written by a one-process run (no {name}/): resume it with trainer.backend=local, or "
+            f"start this run from its model (worker.actor.model.model_path={path}/model)"
+        )

@@ -15,7 +15,9 @@ from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
 from rlstack.rollout.hf import HFEngine
 from rlstack.tools.registry import build_toolset
-from rlstack.workers.policy import PolicyWorker
+from rlstack.workers import distributed
+from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.policy import PolicyWorker, load_trained_model
 
 
 class RolloutWorker:
@@ -58,8 +60,14 @@ class RolloutWorker:
                 model.trust_remote_code,
                 image_limit=cfg.agent.max_images,
             )
+        elif distributed.sharded():  # the policy's module is sharded: generate with a whole copy
+            copy = load_trained_model(model, resolve_model_path(model.model_path), policy.device).eval()
+            self.engine = HFEngine(
+                copy, policy.tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
+            )
         else:
             self.engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
+        self.policy = policy
         tools = cfg.agent.tools
         self.processor = processor or VisionProcessor(policy.tokenizer, None)
         self.multimodal = multimodal
@@ -75,6 +83,7 @@ class RolloutWorker:
     def capabilities(self) -> EngineCapabilities:
         return self.engine.capabilities
 
+    @dispatch(Dispatch.ROWS)
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
         """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`)."""
         r = self.cfg
@@ -82,6 +91,7 @@ class RolloutWorker:
             return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
         return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
+    @dispatch(Dispatch.ROWS)
     def generate_greedy(self, prompts: Batch) -> Batch:
         """One greedy trajectory per prompt, tools included (ReMax's baseline)."""
         return self._run(prompts, 1, 0.0, 1.0, -1)
@@ -100,6 +110,12 @@ class RolloutWorker:
         self.engine.wake_up()  # stays awake for the rollout that follows
         self.engine.update_weights(weights, version)
 
+    def sync_weights(self, version: int) -> None:
+        """Bring the engine to the colocated policy's current weights, streamed from it under Hugging Face
+        names (gathered from the shards on every rank); an engine sharing the module records the version."""
+        shares = self.engine.capabilities.shares_policy_weights
+        self.update_weights(None if shares else self.policy.named_weights(), version)
+
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe)."""
         request = Request(prompt_ids)
@@ -110,7 +126,15 @@ class RolloutWorker:
         return self.engine.score(request, token_ids)
 
     def save_checkpoint(self, path: Path) -> None:
-        torch.save({"engine": self.engine.state_dict()}, path / "rollout_state.pt")
+        """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""
+        torch.save({"engine": self.engine.state_dict()}, path / _rollout_state(distributed.current().rank))
 
     def load_checkpoint(self, path: Path) -> None:
-        self.engine.load_state_dict(torch.load(path / "rollout_state.pt", weights_only=False)["engine"])
+        """This rank's sampling state, or rank 0's for a rank the saving run did not have."""
+        own = path / _rollout_state(distributed.current().rank)
+        state = torch.load(own if own.is_file() else path / _rollout_state(0), weights_only=False)
+        self.engine.load_state_dict(state["engine"])
+
+
+def _rollout_state(rank: int) -> str:
+    return "rollout_state.pt" if rank == 0 else f"rollout_state.rank{rank}.pt"

@@ -1,0 +1,192 @@
+"""Ray worker groups (`trainer.backend=ray`): one Ray actor per rank, each holding its colocated role
+workers (policy, rollout, reference, critic: EasyR1's hybrid engine), joined in one
+`torch.distributed` process group (gloo on CPU, NCCL on GPU) so that the models are FSDP2-sharded
+over the ranks (`workers/distributed.py`).
+
+Ranks are placed with a placement group: one bundle per rank, `{"GPU": 1, "CPU": 1}` on GPUs or
+`{"CPU": 1}` on CPU machines, packed onto as few nodes as possible. `RayRoleGroup` reaches one role
+on every rank, splitting arguments and gathering results as each method declares (`@dispatch`,
+`workers/group.py`). A rank that dies (killed, out of memory, a crash) ends the call with an error
+that names the rank and its node instead of leaving the driver waiting.
+
+`ray.init()` connects to the cluster of `ray start --head` / `ray start --address=...` when one runs
+on this machine (or `RAY_ADDRESS` names one), and otherwise starts a local one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from rlstack.config import Config
+from rlstack.errors import RLStackError
+from rlstack.workers.critic import CriticWorker
+from rlstack.workers.group import (
+    Dispatch,
+    dispatch_mode,
+    gather_rows,
+    split_mini_batches,
+    split_rows,
+)
+from rlstack.workers.policy import PolicyWorker, RefWorker
+from rlstack.workers.rollout import RolloutWorker
+
+ROLE_CLASSES = {"actor": PolicyWorker, "rollout": RolloutWorker, "ref": RefWorker, "critic": CriticWorker}
+
+
+class WorkerDied(RLStackError):
+    """A rank of a worker group died during a call."""
+
+
+class RankHost:
+    """One rank: joins the process group, then builds and serves its role workers."""
+
+    def __init__(self, rank: int, world_size: int, num_threads: int):
+        self.rank, self.world_size = rank, world_size
+        if num_threads > 0:
+            torch.set_num_threads(num_threads)
+        self.roles: dict[str, Any] = {}
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port on it (rank 0's are the process group's rendezvous)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def where(self) -> tuple[str, int]:
+        """This rank's host and process id."""
+        return socket.gethostname(), os.getpid()
+
+    def setup(
+        self, master_addr: str, master_port: int, cfg: Config, total_steps: int, device: str
+    ) -> list[str]:
+        from rlstack import checkpoint
+        from rlstack.workers import distributed
+        from rlstack.workers.roles import build_roles
+
+        if device.startswith("cuda"):
+            device = "cuda:0"  # Ray makes the rank's GPU the only visible one
+        distributed.init_process_group(self.rank, self.world_size, master_addr, master_port, device)
+        checkpoint.seed_everything(cfg.trainer.seed)
+        self.roles = build_roles(cfg, total_steps, device)
+        return sorted(self.roles)
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.roles[role], method)(*args, **kwargs)
+        if hasattr(result, "__next__"):  # an iterator (named weights) cannot leave the process lazily
+            result = list(result)
+        return result
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        self.roles.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayCluster:
+    """The rank actors of one run and their placement group."""
+
+    def __init__(self, cfg: Config, total_steps: int, device: str):
+        try:
+            import ray
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        except ImportError as e:
+            raise RLStackError("trainer.backend = ray needs Ray: pip install 'rlstack[ray]'") from e
+        t = cfg.trainer
+        self.world_size = t.nnodes * t.n_gpus_per_node
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
+        gpu = device.startswith("cuda")
+        bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
+        self.pg = placement_group([bundle] * self.world_size, strategy="PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=60)
+        if not ready:
+            have = ray.cluster_resources()
+            ray.util.remove_placement_group(self.pg)
+            raise RLStackError(
+                f"trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node} = {self.world_size} ranks "
+                f"of {bundle} each, but the Ray cluster has {have.get('GPU', 0):g} GPUs and {have.get('CPU', 0):g} "
+                "CPUs: lower the ranks, or add nodes (ray start --address=...)"
+            )
+        actor = ray.remote(RankHost)
+        self.hosts = [
+            actor.options(
+                num_cpus=1,
+                num_gpus=1 if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
+            ).remote(r, self.world_size, t.num_threads)
+            for r in range(self.world_size)
+        ]
+        self.where: list[tuple[str, int]] = []
+        self.where = self.get([h.where.remote() for h in self.hosts])
+        addr, port = self.get([self.hosts[0].address.remote()])[0]
+        self.roles = self.get([h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts])[0]
+
+    def get(self, refs: list) -> list:
+        """Results of one call per rank, in rank order. The first rank to fail ends the call at once (the
+        others may be waiting for it in a collective): a dead rank as `WorkerDied` naming it, its host and
+        what Ray saw; an exception raised in a worker as itself."""
+        import ray
+
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.ActorDiedError as e:
+                rank = rank_of[done[0]]
+                host, pid = self.where[rank] if self.where else ("?", 0)
+                raise WorkerDied(
+                    f"rank {rank} of {self.world_size} (host {host}, pid {pid}) died: {e}. The other ranks were "
+                    "stopped; resume from the last checkpoint (trainer.find_last_checkpoint=true)"
+                ) from e
+            except ray.exceptions.RayTaskError as e:
+                raise e.as_instanceof_cause() from None
+        return ray.get(refs)
+
+    def group(self, role: str) -> RayRoleGroup:
+        return RayRoleGroup(self, role, ROLE_CLASSES[role])
+
+    def close(self) -> None:
+        import ray
+
+        for h in self.hosts:
+            ray.kill(h)
+        ray.util.remove_placement_group(self.pg)
+
+
+class RayRoleGroup:
+    """One role on every rank of a `RayCluster`, behind the `WorkerGroup` interface."""
+
+    def __init__(self, cluster: RayCluster, role: str, cls: type):
+        self.cluster, self.role, self.cls = cluster, role, cls
+        self.world_size = cluster.world_size
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        hosts, w = self.cluster.hosts, self.world_size
+        mode = dispatch_mode(self.cls, method)
+        if mode is Dispatch.ROWS:
+            parts, padding = split_rows(args[0], w)
+            refs = [h.call.remote(self.role, method, p, *args[1:], **kwargs) for h, p in zip(hosts, parts)]
+            return gather_rows(self.cluster.get(refs), padding, len(args[0]) + padding)
+        if mode is Dispatch.MINI_BATCHES:
+            parts, per_rank = split_mini_batches(args[0], args[1], w)
+            refs = [
+                h.call.remote(self.role, method, p, per_rank, *args[2:], **kwargs)
+                for h, p in zip(hosts, parts)
+            ]
+            return self.cluster.get(refs)[0]
+        shared = [ray.put(a) for a in args]  # one copy in the object store for all ranks
+        return self.cluster.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])[0]

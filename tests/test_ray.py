@@ -1,0 +1,152 @@
+"""`trainer.backend=ray`: rank actors on a local Ray cluster run the same loop as the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from pinned import deterministic_metrics
+
+from rlstack.config import ConfigError, load_config
+from rlstack.models.loading import load_causal_lm
+from rlstack.trainer import Trainer
+from rlstack.workers.ray_group import WorkerDied
+
+ray = pytest.importorskip("ray")
+
+# The random tiny model never answers an addition right: score the share of digits (see test_pinned_metrics).
+REWARD = """
+REWARD_TYPE = "sequential"
+
+def compute_score(reward_input):
+    text = reward_input["response"]
+    return {"overall": sum(c.isdigit() for c in text) / max(1, len(text)) + 0.5 * (len(text) < 4)}
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(model: Path, out: Path, name: str, *extra: str):
+    reward = out / "reward.py"
+    reward.parent.mkdir(parents=True, exist_ok=True)
+    reward.write_text(REWARD)
+    return load_config(
+        [
+            f"worker.actor.model.model_path={model}",
+            f"trainer.output_dir={out}",
+            f"trainer.experiment_name={name}",
+            "data.train_files=builtin:addition@train",
+            "data.val_files=",
+            "data.rollout_batch_size=4",
+            "data.max_response_length=6",
+            "worker.rollout.n=4",
+            "worker.actor.global_batch_size=2",  # two mini-batches: old log-probs, two optimizer steps
+            "worker.actor.micro_batch_size_per_device_for_update=4",
+            "worker.actor.optim.lr=1e-3",
+            f"worker.reward.reward_function={reward}:compute_score",
+            "trainer.max_steps=3",
+            "trainer.logger=[file]",
+            "trainer.save_freq=-1",
+            "trainer.num_threads=1",
+            *extra,
+        ]
+    )
+
+
+def test_one_ray_rank_gives_the_local_metrics(ray_cluster, tiny_model_dir: Path, tmp_path: Path):
+    local = _cfg(tiny_model_dir, tmp_path, "local")
+    Trainer(local).fit()
+    on_ray = _cfg(tiny_model_dir, tmp_path, "ray1", "trainer.backend=ray")
+    Trainer(on_ray).fit()
+    want, got = deterministic_metrics(local.run_dir), deterministic_metrics(on_ray.run_dir)
+    assert want["3"]["actor/grad_norm"] > 0  # the runs train
+    assert got == want
+
+
+def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluster, tiny_model_dir, tmp_path):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "ray2",
+        "trainer.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "worker.rollout.check_weight_sync=true",  # every rank's engine copy scores the probe like the policy
+        "worker.rollout.weight_sync_tolerance=1e-5",
+        "trainer.save_freq=3",
+    )
+    last = Trainer(cfg).fit()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["actor/grad_norm"] > 0 and r["rollout/weight_sync_max_diff"] <= 1e-5 for r in rows)
+    assert last["response_length/mean"] > 0
+    # the sharded checkpoint and the gathered Hugging Face model: the final model is the trained one
+    ckpt = cfg.run_dir / "checkpoints" / "global_step_3"
+    assert (ckpt / "actor_dcp").is_dir() and (ckpt / "model" / "config.json").is_file()
+    final = load_causal_lm(str(cfg.run_dir / "huggingface")).state_dict()
+    start = load_causal_lm(str(tiny_model_dir)).state_dict()
+    assert max(float((final[k] - start[k]).abs().max()) for k in start) > 1e-4
+    in_ckpt = load_causal_lm(str(ckpt / "model")).state_dict()
+    assert all(torch.equal(final[k], in_ckpt[k]) for k in final)
+
+    # one process resumes the 2-rank checkpoint: its shards are gathered into the whole model, the
+    # optimizer state comes with them, and training goes on from step 3
+    resumed = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "resumed_on_one",
+        f"trainer.load_checkpoint_path={ckpt}",
+        "trainer.max_steps=4",
+    )
+    trainer = Trainer(resumed)
+    trainer._resume()
+    assert trainer.step == 3
+    policy = trainer.actor.worker
+    weights = policy.model.state_dict()
+    assert all(torch.equal(weights[k], final[k]) for k in final)
+    exp_avg = [policy.optimizer.state[p]["exp_avg"] for p in policy.model.parameters()]
+    assert len(exp_avg) == len(list(policy.model.parameters())) and any(
+        bool(a.abs().sum() > 0) for a in exp_avg
+    )
+    trainer.fit()
+    assert [
+        json.loads(line)["step"] for line in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()
+    ] == [4]
+
+
+def test_ranks_that_do_not_split_a_mini_batch_are_refused_at_load(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="do not split evenly over 3 ranks"):
+        _cfg(tiny_model_dir, tmp_path, "bad", "trainer.backend=ray", "trainer.n_gpus_per_node=3")
+    with pytest.raises(ConfigError, match="set trainer.backend=ray"):
+        _cfg(tiny_model_dir, tmp_path, "bad", "trainer.n_gpus_per_node=2")
+
+
+class KillRankOne(Trainer):
+    """Kills rank 1's process (SIGKILL, as the kernel's OOM killer would) before step 2."""
+
+    killed_at: float | None = None
+
+    def train_step(self):
+        if self.step == 2:
+            host, pid = self.cluster.where[1]
+            os.kill(pid, signal.SIGKILL)
+            KillRankOne.killed_at = time.monotonic()
+        return super().train_step()
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_rank_ends_the_run_with_its_name_within_60_seconds(ray_cluster, tiny_model_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir, tmp_path, "killed", "trainer.backend=ray", "trainer.n_gpus_per_node=2")
+    trainer = KillRankOne(cfg)
+    with pytest.raises(WorkerDied, match=r"rank 1 of 2 \(host .*, pid \d+\) died"):
+        trainer.fit()
+    assert time.monotonic() - KillRankOne.killed_at < 60
