@@ -107,14 +107,15 @@ def timed(fn) -> tuple[float, int]:
 
 def sampler_part(a: argparse.Namespace, model_dir: Path) -> dict:
     from rlstack.models.loading import load_causal_lm, load_tokenizer
-    from rlstack.rollout.engine import Request, SamplingSettings
+    from rlstack.rollout.engine import Request, SamplingSettings, mix_seed
     from rlstack.rollout.hf import HFEngine
 
     tok = load_tokenizer(str(model_dir))
     model = load_causal_lm(str(model_dir)).eval()
     prompts = addition_prompts(tok, a.prompts)
     engine = HFEngine(model, tok, seed=0, multimodal=False)
-    requests = [Request(p) for p in prompts for _ in range(a.n)]
+    # seeded per request, as the trainer's rollouts are
+    requests = [Request(p, seed=mix_seed(0, i, j)) for i, p in enumerate(prompts) for j in range(a.n)]
     settings = SamplingSettings(max_tokens=a.max_tokens)
     generator = torch.Generator().manual_seed(0)
 

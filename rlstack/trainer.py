@@ -34,6 +34,7 @@ from rlstack.errors import RLStackError
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
+from rlstack.rollout.engine import mix_seed
 from rlstack.tracking import Tracker, agent_metrics, batch_metrics, generation_rows, total_tokens
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
 from rlstack.workers.roles import build_roles
@@ -99,6 +100,10 @@ class Trainer:
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.rewards = build_reward_manager(w.reward, d.max_response_length)
         self.step = 0
+        self.rollouts = 0
+        """Rollout rounds so far (several per step with dynamic sampling): with the rollout seed and the
+        prompt's place in its round, it seeds the prompt's samples (`sample_seed`), so that they do not
+        depend on how the prompts are split across ranks. Saved in checkpoints."""
         self.tracker: Tracker | None = None
 
     # ------------------------------------------------------------------------------------ loop
@@ -214,6 +219,10 @@ class Trainer:
 
     def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
         """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
+        self.rollouts += 1
+        prompts["sample_seed"] = torch.tensor(
+            [mix_seed(self.cfg.worker.rollout.seed, self.rollouts, i) for i in range(len(prompts))]
+        )
         with _timer(timing, "gen"):
             batch = self.rollout_workers.call("generate", prompts)
         with _timer(timing, "reward"):
@@ -336,7 +345,11 @@ class Trainer:
         assert self.val_set is not None
         scored = []
         for idx in _chunks(range(len(self.val_set)), self.cfg.data.val_batch_size):
-            batch = self.rollout_workers.call("generate", self.val_set.batch(idx), validate=True)
+            prompts = self.val_set.batch(idx)
+            prompts["sample_seed"] = torch.tensor(
+                [mix_seed(self.cfg.worker.rollout.seed, -1, i) for i in idx]
+            )
+            batch = self.rollout_workers.call("generate", prompts, validate=True)
             scored.append(self.rewards.score(batch))
         val = Batch.concat(scored)
         per_source: dict[str, list[float]] = defaultdict(list)
@@ -366,6 +379,7 @@ class Trainer:
                     "loader": self.loader.state_dict(),
                     "rng": checkpoint.rng_state(),
                     "kl_coef": self.kl_coef,
+                    "rollouts": self.rollouts,
                 },
                 path / "trainer_state.pt",
             )
@@ -386,7 +400,7 @@ class Trainer:
         if self.critic is not None:
             self.critic.call("load_checkpoint", path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.step, self.kl_coef = state["step"], state["kl_coef"]
+        self.step, self.kl_coef, self.rollouts = state["step"], state["kl_coef"], state["rollouts"]
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         self.sync_weights()

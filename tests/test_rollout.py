@@ -11,8 +11,8 @@ from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import VisionProcessor, position_ids
 from rlstack.rollout.agent import AgentLoop
-from rlstack.rollout.engine import Request, SamplingSettings
-from rlstack.rollout.hf import HFEngine, sample
+from rlstack.rollout.engine import Request, SamplingSettings, mix_seed
+from rlstack.rollout.hf import HFEngine, _inverse_cdf, _uniform, sample
 
 PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
 MAX_NEW = 8
@@ -176,6 +176,34 @@ def test_seeded_generator_gives_the_same_samples(eos_model, tok):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert not torch.equal(a["input_ids"], c["input_ids"])
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_shares_its_batch(eos_model, tok):
+    engine = HFEngine(eos_model, tok, seed=0, multimodal=False)
+    ids = prompt_ids(tok, PROMPTS)
+    settings = SamplingSettings(max_tokens=MAX_NEW, top_p=0.9)
+    requests = [Request(p, seed=mix_seed(3, i, j)) for i, p in enumerate(ids) for j in range(4)]
+    together = engine.generate(requests, settings)
+    alone = [engine.generate([r], settings)[0] for r in requests[5:7]]
+    reversed_ = engine.generate(requests[::-1], settings)[::-1]
+    for a, b in zip(together[5:7], alone):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert [c.token_ids for c in reversed_] == [c.token_ids for c in together]
+    # the seed, not the position, decides: the 4 samples of a prompt differ from each other
+    assert len({tuple(c.token_ids) for c in together[:4]}) > 1
+    with pytest.raises(ValueError, match="every request"):
+        engine.generate([requests[0], Request(ids[0])], settings)
+
+
+def test_seeded_draws_follow_the_distribution():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(100_000, 4)
+    u = _uniform(torch.arange(100_000, dtype=torch.long) * 7919, index=3)
+    assert float(u.min()) >= 0 and float(u.max()) < 1
+    freq = torch.bincount(_inverse_cdf(probs, u), minlength=4) / 100_000
+    assert freq.tolist() == pytest.approx([0.1, 0.0, 0.6, 0.3], abs=0.006)
+    assert freq[1] == 0  # a token of probability 0 is never drawn
+    # another token index gives other numbers for the same seeds
+    assert not torch.equal(u, _uniform(torch.arange(100_000, dtype=torch.long) * 7919, index=4))
 
 
 def test_top_k_1_equals_greedy(model, tok):

@@ -44,7 +44,7 @@ from PIL import Image
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
-from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings
+from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.tools.base import Observation
 from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
 from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
@@ -76,6 +76,8 @@ class Trajectory:
     tool_errors: int = 0
     end_reason: str | None = None
     tool_seconds: float = 0.0
+    seed: int | None = None
+    """The trajectory's sampling seed; each turn's request gets one derived from it and the turn."""
 
     @property
     def done(self) -> bool:
@@ -87,7 +89,10 @@ class Trajectory:
             self.toolbox.close()
 
     def request(self) -> Request:
-        return Request(self.prompt_ids + self.tokens, self.images, self.pixel_values, self.image_grid_thw)
+        seed = None if self.seed is None else mix_seed(self.seed, self.num_turns)
+        return Request(
+            self.prompt_ids + self.tokens, self.images, self.pixel_values, self.image_grid_thw, seed
+        )
 
 
 class AgentLoop:
@@ -117,11 +122,13 @@ class AgentLoop:
         self, prompts: Batch, n: int, temperature: float, top_p: float = 1.0, top_k: int = -1
     ) -> Batch:
         """Trajectories for every row of `prompts`, `n` each; with tools, `meta["agent_timing"]` holds this
-        call's seconds of generation (`gen`) and of tool calls (`tools`)."""
+        call's seconds of generation (`gen`) and of tool calls (`tools`). A `sample_seed` column (one seed
+        per prompt) seeds every trajectory's requests: sample j of a prompt samples the same tokens
+        whatever other prompts share the call."""
         self.timing = {"gen": 0.0, "tools": 0.0}
         sampling = SamplingSettings(self.max_response_length, temperature, top_p, top_k, self.stop)
         batch = prompts.repeat_interleave(n)
-        trajectories = [self._start(batch, i) for i in range(len(batch))]
+        trajectories = [self._start(batch, i, i % n) for i in range(len(batch))]
         try:
             with ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool") as pool:
                 while True:
@@ -140,7 +147,7 @@ class AgentLoop:
 
     # --------------------------------------------------------------------------------- turns
 
-    def _start(self, batch: Batch, i: int) -> Trajectory:
+    def _start(self, batch: Batch, i: int, sample: int) -> Trajectory:
         images = list(batch["images"][i]) if "images" in batch else []
         extra = batch["extra"][i] if "extra" in batch else {}
         where = batch["where"][i] if "where" in batch else f"row {i}"
@@ -158,6 +165,7 @@ class AgentLoop:
             pixel_values=pixel_values,
             image_grid_thw=grid,
             num_images=len(images),
+            seed=mix_seed(int(batch["sample_seed"][i]), sample) if "sample_seed" in batch else None,
         )
 
     def _generate_turn(self, active: list[Trajectory], sampling: SamplingSettings) -> None:

@@ -61,6 +61,30 @@ class Request:
     """The processor's patches of `images` (what an engine sharing the policy's processor feeds the model)."""
     image_grid_thw: torch.Tensor | None = None
     """`[len(images), 3]` patch grid of each image, in the same order."""
+    seed: int | None = None
+    """Sampling seed (0 <= seed < 2**63): the same request with the same seed gets the same completion from
+    the same weights, whatever other requests share the call (vLLM's per-request seed). This is what
+    makes a seeded run's samples independent of how its prompts are split across ranks. None: the
+    engine's own random stream."""
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(*parts: int) -> int:
+    """A seed in [0, 2**63) from integers, well mixed (splitmix64 over them in turn): how the trainer
+    and the rollout loop derive per-request seeds from the run's seed."""
+    x = 0
+    for p in parts:
+        x = _splitmix64(x ^ (p & _MASK64))
+    return x >> 1
 
 
 @dataclass

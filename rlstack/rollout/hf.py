@@ -99,11 +99,16 @@ def sample(
     top_p: float = 1.0,
     top_k: int = -1,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
     pixel_values: list[torch.Tensor] | None = None,
     image_grid_thw: list[torch.Tensor] | None = None,
     stop: StopStrings | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample one response per prompt. `temperature == 0` decodes greedily.
+
+    Sampling draws from `generator`, or with `seeds` ([B] int64, one per prompt) from a random number
+    that depends only on the row's seed and the token's index (`_uniform`), by inverting the row's
+    cumulative distribution: a row then samples the same tokens whatever rows share the batch.
 
     A vision-language model's prompts come with their images: `pixel_values` and `image_grid_thw`,
     one tensor per prompt (empty for a prompt without images), as `encode_prompt` makes them.
@@ -188,7 +193,10 @@ def sample(
                 probs = torch.softmax(warped, dim=-1)
             else:
                 probs = logp_all.exp()  # the same distribution, without a second softmax
-            tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
+            if seeds is not None:
+                tok = _inverse_cdf(probs, _uniform(seeds.to(device), step))
+            else:
+                tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
         else:
             logp_all = torch.log_softmax(logits, dim=-1)
             choice = logits if banned is None else logits.index_fill(1, banned, float("-inf"))
@@ -229,6 +237,35 @@ def sample(
         "rollout_logprobs": torch.cat([zeros.float(), resp_logp * resp_mask], dim=1),
         "truncated": ~done,
     }
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 values."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN, _M1, _M2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _uniform(seeds: torch.Tensor, index: int) -> torch.Tensor:
+    """[B] float64 in [0, 1): splitmix64 of (row seed, token index), in int64 arithmetic (which wraps)."""
+    z = seeds + torch.full_like(seeds, index + 1) * _GOLDEN
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    z = z ^ _srl(z, 31)
+    return _srl(z, 11).double() * 2.0**-53
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[B] token ids drawn from `probs` [B, V] with one uniform number per row: the first token whose
+    cumulative probability exceeds u (a token of probability 0 is never drawn)."""
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 class _PreallocatedLayer(DynamicLayer):
@@ -297,6 +334,15 @@ def _same_images_as_previous(
     return torch.tensor(same, device=device)
 
 
+def _request_seeds(requests: Sequence[Request]) -> torch.Tensor | None:
+    seeds = [r.seed for r in requests]
+    if all(s is None for s in seeds):
+        return None
+    if any(s is None for s in seeds):
+        raise ValueError("either every request of a generate call has a seed, or none has")
+    return torch.tensor(seeds, dtype=torch.long)
+
+
 class HFEngine:
     """The `Engine` over a Hugging Face causal LM (the policy's own module; see module docstring)."""
 
@@ -339,6 +385,7 @@ class HFEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 generator=self.generator,
+                seeds=_request_seeds(requests),
                 pixel_values=[r.pixel_values for r in requests] if self.multimodal else None,
                 image_grid_thw=[r.image_grid_thw for r in requests] if self.multimodal else None,
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,

