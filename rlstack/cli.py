@@ -4,6 +4,7 @@ rlstack train config=path.yaml a.b=c ... [--print-config]
 rlstack sft   config=path.yaml a.b=c ... [--print-config]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--workdir outputs/demo] [--seed S] [--num-threads N]
+rlstack merge CHECKPOINT --out DIR
 rlstack config-keys
 """
 
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="config override of GRPO and the evaluations (repeatable)",
     )
+    p = sub.add_parser("merge", help="write a checkpoint's policy (sharded or not) as a Hugging Face model")
+    p.add_argument("checkpoint", help="a run's checkpoints/global_step_N directory")
+    p.add_argument("--out", required=True, help="the Hugging Face model directory to write")
     sub.add_parser("config-keys", help="list every config key with its default and description")
     args = parser.parse_args(argv)
 
@@ -139,6 +143,11 @@ def _run(args: argparse.Namespace) -> int:
             sft_overrides=args.sft_override,
             grpo_overrides=args.grpo_override,
         )
+        return 0
+    if args.command == "merge":
+        from rlstack.merge import merge_checkpoint
+
+        print(f"model written to {merge_checkpoint(Path(args.checkpoint), Path(args.out))}")
         return 0
     if args.command == "config-keys":
         from rlstack.config import describe

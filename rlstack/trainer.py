@@ -98,7 +98,12 @@ class Trainer:
         self.critic: WorkerGroup | None = groups.get("critic")
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
-        self.rewards = build_reward_manager(w.reward, d.max_response_length)
+        if self.cluster is not None:  # scoring runs in CPU actors, off the training ranks
+            from rlstack.workers.ray_group import RayRewards
+
+            self.rewards = RayRewards(self.cluster, cfg)
+        else:
+            self.rewards = build_reward_manager(w.reward, d.max_response_length)
         self.step = 0
         self.rollouts = 0
         """Rollout rounds so far (several per step with dynamic sampling): with the rollout seed and the

@@ -13,8 +13,9 @@ import pytest
 import torch
 from pinned import deterministic_metrics
 
+from rlstack.cli import main
 from rlstack.config import ConfigError, load_config
-from rlstack.models.loading import load_causal_lm
+from rlstack.models.loading import load_causal_lm, load_tokenizer
 from rlstack.trainer import Trainer
 from rlstack.workers.ray_group import WorkerDied
 
@@ -32,7 +33,7 @@ def compute_score(reward_input):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # 2 ranks + reward workers
     yield
     ray.shutdown()
 
@@ -85,7 +86,14 @@ TOLERANCE = dict(rel_tol=1e-4, abs_tol=1e-5)
 
 
 def test_two_ray_ranks_give_the_local_metrics(ray_cluster, local_run, tiny_model_dir: Path, tmp_path: Path):
-    cfg = _cfg(tiny_model_dir, tmp_path, "ray2_same", "trainer.backend=ray", "trainer.n_gpus_per_node=2")
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "ray2_same",
+        "trainer.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "worker.reward.num_workers=2",  # each reward actor scores half the rows
+    )
     Trainer(cfg).fit()
     got = deterministic_metrics(cfg.run_dir)
     assert sorted(got) == sorted(local_run) == ["1", "2", "3"]
@@ -114,11 +122,19 @@ def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluste
     # the sharded checkpoint and the gathered Hugging Face model: the final model is the trained one
     ckpt = cfg.run_dir / "checkpoints" / "global_step_3"
     assert (ckpt / "actor_dcp").is_dir() and (ckpt / "model" / "config.json").is_file()
+    assert not list((ckpt / "model").glob("*.safetensors"))  # the weights are the shards
     final = load_causal_lm(str(cfg.run_dir / "huggingface")).state_dict()
     start = load_causal_lm(str(tiny_model_dir)).state_dict()
     assert max(float((final[k] - start[k]).abs().max()) for k in start) > 1e-4
-    in_ckpt = load_causal_lm(str(ckpt / "model")).state_dict()
-    assert all(torch.equal(final[k], in_ckpt[k]) for k in final)
+
+    # `rlstack merge` turns the shards into a Hugging Face model: the trained weights, the trainer's log-probs
+    assert main(["merge", str(ckpt), "--out", str(tmp_path / "merged")]) == 0
+    merged = load_causal_lm(str(tmp_path / "merged")).eval()
+    assert all(torch.equal(final[k], merged.state_dict()[k]) for k in final)
+    trained = load_causal_lm(str(cfg.run_dir / "huggingface")).eval()
+    ids = torch.tensor([load_tokenizer(str(tmp_path / "merged"))("12+34=46")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(merged(input_ids=ids).logits, trained(input_ids=ids).logits)
 
     # one process resumes the 2-rank checkpoint: its shards are gathered into the whole model, the
     # optimizer state comes with them, and training goes on from step 3
@@ -159,7 +175,7 @@ class KillRankOne(Trainer):
 
     def train_step(self):
         if self.step == 2:
-            host, pid = self.cluster.where[1]
+            host, pid, node = self.cluster.where[1]
             os.kill(pid, signal.SIGKILL)
             KillRankOne.killed_at = time.monotonic()
         return super().train_step()

@@ -270,22 +270,28 @@ class PolicyWorker:
     def save_model(self, path: Path) -> None:
         """The model, tokenizer and (vision models) image processor in Hugging Face format; with several
         ranks the whole weights are gathered on every rank and rank 0 writes them."""
-        if not distributed.save_pretrained(self.model, path):
-            return
+        if distributed.save_pretrained(self.model, path):
+            self._save_processing(path)
+
+    def _save_processing(self, path: Path) -> None:
         if self.processor is not None:
             self.processor.save_pretrained(path)
         else:
             self.tokenizer.save_pretrained(path)
 
     def save_checkpoint(self, path: Path) -> None:
-        """The Hugging Face model, plus the optimizer and scheduler. With several ranks, model and optimizer
-        are also written sharded (`actor_dcp/`, torch.distributed.checkpoint: every rank writes its shards),
-        which a run on any number of ranks can load."""
-        self.save_model(path / "model")
+        """Model, optimizer and scheduler. One process: the Hugging Face model (`model/`) and the optimizer's
+        state. Several ranks: model and optimizer as `torch.distributed.checkpoint` shards (`actor_dcp/`,
+        every rank writes its own; a run on any number of ranks can load them), and in `model/` only the
+        config, tokenizer and processor (`rlstack merge` makes the Hugging Face model)."""
         state = {"scheduler": self.scheduler.state_dict(), "vppo_generator": self.vppo_generator.get_state()}
         if distributed.sharded():
             distributed.save_sharded(self.model, self.optimizer, path / "actor_dcp")
+            if distributed.current().rank == 0:
+                self.model.config.save_pretrained(path / "model")
+                self._save_processing(path / "model")
         else:
+            self.save_model(path / "model")
             state["optimizer"] = self.optimizer.state_dict()
         if distributed.current().rank == 0:
             torch.save(state, path / "actor_state.pt")

@@ -3,8 +3,9 @@ workers (policy, rollout, reference, critic: EasyR1's hybrid engine), joined in 
 `torch.distributed` process group (gloo on CPU, NCCL on GPU) so that the models are FSDP2-sharded
 over the ranks (`workers/distributed.py`).
 
-Ranks are placed with a placement group: one bundle per rank, `{"GPU": 1, "CPU": 1}` on GPUs or
-`{"CPU": 1}` on CPU machines, packed onto as few nodes as possible. `RayRoleGroup` reaches one role
+Ranks are placed with a placement group of one bundle per node (`trainer.nnodes`), each holding that
+node's `trainer.n_gpus_per_node` ranks (a GPU and a CPU each, or a CPU on machines without GPUs), every
+bundle on a different node; rank r is on node r // n_gpus_per_node. `RayRoleGroup` reaches one role
 on every rank, splitting arguments and gathering results as each method declares (`@dispatch`,
 `workers/group.py`). A rank that dies (killed, out of memory, a crash) ends the call with an error
 that names the rank and its node instead of leaving the driver waiting.
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlstack.batch import Batch
 from rlstack.config import Config
 from rlstack.errors import RLStackError
 from rlstack.workers.critic import CriticWorker
@@ -59,9 +61,11 @@ class RankHost:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def where(self) -> tuple[str, int]:
-        """This rank's host and process id."""
-        return socket.gethostname(), os.getpid()
+    def where(self) -> tuple[str, int, str]:
+        """This rank's host, process id and Ray node id."""
+        import ray
+
+        return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def setup(
         self, master_addr: str, master_port: int, cfg: Config, total_steps: int, device: str
@@ -106,32 +110,41 @@ class RayCluster:
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
         gpu = device.startswith("cuda")
-        bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
-        self.pg = placement_group([bundle] * self.world_size, strategy="PACK")
-        ready, _ = ray.wait([self.pg.ready()], timeout=60)
+        per_node = t.n_gpus_per_node
+        # One bundle per node holding its ranks' devices, each bundle on a different node.
+        bundle = {"GPU": per_node, "CPU": per_node} if gpu else {"CPU": per_node}
+        strategy = "STRICT_SPREAD" if t.nnodes > 1 else "STRICT_PACK"
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        self.pg = placement_group([bundle] * t.nnodes, strategy=strategy) if len(nodes) >= t.nnodes else None
+        ready = self.pg is not None and ray.wait([self.pg.ready()], timeout=60)[0]
         if not ready:
-            have = ray.cluster_resources()
-            ray.util.remove_placement_group(self.pg)
+            if self.pg is not None:
+                ray.util.remove_placement_group(self.pg)
             raise RLStackError(
-                f"trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node} = {self.world_size} ranks "
-                f"of {bundle} each, but the Ray cluster has {have.get('GPU', 0):g} GPUs and {have.get('CPU', 0):g} "
-                "CPUs: lower the ranks, or add nodes (ray start --address=...)"
+                f"trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={per_node}: {t.nnodes} node(s) with "
+                f"{bundle} free each, but the Ray cluster has {len(nodes)} node(s) with "
+                f"{[{k: n.get(k, 0) for k in bundle} for n in nodes]}: lower the ranks, or add nodes "
+                "(ray start --address=...)"
             )
         actor = ray.remote(RankHost)
         self.hosts = [
             actor.options(
                 num_cpus=1,
                 num_gpus=1 if gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=r // per_node
+                ),
             ).remote(r, self.world_size, t.num_threads)
             for r in range(self.world_size)
         ]
-        self.where: list[tuple[str, int]] = []
+        self.where: list[tuple[str, int, str]] = []
+        self.extra_actors: list = []
+        """Actors beside the ranks (reward workers), ended with them."""
         self.where = self.get([h.where.remote() for h in self.hosts])
         addr, port = self.get([self.hosts[0].address.remote()])[0]
         self.roles = self.get([h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts])[0]
 
-    def get(self, refs: list) -> list:
+    def get(self, refs: list, who: list[str] | None = None) -> list:
         """Results of one call per rank, in rank order. The first rank to fail ends the call at once (the
         others may be waiting for it in a collective): a dead rank as `WorkerDied` naming it, its host and
         what Ray saw; an exception raised in a worker as itself."""
@@ -144,11 +157,15 @@ class RayCluster:
             try:
                 ray.get(done[0])
             except ray.exceptions.ActorDiedError as e:
-                rank = rank_of[done[0]]
-                host, pid = self.where[rank] if self.where else ("?", 0)
+                i = rank_of[done[0]]
+                if who is not None:
+                    name = who[i]
+                else:
+                    host, pid, _ = self.where[i] if self.where else ("?", 0, "")
+                    name = f"rank {i} of {self.world_size} (host {host}, pid {pid})"
                 raise WorkerDied(
-                    f"rank {rank} of {self.world_size} (host {host}, pid {pid}) died: {e}. The other ranks were "
-                    "stopped; resume from the last checkpoint (trainer.find_last_checkpoint=true)"
+                    f"{name} died: {e}. The run was stopped; resume from the last checkpoint "
+                    "(trainer.find_last_checkpoint=true)"
                 ) from e
             except ray.exceptions.RayTaskError as e:
                 raise e.as_instanceof_cause() from None
@@ -160,9 +177,69 @@ class RayCluster:
     def close(self) -> None:
         import ray
 
-        for h in self.hosts:
+        for h in self.hosts + self.extra_actors:
             ray.kill(h)
         ray.util.remove_placement_group(self.pg)
+
+
+class RewardHost:
+    """One reward worker: a reward manager (one call at a time) scoring the rows it is sent."""
+
+    def __init__(self, cfg: Config):
+        import dataclasses
+
+        from rlstack.rewards.manager import build_reward_manager
+
+        reward = dataclasses.replace(cfg.worker.reward, num_workers=1)
+        self.manager = build_reward_manager(reward, cfg.data.max_response_length)
+
+    def score(self, batch: Batch) -> Batch:
+        scored = self.manager.score(batch)
+        return Batch({k: scored[k] for k in ("scores", "reward_components", "reward_info")})
+
+    def pop_metrics(self) -> dict[str, float]:
+        return self.manager.pop_metrics()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class RayRewards:
+    """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
+    tests and judge calls included); the driver sends each an equal share of the rows. Same interface as
+    `RewardManager`: `score`, `pop_metrics`, `close`."""
+
+    def __init__(self, cluster: RayCluster, cfg: Config):
+        import ray
+
+        n = cfg.worker.reward.num_workers
+        free = ray.available_resources().get("CPU", 0)
+        if free < n:
+            raise RLStackError(
+                f"worker.reward.num_workers = {n} reward actors need {n} CPUs, but the Ray cluster has {free:g} "
+                f"left after the {cluster.world_size} ranks: lower worker.reward.num_workers, or add CPUs"
+            )
+        self.cluster = cluster
+        self.hosts = [ray.remote(RewardHost).options(num_cpus=1).remote(cfg) for _ in range(n)]
+        self.cluster.extra_actors += self.hosts
+        self.who = [f"reward worker {i} of {n}" for i in range(n)]
+        self.cluster.get([h.pop_metrics.remote() for h in self.hosts], self.who)  # started, or why not
+
+    def score(self, batch: Batch) -> Batch:
+        parts, padding = split_rows(batch, len(self.hosts))
+        refs = [h.score.remote(p) for h, p in zip(self.hosts, parts)]
+        scored = gather_rows(self.cluster.get(refs, self.who), padding, len(batch) + padding)
+        return batch.update(scored.columns)
+
+    def pop_metrics(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for m in self.cluster.get([h.pop_metrics.remote() for h in self.hosts], self.who):
+            for k, v in m.items():  # counts (judge calls, judge errors): summed over the actors
+                totals[k] = totals.get(k, 0.0) + v
+        return totals
+
+    def close(self) -> None:
+        self.cluster.get([h.close.remote() for h in self.hosts], self.who)
 
 
 class RayRoleGroup:
