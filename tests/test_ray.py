@@ -188,3 +188,48 @@ def test_a_killed_rank_ends_the_run_with_its_name_within_60_seconds(ray_cluster,
     with pytest.raises(WorkerDied, match=r"rank 1 of 2 \(host .*, pid \d+\) died"):
         trainer.fit()
     assert time.monotonic() - KillRankOne.killed_at < 60
+
+
+AGENT = [
+    "data.train_files=builtin:visual@test",
+    "data.val_files=",
+    "data.max_prompt_length=256",
+    "data.max_response_length=160",
+    "data.min_pixels=3136",
+    "data.max_pixels=12544",
+    "data.rollout_batch_size=2",
+    "worker.actor.global_batch_size=2",
+    "worker.rollout.n=4",
+    "worker.actor.micro_batch_size_per_device_for_update=4",
+    "worker.actor.optim.lr=1e-4",
+    "worker.rollout.agent.tools=[{name: python, import_path: 'builtin:python'}]",
+    "worker.rollout.agent.max_turns=3",
+    "worker.reward.reward_function=builtin:agent",
+    "trainer.max_steps=2",
+    "trainer.logger=[file]",
+    "trainer.save_model_only=true",
+    "trainer.num_threads=1",
+]
+
+
+@pytest.mark.timeout(300)
+def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, tmp_path: Path):
+    from visual_agent import build_tool_vlm
+
+    (tmp_path / "tool_vlm").mkdir()
+    model = build_tool_vlm(tmp_path / "tool_vlm", "builtin:tiny-qwen2.5-vl")
+    runs = {}
+    for name, extra in (("local", []), ("ray2", ["trainer.backend=ray", "trainer.n_gpus_per_node=2"])):
+        cfg = load_config(
+            [f"worker.actor.model.model_path={model}", f"trainer.output_dir={tmp_path}", *AGENT, *extra]
+            + [f"trainer.experiment_name=agent_{name}"]
+        )
+        Trainer(cfg).fit()
+        runs[name] = deterministic_metrics(cfg.run_dir)
+    local, ray2 = runs["local"], runs["ray2"]
+    assert local["1"]["agent/tool_calls/mean"] > 0 and local["1"]["agent/tool_success_rate"] > 0
+    assert sorted(ray2) == sorted(local) == ["1", "2"]
+    for step, want in local.items():
+        assert sorted(ray2[step]) == sorted(want)
+        for key, value in want.items():
+            assert math.isclose(ray2[step][key], value, **TOLERANCE), (step, key, ray2[step][key], value)

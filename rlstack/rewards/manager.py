@@ -254,6 +254,20 @@ def _check_result(name: str, r: Any, batch: Batch, i: int) -> None:
             )
 
 
+REWARD_COLUMNS = (
+    "response_text",
+    "response_mask",
+    "ground_truth",
+    "prompt",
+    "data_source",
+    "extra",
+    "where",
+    "tool_calls",
+    "tool_errors",
+)
+"""The columns scoring reads (what a remote reward worker is sent)."""
+
+
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     lengths = batch["response_mask"].sum(-1).tolist()
     return [

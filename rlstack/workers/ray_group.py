@@ -43,6 +43,10 @@ class WorkerDied(RLStackError):
     """A rank of a worker group died during a call."""
 
 
+class _Added(dict):
+    """The columns a worker method added to (or replaced in) the Batch it was given."""
+
+
 class RankHost:
     """One rank: joins the process group, then builds and serves its role workers."""
 
@@ -82,9 +86,15 @@ class RankHost:
         return sorted(self.roles)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The role's method. A method that adds columns to the Batch it was given returns only those
+        (`_Added`): the driver adds them to its own copy, so the rest does not travel back."""
+        given = args[0] if args and isinstance(args[0], Batch) else None
+        before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
         result = getattr(self.roles[role], method)(*args, **kwargs)
         if hasattr(result, "__next__"):  # an iterator (named weights) cannot leave the process lazily
             result = list(result)
+        if given is not None and result is given:
+            return _Added({k: v for k, v in result.columns.items() if before.get(k) != id(v)})
         return result
 
     def shutdown(self) -> None:
@@ -226,7 +236,10 @@ class RayRewards:
         self.cluster.get([h.pop_metrics.remote() for h in self.hosts], self.who)  # started, or why not
 
     def score(self, batch: Batch) -> Batch:
-        parts, padding = split_rows(batch, len(self.hosts))
+        from rlstack.rewards.manager import REWARD_COLUMNS
+
+        needed = Batch({k: batch[k] for k in REWARD_COLUMNS if k in batch})
+        parts, padding = split_rows(needed, len(self.hosts))
         refs = [h.score.remote(p) for h, p in zip(self.hosts, parts)]
         scored = gather_rows(self.cluster.get(refs, self.who), padding, len(batch) + padding)
         return batch.update(scored.columns)
@@ -257,7 +270,11 @@ class RayRoleGroup:
         if mode is Dispatch.ROWS:
             parts, padding = split_rows(args[0], w)
             refs = [h.call.remote(self.role, method, p, *args[1:], **kwargs) for h, p in zip(hosts, parts)]
-            return gather_rows(self.cluster.get(refs), padding, len(args[0]) + padding)
+            results = self.cluster.get(refs)
+            if isinstance(results[0], _Added):  # new columns of the driver's batch, as locally
+                added = gather_rows([Batch(r) for r in results], padding, len(args[0]) + padding)
+                return args[0].update(added.columns)
+            return gather_rows(results, padding, len(args[0]) + padding)
         if mode is Dispatch.MINI_BATCHES:
             parts, per_rank = split_mini_batches(args[0], args[1], w)
             refs = [
