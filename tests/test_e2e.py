@@ -325,6 +325,16 @@ def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_pat
     )
 
 
+def test_resuming_a_checkpoint_of_another_model_is_one_clear_message(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.models.loading import write_model_dir
+
+    Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1"))).fit()
+    wider = write_model_dir(tmp_path / "wider", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
+    trainer = Trainer(load_config(_overrides(wider, tmp_path, "trainer.max_steps=2")))
+    with pytest.raises(ValueError, match=r"holds a different model .*hidden_size 32 vs 64"):
+        trainer.fit()
+
+
 ESTIMATORS = [e.value for e in AdvEstimator]
 LOSSES = [  # None: loss_agg_mode unset, the loss's own mode (seq-mean-token-mean) is used
     ("vanilla", "token-mean"),

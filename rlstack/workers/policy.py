@@ -297,6 +297,7 @@ class PolicyWorker:
             torch.save(state, path / "actor_state.pt")
 
     def load_checkpoint(self, path: Path) -> None:
+        _check_same_model(path / "model", self.model, self.cfg.model.model_path)
         s = torch.load(path / "actor_state.pt", weights_only=False)
         if (path / "actor_dcp").is_dir() or distributed.sharded():
             _check_sharded(path, "actor_dcp")
@@ -352,4 +353,25 @@ def _check_sharded(path: Path, name: str) -> None:
         raise FileNotFoundError(
             f"{path} was written by a one-process run (no {name}/): resume it with trainer.backend=local, or "
             f"start this run from its model (worker.actor.model.model_path={path}/model)"
+        )
+
+
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _check_same_model(saved_dir: Path, model: torch.nn.Module, model_path: str) -> None:
+    """A checkpoint of another model is one clear message, not a shape error deep inside loading."""
+    import json
+
+    saved = json.loads((saved_dir / "config.json").read_text())
+    saved = saved.get("text_config", saved) | {"model_type": saved.get("model_type")}
+    ours = model.config.to_dict()
+    ours = ours.get("text_config", ours) | {"model_type": ours.get("model_type")}
+    differ = {k: (saved.get(k), ours.get(k)) for k in SHAPE_KEYS if saved.get(k) != ours.get(k)}
+    if differ:
+        diffs = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in differ.items())
+        raise ValueError(
+            f"the checkpoint {saved_dir.parent} holds a different model than worker.actor.model.model_path="
+            f"{model_path} ({diffs}: checkpoint vs this run): resume with the model it was trained from, or "
+            "start a new run (trainer.find_last_checkpoint=false)"
         )
