@@ -101,7 +101,11 @@ class Trainer:
         if self.cluster is not None:  # scoring runs in CPU actors, off the training ranks
             from rlstack.workers.ray_group import RayRewards
 
-            self.rewards = RayRewards(self.cluster, cfg)
+            try:
+                self.rewards = RayRewards(self.cluster, cfg)
+            except BaseException:
+                self.cluster.close()
+                raise
         else:
             self.rewards = build_reward_manager(w.reward, d.max_response_length)
         self.step = 0
@@ -184,7 +188,9 @@ class Trainer:
                 with _timer(timing, "update_actor"):
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
                 with _timer(timing, "sync"):
-                    self.sync_weights()
+                    synced = self.sync_weights()
+                if synced:
+                    metrics["rollout/weight_sync_mb"] = synced / 2**20
                 if self.cfg.worker.rollout.check_weight_sync:
                     metrics |= self.check_weight_sync()
         self.tracker.log_generations(
@@ -199,11 +205,11 @@ class Trainer:
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / timing["step"]
         return metrics
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> int:
         """Bring the rollout engines to the policy's current weights (version = the step): each rollout
         worker pulls them from its colocated policy; an engine sharing the policy's module only records
-        the version."""
-        self.rollout_workers.call("sync_weights", self.step)
+        the version. Returns the bytes one engine received."""
+        return self.rollout_workers.call("sync_weights", self.step)
 
     def check_weight_sync(self) -> dict[str, float]:
         """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an

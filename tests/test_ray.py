@@ -233,3 +233,25 @@ def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, t
         assert sorted(ray2[step]) == sorted(want)
         for key, value in want.items():
             assert math.isclose(ray2[step][key], value, **TOLERANCE), (step, key, ray2[step][key], value)
+
+
+def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    ranks = ["trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.max_steps=4", "trainer.save_freq=2"]
+    whole = _cfg(tiny_model_dir, tmp_path, "whole", *ranks)
+    Trainer(whole).fit()
+
+    class StopAfterStep2(Trainer):
+        def train_step(self):
+            if self.step == 3:  # the run dies after step 2's checkpoint
+                raise KeyboardInterrupt
+            return super().train_step()
+
+    parts = _cfg(tiny_model_dir, tmp_path, "parts", *ranks)
+    with pytest.raises(KeyboardInterrupt):
+        StopAfterStep2(parts).fit()
+    Trainer(parts).fit()  # finds global_step_2 and goes on
+    want, got = deterministic_metrics(whole.run_dir), deterministic_metrics(parts.run_dir)
+    assert sorted(got) == ["1", "2", "3", "4"]
+    assert got == want

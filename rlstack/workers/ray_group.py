@@ -150,9 +150,14 @@ class RayCluster:
         self.where: list[tuple[str, int, str]] = []
         self.extra_actors: list = []
         """Actors beside the ranks (reward workers), ended with them."""
-        self.where = self.get([h.where.remote() for h in self.hosts])
-        addr, port = self.get([self.hosts[0].address.remote()])[0]
-        self.roles = self.get([h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts])[0]
+        try:
+            self.where = self.get([h.where.remote() for h in self.hosts])
+            addr, port = self.get([self.hosts[0].address.remote()])[0]
+            setup = [h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts]
+            self.roles = self.get(setup)[0]
+        except BaseException:
+            self.close()  # no rank left behind
+            raise
 
     def get(self, refs: list, who: list[str] | None = None) -> list:
         """Results of one call per rank, in rank order. The first rank to fail ends the call at once (the

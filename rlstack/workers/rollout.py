@@ -62,6 +62,7 @@ class RolloutWorker:
             )
         elif distributed.sharded():  # the policy's module is sharded: generate with a whole copy
             copy = load_trained_model(model, resolve_model_path(model.model_path), policy.device).eval()
+            copy.requires_grad_(False)
             self.engine = HFEngine(
                 copy, policy.tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
             )
@@ -110,11 +111,23 @@ class RolloutWorker:
         self.engine.wake_up()  # stays awake for the rollout that follows
         self.engine.update_weights(weights, version)
 
-    def sync_weights(self, version: int) -> None:
+    def sync_weights(self, version: int) -> int:
         """Bring the engine to the colocated policy's current weights, streamed from it under Hugging Face
-        names (gathered from the shards on every rank); an engine sharing the module records the version."""
-        shares = self.engine.capabilities.shares_policy_weights
-        self.update_weights(None if shares else self.policy.named_weights(), version)
+        names (gathered from the shards on every rank); an engine sharing the module records the version.
+        Returns the bytes streamed into the engine (0 when it shares the module)."""
+        if self.engine.capabilities.shares_policy_weights:
+            self.update_weights(None, version)
+            return 0
+        streamed = 0
+
+        def counted():
+            nonlocal streamed
+            for name, tensor in self.policy.named_weights():
+                streamed += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.update_weights(counted(), version)
+        return streamed
 
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe)."""
