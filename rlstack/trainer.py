@@ -215,9 +215,9 @@ class Trainer:
         """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an
         engine left on stale weights)."""
         prompt, probe = self.probe[:8], self.probe[8:]
-        engine = self.rollout_workers.call("score", prompt, probe)
+        engines = self.rollout_workers.call("score", prompt, probe)  # one per rank
         policy = self.actor.call("score", prompt, probe)
-        diff = max(abs(a - b) for a, b in zip(engine, policy))
+        diff = max(abs(a - b) for engine in engines for a, b in zip(engine, policy))
         tolerance = self.cfg.worker.rollout.weight_sync_tolerance
         if not diff <= tolerance:
             raise RLStackError(

@@ -139,3 +139,28 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_without_a_hang(
     messages = run_ranks(2, ranks_diverge, str(tiny_model_dir), parts, mini_per_rank, tmp=tmp_path)
     for m in messages:
         assert "the actor loss became nan at step 1 (on rank 1 of 2)" in m
+
+
+def ranks_gather(bucket_bytes: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from rlstack.workers import distributed
+
+    torch.manual_seed(0)  # the same weights on every rank before sharding
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 1, bias=False)
+    )
+    whole = {k: v.clone() for k, v in model.state_dict().items()}
+    model.half_ = torch.nn.Linear(2, 7).to(torch.float64)  # another dtype: its own bucket
+    whole |= {f"half_.{k}": v.clone() for k, v in model.half_.state_dict().items()}
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    return {"whole": whole, "gathered": dict(distributed.full_state_dict(model, bucket_bytes))}
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 2**20])  # a bucket per tensor; one bucket per dtype
+def test_bucketed_gather_gives_the_whole_tensors(tmp_path: Path, bucket_bytes: int):
+    for r in run_ranks(2, ranks_gather, bucket_bytes, tmp=tmp_path):
+        assert r["gathered"].keys() == r["whole"].keys()
+        for name, w in r["whole"].items():  # rows 5, 3, 1, 7: uneven and empty shards on rank 1
+            assert torch.equal(r["gathered"][name], w), name

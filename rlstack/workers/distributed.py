@@ -129,11 +129,65 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def full_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's whole tensors under their Hugging Face names, one at a time (every rank must iterate
-    to the end: each sharded tensor is gathered by a collective)."""
+BUCKET_BYTES = 256 * 2**20
+
+
+def full_state_dict(
+    model: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's whole tensors under their Hugging Face names, in order. Sharded tensors are gathered
+    in buckets of about `bucket_bytes` of shards (one collective per bucket and dtype rather than per
+    tensor), so every rank must iterate to the end."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
     for name, t in model.state_dict().items():
-        yield name, full(t).detach()
+        if not _dim0_sharded(t):
+            yield from _gathered(bucket)
+            bucket, size = [], 0
+            yield name, full(t).detach()
+            continue
+        if bucket and (t.dtype != bucket[0][1].dtype or size >= bucket_bytes):
+            yield from _gathered(bucket)
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += local(t).numel() * t.element_size()
+    yield from _gathered(bucket)
+
+
+def _dim0_sharded(t: torch.Tensor) -> bool:
+    """An FSDP2 parameter: a DTensor sharded on dim 0 over a 1-D mesh."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
+
+
+def _gathered(bucket: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Whole tensors of a bucket of dim-0 shards (same dtype) from one all-gather. Rank r holds rows
+    [r * c, (r + 1) * c) of each tensor, c = ceil(rows / world) (fewer at the end): each shard is padded to
+    c rows, the padded shards are gathered side by side, and each tensor is cut back out."""
+    if not bucket:
+        return
+    world = dist.get_world_size()
+    pieces, chunks = [], []
+    for _, t in bucket:
+        rows = t.shape[0]
+        chunk = -(-rows // world)
+        row_size = t.numel() // rows if rows else 0
+        shard = local(t).detach().reshape(-1)
+        padded = torch.zeros(chunk * row_size, dtype=t.dtype, device=shard.device)
+        padded[: shard.numel()] = shard
+        pieces.append(padded)
+        chunks.append(chunk)
+    flat = torch.cat(pieces)
+    out = torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
+    dist.all_gather_into_tensor(out, flat)
+    out = out.view(world, -1)
+    offset = 0
+    for (name, t), piece, chunk in zip(bucket, pieces, chunks):
+        n = piece.numel()
+        whole = out[:, offset : offset + n].reshape(world * chunk, *t.shape[1:])[: t.shape[0]]
+        offset += n
+        yield name, whole
 
 
 def save_pretrained(model: torch.nn.Module, path) -> bool:

@@ -7,6 +7,8 @@ one Ray actor per rank) implements the same interface; each worker method declar
 
 - `Dispatch.ALL` (the default): every rank runs the method with the same arguments (weights,
   checkpoints, a collective every rank must join); the result is rank 0's.
+- `Dispatch.EACH`: like ALL, but the result is the list of every rank's results, by rank (what
+  differs per rank: each rank's rollout engine).
 - `Dispatch.ROWS`: the first argument is a Batch whose rows are split into equal parts, one per
   rank (padded with copies of its last row up to a multiple of the world size); the parts' Batch
   results are concatenated in order with the padding's rows dropped (a method that returns k rows
@@ -32,6 +34,7 @@ from rlstack.batch import Batch
 
 class Dispatch(enum.Enum):
     ALL = "all"
+    EACH = "each"
     ROWS = "rows"
     MINI_BATCHES = "mini_batches"
 
@@ -107,4 +110,5 @@ class LocalWorkerGroup:
         self.worker = worker
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+        result = getattr(self.worker, method)(*args, **kwargs)
+        return [result] if dispatch_mode(self.worker, method) is Dispatch.EACH else result

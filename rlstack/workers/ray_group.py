@@ -118,7 +118,15 @@ class RayCluster:
         t = cfg.trainer
         self.world_size = t.nnodes * t.n_gpus_per_node
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
+            address = os.environ.get("RAY_ADDRESS")
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise RLStackError(
+                    f"trainer.backend = ray: could not reach the Ray cluster at RAY_ADDRESS={address!r} ({e}). "
+                    "Start it (ray start --head; ray start --address=HEAD:6379 on the other nodes), or unset "
+                    "RAY_ADDRESS to start a local one"
+                ) from e
         gpu = device.startswith("cuda")
         per_node = t.n_gpus_per_node
         # One bundle per node holding its ranks' devices, each bundle on a different node.
@@ -288,4 +296,5 @@ class RayRoleGroup:
             ]
             return self.cluster.get(refs)[0]
         shared = [ray.put(a) for a in args]  # one copy in the object store for all ranks
-        return self.cluster.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])[0]
+        results = self.cluster.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])
+        return results if mode is Dispatch.EACH else results[0]

@@ -129,8 +129,10 @@ class RolloutWorker:
         self.update_weights(counted(), version)
         return streamed
 
+    @dispatch(Dispatch.EACH)
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
-        """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe)."""
+        """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe); every rank's
+        engine is asked."""
         request = Request(prompt_ids)
         if self.multimodal:
             request.pixel_values, request.image_grid_thw = self.processor.process_images(
