@@ -212,6 +212,10 @@ class RolloutConfig:
     """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
     free_cache_engine: bool | None = None
     """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""
+    colocated: bool = True
+    """Rollout engines live in the policy's ranks (EasyR1's hybrid engine); false (`trainer.backend=ray`): in `num_ranks` Ray actors of their own, sent the policy's weights after every update."""
+    num_ranks: int = 1
+    """Rollout actors when `colocated=false` (one GPU each, or one CPU on machines without GPUs)."""
     check_weight_sync: bool = False
     """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""
     weight_sync_tolerance: float = 1.0e-2
@@ -1012,6 +1016,11 @@ def _backend_problems(cfg: Config) -> list[str]:
         return p
     world = t.nnodes * t.n_gpus_per_node
     if t.backend == "local":
+        if not cfg.worker.rollout.colocated:
+            p.append(
+                "worker.rollout.colocated = false places rollout engines in Ray actors of their own: set "
+                "trainer.backend=ray (the local backend runs everything in one process)"
+            )
         if world > 1:
             p.append(
                 f"trainer.nnodes x trainer.n_gpus_per_node = {world} ranks, but trainer.backend = local runs one "
@@ -1020,6 +1029,8 @@ def _backend_problems(cfg: Config) -> list[str]:
         return p
     if importlib.util.find_spec("ray") is None:
         p.append("trainer.backend = ray, but Ray is not installed: pip install 'rlstack[ray]'")
+    if not cfg.worker.rollout.colocated and cfg.worker.rollout.num_ranks < 1:
+        p.append(f"worker.rollout.num_ranks = {cfg.worker.rollout.num_ranks}: must be at least 1")
     trajectories = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n
     if trajectories % world:
         p.append(

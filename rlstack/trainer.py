@@ -208,8 +208,11 @@ class Trainer:
     def sync_weights(self) -> int:
         """Bring the rollout engines to the policy's current weights (version = the step): each rollout
         worker pulls them from its colocated policy; an engine sharing the policy's module only records
-        the version. Returns the bytes one engine received."""
-        return self.rollout_workers.call("sync_weights", self.step)
+        the version; rollout workers placed apart are sent them. Returns the bytes one engine received."""
+        if self.cfg.worker.rollout.colocated:
+            return self.rollout_workers.call("sync_weights", self.step)
+        # rollout workers placed apart: the policy's whole weights (gathered on its rank 0) go to each of them
+        return self.rollout_workers.call("update_weights", self.actor.call("gathered_weights"), self.step)
 
     def check_weight_sync(self) -> dict[str, float]:
         """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an

@@ -258,3 +258,34 @@ def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
     want, got = deterministic_metrics(whole.run_dir), deterministic_metrics(parts.run_dir)
     assert sorted(got) == ["1", "2", "3", "4"]
     assert got == want
+
+
+def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
+    ray_cluster, local_run, tiny_model_dir: Path, tmp_path: Path
+):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "apart",
+        "trainer.backend=ray",
+        "trainer.n_gpus_per_node=2",  # two policy ranks ...
+        "worker.rollout.colocated=false",  # ... and one rollout actor of its own, sent their weights
+        "worker.rollout.num_ranks=1",
+        "worker.rollout.check_weight_sync=true",
+        "worker.rollout.weight_sync_tolerance=1e-5",
+    )
+    trainer = Trainer(cfg)
+    assert trainer.rollout_workers.world_size == 1 and trainer.actor.world_size == 2
+    trainer.fit()
+    got = deterministic_metrics(cfg.run_dir)
+    for step, want in local_run.items():
+        extra = {"rollout/weight_sync_mb", "rollout/weight_sync_max_diff"}
+        assert sorted(got[step].keys() - extra) == sorted(want)
+        assert got[step]["rollout/weight_sync_max_diff"] <= 1e-5 and got[step]["rollout/weight_sync_mb"] > 0
+        for key, value in want.items():
+            assert math.isclose(got[step][key], value, **TOLERANCE), (step, key, got[step][key], value)
+
+
+def test_rollout_placed_apart_needs_ray(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="colocated = false .* set trainer.backend=ray"):
+        _cfg(tiny_model_dir, tmp_path, "bad", "worker.rollout.colocated=false")

@@ -107,6 +107,12 @@ class PolicyWorker:
         """Draws VPPO's patch masks (saved with checkpoints)."""
 
     @dispatch(Dispatch.ALL)
+    def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The whole weights on rank 0 (every rank joins the gathering; the others return nothing): what
+        is sent to rollout workers placed apart from the policy."""
+        weights = list(self.named_weights())
+        return weights if distributed.current().rank == 0 else []
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's whole weights under their Hugging Face names (what a rollout engine loads); with
         several ranks each is gathered from its shards, so every rank iterates."""

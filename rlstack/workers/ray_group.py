@@ -97,6 +97,21 @@ class RankHost:
             return _Added({k: v for k, v in result.columns.items() if before.get(k) != id(v)})
         return result
 
+    def setup_rollout(self, cfg: Config, device: str) -> list[str]:
+        """A rollout worker placed apart from the policy (no process group: it only generates)."""
+        from rlstack import checkpoint
+
+        if device.startswith("cuda"):
+            device = "cuda:0"
+        checkpoint.seed_everything(cfg.trainer.seed)
+        w = cfg.worker
+        self.roles = {
+            "rollout": RolloutWorker(
+                w.rollout, w.actor.model, cfg.data.max_response_length, None, device, self.rank
+            )
+        }
+        return ["rollout"]
+
     def shutdown(self) -> None:
         import torch.distributed as dist
 
@@ -158,14 +173,46 @@ class RayCluster:
         self.where: list[tuple[str, int, str]] = []
         self.extra_actors: list = []
         """Actors beside the ranks (reward workers), ended with them."""
+        self.rollout_hosts = []
+        """Rollout workers placed apart from the policy (`worker.rollout.colocated=false`)."""
         try:
             self.where = self.get([h.where.remote() for h in self.hosts])
             addr, port = self.get([self.hosts[0].address.remote()])[0]
             setup = [h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts]
             self.roles = self.get(setup)[0]
+            if not cfg.worker.rollout.colocated:
+                self._start_rollout_hosts(cfg, device, gpu)
+                self.roles = [*self.roles, "rollout"]
         except BaseException:
             self.close()  # no rank left behind
             raise
+
+    def _start_rollout_hosts(self, cfg: Config, device: str, gpu: bool) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n = cfg.worker.rollout.num_ranks
+        bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
+        self.rollout_pg = placement_group([bundle] * n, strategy="PACK")
+        if not ray.wait([self.rollout_pg.ready()], timeout=60)[0]:
+            raise RLStackError(
+                f"worker.rollout.num_ranks = {n} rollout actors of {bundle} each do not fit in what the Ray "
+                f"cluster has left after the {self.world_size} policy ranks: lower it, or add nodes"
+            )
+        actor = ray.remote(RankHost)
+        self.rollout_hosts = [
+            actor.options(
+                num_cpus=1,
+                num_gpus=1 if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.rollout_pg, placement_group_bundle_index=r
+                ),
+            ).remote(r, n, cfg.trainer.num_threads)
+            for r in range(n)
+        ]
+        self.rollout_who = [f"rollout worker {r} of {n}" for r in range(n)]
+        self.get([h.setup_rollout.remote(cfg, device) for h in self.rollout_hosts], self.rollout_who)
 
     def get(self, refs: list, who: list[str] | None = None) -> list:
         """Results of one call per rank, in rank order. The first rank to fail ends the call at once (the
@@ -195,14 +242,18 @@ class RayCluster:
         return ray.get(refs)
 
     def group(self, role: str) -> RayRoleGroup:
-        return RayRoleGroup(self, role, ROLE_CLASSES[role])
+        if role == "rollout" and self.rollout_hosts:
+            return RayRoleGroup(self, role, ROLE_CLASSES[role], self.rollout_hosts, self.rollout_who)
+        return RayRoleGroup(self, role, ROLE_CLASSES[role], self.hosts)
 
     def close(self) -> None:
         import ray
 
-        for h in self.hosts + self.extra_actors:
+        for h in self.hosts + getattr(self, "rollout_hosts", []) + self.extra_actors:
             ray.kill(h)
         ray.util.remove_placement_group(self.pg)
+        if getattr(self, "rollout_pg", None) is not None:
+            ray.util.remove_placement_group(self.rollout_pg)
 
 
 class RewardHost:
@@ -271,19 +322,22 @@ class RayRewards:
 class RayRoleGroup:
     """One role on every rank of a `RayCluster`, behind the `WorkerGroup` interface."""
 
-    def __init__(self, cluster: RayCluster, role: str, cls: type):
-        self.cluster, self.role, self.cls = cluster, role, cls
-        self.world_size = cluster.world_size
+    def __init__(self, cluster: RayCluster, role: str, cls: type, hosts: list, who: list[str] | None = None):
+        self.cluster, self.role, self.cls, self.hosts, self.who = cluster, role, cls, hosts, who
+        self.world_size = len(hosts)
+
+    def get(self, refs: list) -> list:
+        return self.cluster.get(refs, self.who)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        hosts, w = self.cluster.hosts, self.world_size
+        hosts, w = self.hosts, self.world_size
         mode = dispatch_mode(self.cls, method)
         if mode is Dispatch.ROWS:
             parts, padding = split_rows(args[0], w)
             refs = [h.call.remote(self.role, method, p, *args[1:], **kwargs) for h, p in zip(hosts, parts)]
-            results = self.cluster.get(refs)
+            results = self.get(refs)
             if isinstance(results[0], _Added):  # new columns of the driver's batch, as locally
                 added = gather_rows([Batch(r) for r in results], padding, len(args[0]) + padding)
                 return args[0].update(added.columns)
@@ -294,7 +348,7 @@ class RayRoleGroup:
                 h.call.remote(self.role, method, p, per_rank, *args[2:], **kwargs)
                 for h, p in zip(hosts, parts)
             ]
-            return self.cluster.get(refs)[0]
+            return self.get(refs)[0]
         shared = [ray.put(a) for a in args]  # one copy in the object store for all ranks
-        results = self.cluster.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])
+        results = self.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])
         return results if mode is Dispatch.EACH else results[0]

@@ -21,13 +21,13 @@ def needs_ref(cfg: Config) -> bool:
 
 
 def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
-    """`actor`, `rollout`, and where needed `ref` and `critic` workers, in this process."""
+    """`actor`, `rollout` (unless it is placed apart: `worker.rollout.colocated=false`), and where needed
+    `ref` and `critic` workers, in this process."""
     w, d = cfg.worker, cfg.data
     policy = PolicyWorker(w.actor, cfg.algorithm, d.max_response_length, total_steps, w.rollout.seed, device)
-    roles: dict[str, Any] = {
-        "actor": policy,
-        "rollout": RolloutWorker(w.rollout, w.actor.model, d.max_response_length, policy),
-    }
+    roles: dict[str, Any] = {"actor": policy}
+    if w.rollout.colocated:
+        roles["rollout"] = RolloutWorker(w.rollout, w.actor.model, d.max_response_length, policy)
     if needs_ref(cfg):
         roles["ref"] = RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience, device)
     if cfg.algorithm.adv_estimator == AdvEstimator.GAE:

@@ -9,7 +9,7 @@ import torch
 
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
-from rlstack.models.loading import resolve_model_path
+from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
@@ -34,16 +34,27 @@ class RolloutWorker:
         cfg: RolloutConfig,
         model: ModelConfig,
         max_response_length: int,
-        policy: PolicyWorker,
+        policy: PolicyWorker | None,
+        device: str = "cpu",
+        rank: int | None = None,
     ):
+        """`policy`: the colocated policy worker, or None for a rollout worker placed apart from it
+        (`worker.rollout.colocated=false`), which loads its own tokenizer, processor and model copy and is
+        sent the policy's weights. `rank`: this worker's place among the rollout workers (default: its
+        data-parallel rank)."""
         self.cfg = cfg
-        processor = policy.processor
+        self.rank = distributed.current().rank if rank is None else rank
+        path = resolve_model_path(model.model_path)
+        if policy is not None:
+            tokenizer, processor, device = policy.tokenizer, policy.processor, policy.device
+        else:
+            tokenizer = load_tokenizer(model.tokenizer_path or path, model.trust_remote_code)
+            processor = load_processor(model.tokenizer_path or path, model.trust_remote_code)
         multimodal = processor is not None
         self.engine: Engine
         if cfg.name == "vllm":
             from rlstack.rollout.vllm import VLLMEngine
 
-            path = resolve_model_path(model.model_path)
             self.engine = VLLMEngine(
                 path,
                 model.tokenizer_path,
@@ -60,17 +71,17 @@ class RolloutWorker:
                 model.trust_remote_code,
                 image_limit=cfg.agent.max_images,
             )
-        elif distributed.sharded():  # the policy's module is sharded: generate with a whole copy
-            copy = load_trained_model(model, resolve_model_path(model.model_path), policy.device).eval()
+        elif policy is None or distributed.sharded():  # no policy module to share: a whole copy of its own
+            copy = load_trained_model(model, path, device).eval()
             copy.requires_grad_(False)
             self.engine = HFEngine(
-                copy, policy.tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
+                copy, tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
             )
         else:
-            self.engine = HFEngine(policy.model, policy.tokenizer, seed=cfg.seed, multimodal=multimodal)
+            self.engine = HFEngine(policy.model, tokenizer, seed=cfg.seed, multimodal=multimodal)
         self.policy = policy
         tools = cfg.agent.tools
-        self.processor = processor or VisionProcessor(policy.tokenizer, None)
+        self.processor = processor or VisionProcessor(tokenizer, None)
         self.multimodal = multimodal
         self.loop = AgentLoop(
             self.engine,
@@ -106,28 +117,31 @@ class RolloutWorker:
         batch["weight_version"] = torch.full((len(batch),), self.engine.weight_version, dtype=torch.long)
         return batch
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
-        """Load the policy's weights into the engine (None for an engine that shares the policy's module)."""
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> int:
+        """Load the policy's weights into the engine (None for an engine that shares the policy's module);
+        returns the bytes loaded."""
         self.engine.wake_up()  # stays awake for the rollout that follows
-        self.engine.update_weights(weights, version)
+        loaded = 0
+
+        def counted():
+            nonlocal loaded
+            for name, tensor in weights:
+                loaded += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.engine.update_weights(None if weights is None else counted(), version)
+        return loaded
 
     def sync_weights(self, version: int) -> int:
         """Bring the engine to the colocated policy's current weights, streamed from it under Hugging Face
         names (gathered from the shards on every rank); an engine sharing the module records the version.
         Returns the bytes streamed into the engine (0 when it shares the module)."""
-        if self.engine.capabilities.shares_policy_weights:
-            self.update_weights(None, version)
-            return 0
-        streamed = 0
-
-        def counted():
-            nonlocal streamed
-            for name, tensor in self.policy.named_weights():
-                streamed += tensor.numel() * tensor.element_size()
-                yield name, tensor
-
-        self.update_weights(counted(), version)
-        return streamed
+        if self.policy is None:
+            raise ValueError(
+                "a rollout worker placed apart from the policy is sent its weights (update_weights)"
+            )
+        shares = self.engine.capabilities.shares_policy_weights
+        return self.update_weights(None if shares else self.policy.named_weights(), version)
 
     @dispatch(Dispatch.EACH)
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
@@ -142,11 +156,11 @@ class RolloutWorker:
 
     def save_checkpoint(self, path: Path) -> None:
         """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""
-        torch.save({"engine": self.engine.state_dict()}, path / _rollout_state(distributed.current().rank))
+        torch.save({"engine": self.engine.state_dict()}, path / _rollout_state(self.rank))
 
     def load_checkpoint(self, path: Path) -> None:
         """This rank's sampling state, or rank 0's for a rank the saving run did not have."""
-        own = path / _rollout_state(distributed.current().rank)
+        own = path / _rollout_state(self.rank)
         state = torch.load(own if own.is_file() else path / _rollout_state(0), weights_only=False)
         self.engine.load_state_dict(state["engine"])
 
