@@ -383,6 +383,14 @@ class WorkerConfig:
 
 
 @dataclass
+class AsyncGRPOConfig:
+    enabled: bool = False
+    """Generate and score the next steps' batches while training (NeMo RL's async GRPO; `rlstack/producer.py`)."""
+    max_trajectory_age_steps: int = 1
+    """No trajectory is trained on more than this many optimizer steps after the weights that generated it (0: the synchronous loop)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: Literal[
         "gae",
@@ -425,6 +433,8 @@ class AlgorithmConfig:
     """Keep a group only if its mean filter_key is above this."""
     filter_high: float = 0.99
     """Keep a group only if its mean filter_key is below this."""
+    async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
+    """Asynchronous GRPO: rollouts overlap training, with bounded staleness."""
     max_try_make_batch: int = 20
     """Generation rounds allowed to fill one batch with online filtering before the run stops with an error."""
     oversample_factor: int = 1
@@ -1009,6 +1019,11 @@ def _backend_problems(cfg: Config) -> list[str]:
 
     p: list[str] = []
     t = cfg.trainer
+    ag = cfg.algorithm.async_grpo
+    if ag.enabled and ag.max_trajectory_age_steps < 0:
+        p.append(
+            f"algorithm.async_grpo.max_trajectory_age_steps = {ag.max_trajectory_age_steps}: must be >= 0"
+        )
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         p.append(
             f"trainer.nnodes = {t.nnodes}, trainer.n_gpus_per_node = {t.n_gpus_per_node}: both must be >= 1"

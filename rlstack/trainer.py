@@ -32,6 +32,7 @@ from rlstack.config import Config, resolve_device, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
+from rlstack.producer import RolloutProducer, staleness
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.rollout.engine import mix_seed
@@ -73,8 +74,10 @@ class Trainer:
         self.mini_batch_size = w.actor.global_batch_size * w.rollout.n
         # One mini-batch and one epoch: the update's first forward pass is on-policy, so old = current
         # (an in-reward KL needs the old log-probs before the update, so it computes them).
+        self.max_age = alg.async_grpo.max_trajectory_age_steps if alg.async_grpo.enabled else 0
         self.on_policy = (
-            w.actor.ppo_epochs == 1
+            self.max_age == 0
+            and w.actor.ppo_epochs == 1
             and d.rollout_batch_size == w.actor.global_batch_size
             and not alg.use_kl_in_reward
             and not alg.use_vppo_on_perception
@@ -114,6 +117,10 @@ class Trainer:
         prompt's place in its round, it seeds the prompt's samples (`sample_seed`), so that they do not
         depend on how the prompts are split across ranks. Saved in checkpoints."""
         self.tracker: Tracker | None = None
+        self.resumed_buffer: list = []
+        """Asynchronous GRPO: batches the producer had made when the resumed checkpoint was saved."""
+        self.producer: RolloutProducer | None = None
+        """Asynchronous GRPO's rollout thread (`algorithm.async_grpo.enabled`), running during `fit`."""
 
     # ------------------------------------------------------------------------------------ loop
 
@@ -139,6 +146,15 @@ class Trainer:
                 self.tracker.log(metrics, self.step, advance=False)
             if t.val_only:
                 return metrics
+            if self.cfg.algorithm.async_grpo.enabled and self.step < self.total_steps:
+                self.producer = RolloutProducer(
+                    self._collect_step,
+                    self.max_age,
+                    self.step + 1,
+                    self.total_steps,
+                    self.step,
+                    self.resumed_buffer,
+                ).start()
             while self.step < self.total_steps:
                 self.step += 1
                 metrics = self.train_step()
@@ -150,6 +166,8 @@ class Trainer:
                     self.save_checkpoint()
             self.actor.call("save_model", self.run_dir / "huggingface")
         finally:
+            if self.producer is not None:
+                self.producer.close()
             self.tracker.close()
             self.rewards.close()
             if self.cluster is not None:
@@ -160,12 +178,17 @@ class Trainer:
         timing: dict[str, float] = defaultdict(float)
         metrics: dict[str, float] = {}
         with _timer(timing, "step"):
-            if self.cfg.algorithm.online_filtering:
-                batch = self.collect_filtered(timing, metrics)
+            if self.producer is not None:
+                batch, produced, produced_timing, waited = self.producer.get(self.step)
+                metrics |= produced
+                timing |= {k: v for k, v in produced_timing.items() if k not in ("step",)}
+                timing["wait_rollout"] = waited
+                metrics |= staleness(batch, self.step)
+                metrics["async/buffer_fill"] = self.producer.buffered()
             else:
-                batch = self.rollout(self.loader.next_batch(), timing)
-            if self.cfg.algorithm.mask_truncated_responses:
-                batch["response_mask"] = truncation_mask(batch["truncated"], batch["response_mask"])
+                batch, metrics_, timing_ = self._collect_step(self.step)
+                metrics |= metrics_
+                timing |= timing_
             if not self.on_policy:
                 with _timer(timing, "old"):
                     batch = self.actor.call("compute_logprobs", batch)
@@ -187,8 +210,12 @@ class Trainer:
             if self.step > self.cfg.trainer.critic_warmup:
                 with _timer(timing, "update_actor"):
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
+                if self.producer is not None:  # the batches that need older weights first
+                    timing["wait_rollout"] += self.producer.wait_produced(self.step + self.max_age)
                 with _timer(timing, "sync"):
                     synced = self.sync_weights()
+                if self.producer is not None:
+                    self.producer.synced(self.step)
                 if synced:
                     metrics["rollout/weight_sync_mb"] = synced / 2**20
                 if self.cfg.worker.rollout.check_weight_sync:
@@ -204,6 +231,19 @@ class Trainer:
         metrics["perf/time_per_step"] = timing["step"]
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / timing["step"]
         return metrics
+
+    def _collect_step(self, step: int) -> tuple[Batch, dict[str, float], dict[str, float]]:
+        """Step `step`'s scored (and with online filtering, filtered) batch, its metrics and timings (run by
+        the producer thread in asynchronous GRPO)."""
+        timing: dict[str, float] = defaultdict(float)
+        metrics: dict[str, float] = {}
+        if self.cfg.algorithm.online_filtering:
+            batch = self.collect_filtered(timing, metrics)
+        else:
+            batch = self.rollout(self.loader.next_batch(), timing)
+        if self.cfg.algorithm.mask_truncated_responses:
+            batch["response_mask"] = truncation_mask(batch["truncated"], batch["response_mask"])
+        return batch, metrics, timing
 
     def sync_weights(self) -> int:
         """Bring the rollout engines to the policy's current weights (version = the step): each rollout
@@ -382,6 +422,12 @@ class Trainer:
     # ----------------------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self) -> Path:
+        if self.producer is None:
+            return self._save_checkpoint([])
+        with self.producer.paused() as buffered:  # the loader and seeds stay where the buffer leaves them
+            return self._save_checkpoint(buffered)
+
+    def _save_checkpoint(self, buffered: list) -> Path:
         def write(path: Path) -> None:
             self.actor.call("save_checkpoint", path)
             self.rollout_workers.call("save_checkpoint", path)
@@ -394,6 +440,7 @@ class Trainer:
                     "rng": checkpoint.rng_state(),
                     "kl_coef": self.kl_coef,
                     "rollouts": self.rollouts,
+                    "async_buffer": buffered,
                 },
                 path / "trainer_state.pt",
             )
@@ -414,7 +461,8 @@ class Trainer:
         if self.critic is not None:
             self.critic.call("load_checkpoint", path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.step, self.kl_coef, self.rollouts = state["step"], state["kl_coef"], state["rollouts"]
+        self.step, self.kl_coef = state["step"], state["kl_coef"]
+        self.rollouts, self.resumed_buffer = state.get("rollouts", 0), state.get("async_buffer", [])
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         self.sync_weights()

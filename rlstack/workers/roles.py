@@ -27,7 +27,12 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
     policy = PolicyWorker(w.actor, cfg.algorithm, d.max_response_length, total_steps, w.rollout.seed, device)
     roles: dict[str, Any] = {"actor": policy}
     if w.rollout.colocated:
-        roles["rollout"] = RolloutWorker(w.rollout, w.actor.model, d.max_response_length, policy)
+        own_copy = (
+            cfg.algorithm.async_grpo.enabled
+        )  # the trainer updates the policy while the engine generates
+        roles["rollout"] = RolloutWorker(
+            w.rollout, w.actor.model, d.max_response_length, policy, device, own_copy=own_copy
+        )
     if needs_ref(cfg):
         roles["ref"] = RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience, device)
     if cfg.algorithm.adv_estimator == AdvEstimator.GAE:

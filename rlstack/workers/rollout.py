@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,11 +38,13 @@ class RolloutWorker:
         policy: PolicyWorker | None,
         device: str = "cpu",
         rank: int | None = None,
+        own_copy: bool = False,
     ):
         """`policy`: the colocated policy worker, or None for a rollout worker placed apart from it
         (`worker.rollout.colocated=false`), which loads its own tokenizer, processor and model copy and is
         sent the policy's weights. `rank`: this worker's place among the rollout workers (default: its
-        data-parallel rank)."""
+        data-parallel rank). `own_copy`: generate from a copy of the model even beside an unsharded
+        policy (asynchronous GRPO: the trainer updates the policy's module while the engine generates)."""
         self.cfg = cfg
         self.rank = distributed.current().rank if rank is None else rank
         path = resolve_model_path(model.model_path)
@@ -71,15 +74,19 @@ class RolloutWorker:
                 model.trust_remote_code,
                 image_limit=cfg.agent.max_images,
             )
-        elif policy is None or distributed.sharded():  # no policy module to share: a whole copy of its own
+        elif policy is None or own_copy or distributed.sharded():  # a whole copy of its own
+            # Its parameters keep requires_grad (no gradient is ever made: it only samples): torch picks other
+            # kernels for parameters without it, whose sums round differently than the policy's module.
             copy = load_trained_model(model, path, device).eval()
-            copy.requires_grad_(False)
             self.engine = HFEngine(
                 copy, tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
             )
         else:
             self.engine = HFEngine(policy.model, tokenizer, seed=cfg.seed, multimodal=multimodal)
         self.policy = policy
+        self.lock = threading.Lock()
+        """Held by generation and weight loading: a weight update waits for the generation call in
+        flight (asynchronous GRPO's producer thread) and never lands in the middle of one."""
         tools = cfg.agent.tools
         self.processor = processor or VisionProcessor(tokenizer, None)
         self.multimodal = multimodal
@@ -109,6 +116,10 @@ class RolloutWorker:
         return self._run(prompts, 1, 0.0, 1.0, -1)
 
     def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
+        with self.lock:
+            return self._run_locked(prompts, n, temperature, top_p, top_k)
+
+    def _run_locked(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
         self.engine.wake_up()
         try:
             batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
@@ -120,7 +131,6 @@ class RolloutWorker:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> int:
         """Load the policy's weights into the engine (None for an engine that shares the policy's module);
         returns the bytes loaded."""
-        self.engine.wake_up()  # stays awake for the rollout that follows
         loaded = 0
 
         def counted():
@@ -129,7 +139,9 @@ class RolloutWorker:
                 loaded += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        self.engine.update_weights(None if weights is None else counted(), version)
+        with self.lock:
+            self.engine.wake_up()  # stays awake for the rollout that follows
+            self.engine.update_weights(None if weights is None else counted(), version)
         return loaded
 
     def sync_weights(self, version: int) -> int:
@@ -152,7 +164,8 @@ class RolloutWorker:
             request.pixel_values, request.image_grid_thw = self.processor.process_images(
                 [], "the weight-sync probe"
             )
-        return self.engine.score(request, token_ids)
+        with self.lock:
+            return self.engine.score(request, token_ids)
 
     def save_checkpoint(self, path: Path) -> None:
         """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""

@@ -1,0 +1,156 @@
+"""Asynchronous GRPO (`algorithm.async_grpo`): rollouts of later steps overlap training, with trajectories
+exactly `max_trajectory_age_steps` old; 0 is the synchronous loop."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from pinned import deterministic_metrics
+
+from rlstack.config import load_config
+from rlstack.producer import ProducerFailed
+from rlstack.trainer import Trainer
+
+# The random tiny model never answers an addition right: score the share of digits (see test_pinned_metrics).
+REWARD = """
+REWARD_TYPE = "sequential"
+
+def compute_score(reward_input):
+    text = reward_input["response"]
+    return {"overall": sum(c.isdigit() for c in text) / max(1, len(text)) + 0.5 * (len(text) < 4)}
+"""
+ASYNC_ONLY = ("async/", "rollout/weight_sync_mb")  # metrics a synchronous run has no counterpart of
+
+
+def _cfg(model: Path, out: Path, name: str, *extra: str):
+    reward = out / "reward.py"
+    reward.parent.mkdir(parents=True, exist_ok=True)
+    reward.write_text(REWARD)
+    return load_config(
+        [
+            f"worker.actor.model.model_path={model}",
+            f"trainer.output_dir={out}",
+            f"trainer.experiment_name={name}",
+            "data.train_files=builtin:addition@train",
+            "data.val_files=",
+            "data.rollout_batch_size=4",
+            "data.max_response_length=6",
+            "worker.rollout.n=4",
+            "worker.actor.global_batch_size=2",
+            "worker.actor.micro_batch_size_per_device_for_update=4",
+            "worker.actor.optim.lr=1e-3",
+            f"worker.reward.reward_function={reward}:compute_score",
+            "trainer.max_steps=4",
+            "trainer.logger=[file]",
+            "trainer.save_freq=-1",
+            "trainer.num_threads=1",
+            *extra,
+        ]
+    )
+
+
+def _without_async(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {s: {k: v for k, v in m.items() if not k.startswith(ASYNC_ONLY)} for s, m in metrics.items()}
+
+
+def test_max_age_0_is_the_synchronous_loop(tiny_model_dir: Path, tmp_path: Path):
+    sync = _cfg(tiny_model_dir, tmp_path, "sync", "worker.actor.rollout_correction=tis")
+    Trainer(sync).fit()
+    asy = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "async0",
+        "worker.actor.rollout_correction=tis",
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.max_trajectory_age_steps=0",
+    )
+    Trainer(asy).fit()
+    want, got = deterministic_metrics(sync.run_dir), deterministic_metrics(asy.run_dir)
+    assert want["4"]["actor/grad_norm"] > 0
+    assert _without_async(got) == want
+    for m in got.values():
+        assert m["async/staleness/max"] == 0
+        # on-policy: the engine's behaviour log-probs are the policy's, the importance weights 1
+        assert m["actor/rollout_correction_weight"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_max_age_1_trains_on_trajectories_exactly_one_step_old_and_repeats(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    runs = []
+    for name in ("a", "b"):
+        cfg = _cfg(tiny_model_dir, tmp_path, f"async1_{name}", "algorithm.async_grpo.enabled=true")
+        Trainer(cfg).fit()
+        runs.append(deterministic_metrics(cfg.run_dir))
+    got = runs[0]
+    # step 1 and 2 sample from the initial weights, step k >= 2 from those after step k - 2
+    assert [got[s]["async/staleness/max"] for s in ("1", "2", "3", "4")] == [0, 1, 1, 1]
+    assert [got[s]["async/staleness/mean"] for s in ("1", "2", "3", "4")] == [0, 1, 1, 1]
+    assert all(m["actor/grad_norm"] > 0 for m in got.values())
+    assert runs[1] == runs[0]  # a fixed schedule, not a race: the same metrics every time
+
+
+def test_resume_with_a_full_buffer_continues_like_an_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path):
+    extra = ["algorithm.async_grpo.enabled=true", "trainer.save_freq=2"]
+    whole = _cfg(tiny_model_dir, tmp_path, "whole", *extra)
+    Trainer(whole).fit()
+
+    class StopAfterStep2(Trainer):
+        def train_step(self):
+            if self.step == 3:
+                raise KeyboardInterrupt
+            return super().train_step()
+
+    parts = _cfg(tiny_model_dir, tmp_path, "parts", *extra)
+    with pytest.raises(KeyboardInterrupt):
+        StopAfterStep2(parts).fit()
+    import torch
+
+    saved = torch.load(
+        parts.run_dir / "checkpoints" / "global_step_2" / "trainer_state.pt", weights_only=False
+    )
+    assert [step for step, *_ in saved["async_buffer"]][:1] == [3]  # step 3's batch was already made
+    Trainer(parts).fit()
+    assert deterministic_metrics(parts.run_dir) == deterministic_metrics(whole.run_dir)
+
+
+@pytest.mark.timeout(120)
+def test_an_error_in_the_producer_surfaces_in_the_trainer_with_its_cause(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "boom",
+        "algorithm.async_grpo.enabled=true",
+        "worker.reward.reward_function_kwargs={}",
+    )
+    trainer = Trainer(cfg)
+    original = trainer.rewards.score
+
+    def failing(batch):
+        if trainer.rollouts >= 3:
+            raise RuntimeError("the judge went away")
+        return original(batch)
+
+    trainer.rewards.score = failing
+    with pytest.raises(ProducerFailed, match="the rollout producer failed") as e:
+        trainer.fit()
+    assert "the judge went away" in str(e.value.__cause__)
+    assert not trainer.producer.thread.is_alive()
+
+
+def test_staleness_is_logged_against_the_bound(tiny_model_dir: Path, tmp_path: Path):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "age2",
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.max_trajectory_age_steps=2",
+    )
+    Trainer(cfg).fit()
+    got = deterministic_metrics(cfg.run_dir)
+    assert [got[s]["async/staleness/max"] for s in ("1", "2", "3", "4")] == [0, 1, 2, 2]
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in got.values())
