@@ -289,3 +289,26 @@ def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
 def test_rollout_placed_apart_needs_ray(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="colocated = false .* set trainer.backend=ray"):
         _cfg(tiny_model_dir, tmp_path, "bad", "worker.rollout.colocated=false")
+
+
+def test_async_grpo_with_rollouts_in_their_own_actor_gives_the_local_async_metrics(
+    ray_cluster, tiny_model_dir: Path, tmp_path: Path
+):
+    asy = ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=1"]
+    local = _cfg(tiny_model_dir, tmp_path, "async_local", *asy)
+    Trainer(local).fit()
+    apart = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "async_apart",
+        *asy,
+        "trainer.backend=ray",
+        "worker.rollout.colocated=false",  # generation overlaps training in another process
+    )
+    Trainer(apart).fit()
+    want, got = deterministic_metrics(local.run_dir), deterministic_metrics(apart.run_dir)
+    assert [want[s]["async/staleness/max"] for s in ("1", "2", "3")] == [0, 1, 1]
+    for step, w in want.items():
+        assert sorted(got[step]) == sorted(w)
+        for key, value in w.items():
+            assert math.isclose(got[step][key], value, **TOLERANCE), (step, key, got[step][key], value)
