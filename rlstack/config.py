@@ -174,6 +174,8 @@ class AgentConfig:
     """File holding the system prompt (Hermes format: the tools' JSON schemas are appended in a <tools> block)."""
     max_tool_workers: int = 8
     """Tool calls run at once across the trajectories of a batch (threads; each Python tool runs in its own sandbox)."""
+    tool_timeout_s: float | None = None
+    """Wall-clock limit of one turn's tool calls: a trajectory whose call has not returned ends (end_reason timeout, its tools closed) and the trainer drops its group; unset: the tools' own limits."""
 
 
 @dataclass

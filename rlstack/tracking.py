@@ -166,7 +166,7 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         if total_calls > 0
         else 0.0,
     }
-    for reason in ("done", "max_turns", "over_length", "tool_error", "max_images"):
+    for reason in ("done", "max_turns", "over_length", "tool_error", "max_images"):  # timeouts are dropped
         m[f"agent/end_reason/{reason}"] = sum(r == reason for r in batch["end_reason"]) / len(batch)
     return m
 

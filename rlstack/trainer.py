@@ -117,6 +117,8 @@ class Trainer:
         prompt's place in its round, it seeds the prompt's samples (`sample_seed`), so that they do not
         depend on how the prompts are split across ranks. Saved in checkpoints."""
         self.tracker: Tracker | None = None
+        self.dropped_groups = 0
+        """Prompt groups dropped for a tool call past `tool_timeout_s` since the last step's count."""
         self.resumed_buffer: list = []
         """Asynchronous GRPO: batches the producer had made when the resumed checkpoint was saved."""
         self.producer: RolloutProducer | None = None
@@ -243,6 +245,8 @@ class Trainer:
             batch = self.rollout(self.loader.next_batch(), timing)
         if self.cfg.algorithm.mask_truncated_responses:
             batch["response_mask"] = truncation_mask(batch["truncated"], batch["response_mask"])
+        if self.cfg.worker.rollout.agent.tool_timeout_s is not None:
+            metrics["rollout/dropped_groups"], self.dropped_groups = self.dropped_groups, 0
         return batch, metrics, timing
 
     def sync_weights(self) -> int:
@@ -285,7 +289,24 @@ class Trainer:
             with _timer(timing, "baseline"):
                 baseline = self.rewards.score(self.rollout_workers.call("generate_greedy", prompts))
                 batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
-        return batch
+        return self._drop_timed_out_groups(batch)
+
+    def _drop_timed_out_groups(self, batch: Batch) -> Batch:
+        """Without the groups that have a trajectory whose tool call timed out
+        (`worker.rollout.agent.tool_timeout_s`): a straggler never wedges the step nor trains half a group."""
+        if "end_reason" not in batch:
+            return batch
+        timed_out = {u for u, r in zip(batch["uid"], batch["end_reason"]) if r == "timeout"}
+        if not timed_out:
+            return batch
+        self.dropped_groups += len(timed_out)
+        keep = [i for i, u in enumerate(batch["uid"]) if u not in timed_out]
+        if not keep:
+            raise RLStackError(
+                f"every prompt group of step {self.step} had a tool call past worker.rollout.agent.tool_timeout_s="
+                f"{self.cfg.worker.rollout.agent.tool_timeout_s} s: raise the limit, or look at the tools"
+            )
+        return batch.select(keep)
 
     def collect_filtered(self, timing: dict[str, float], metrics: dict[str, float]) -> Batch:
         """DAPO dynamic sampling: keep groups whose mean `filter_key` lies strictly inside (low, high), and

@@ -16,6 +16,7 @@ from visual_agent import build_tool_vlm, visual_batch
 from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, PolicyLossParams, aggregate_loss, policy_loss
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig, load_config
+from rlstack.errors import RLStackError
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import VisionProcessor, position_ids
@@ -422,3 +423,48 @@ def test_multi_turn_sft_rows_are_laid_out_like_agent_trajectories(monkeypatch):
     pads = int((ids == processor.image_token_id).sum())
     assert pads == int((grid.prod(-1) // processor.merge_size**2).sum())
     assert int((mask * (ids == processor.image_token_id)).sum()) == 0
+
+
+def test_a_tool_call_past_the_timeout_ends_its_trajectory_without_waiting(tiny_model_dir):
+    turns = [
+        ["<code>import time\ntime.sleep(60)</code>", "<eos>"],  # hangs (the tool's own limit is 120 s)
+        ["<code>print(6 * 7)</code>", "<eos>"],
+    ]
+    tok = load_tokenizer(str(tiny_model_dir))
+    prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(2)]
+    cfg = AgentConfig(
+        tools=[{"name": "python", "import_path": "builtin:python", "kwargs": {"timeout_s": 120}}],
+        tool_call_format="code",
+        tool_timeout_s=2.0,
+    )
+    loop = AgentLoop(
+        Scripted(tok, prompts, turns), VisionProcessor(tok, None), build_toolset(cfg.tools), cfg, 600, False
+    )
+    batch = Batch({"prompt_ids": prompts, "uid": ["a", "b"], "extra": [{}, {}], "where": ["r:1", "r:2"]})
+    began = time.perf_counter()
+    out = loop.generate(batch, 1, 1.0)
+    assert time.perf_counter() - began < 20
+    assert out["end_reason"] == ["timeout", "done"]
+    assert "42" in out["response_text"][1]
+
+
+def test_the_trainer_drops_the_groups_of_timed_out_trajectories(tiny_model_dir, tmp_path):
+    from rlstack.trainer import Trainer
+
+    cfg = load_config(
+        [
+            f"worker.actor.model.model_path={tiny_model_dir}",
+            f"trainer.output_dir={tmp_path}",
+            "data.val_files=",
+            "worker.rollout.agent.tool_timeout_s=5",
+            "trainer.logger=[file]",
+        ]
+    )
+    trainer = Trainer(cfg)
+    rows = Batch(
+        {"uid": ["a", "a", "b", "b", "c", "c"], "end_reason": ["done", "timeout", "done", "done", "x", "y"]}
+    )
+    kept = trainer._drop_timed_out_groups(rows)
+    assert kept["uid"] == ["b", "b", "c", "c"] and trainer.dropped_groups == 1
+    with pytest.raises(RLStackError, match="every prompt group .*tool_timeout_s"):
+        trainer._drop_timed_out_groups(Batch({"uid": ["a"], "end_reason": ["timeout"]}))

@@ -17,7 +17,10 @@ stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is 
 A trajectory also ends when it has made `max_turns` assistant turns while still calling tools
 (`max_turns`), when an observation would not fit in the response budget (`over_length`), when a
 tool's images would bring it past `max_images` (`max_images`), and when an observation cannot be
-turned into tokens (an image the processor rejects: `tool_error`). Malformed calls, unknown tools,
+turned into tokens (an image the processor rejects: `tool_error`), and when its tool call has not
+returned within `tool_timeout_s` (`timeout`: its tools are closed, which stops a sandboxed
+interpreter, and the call's thread is left behind; the trainer drops the trajectory's whole group,
+`rollout/dropped_groups`). Malformed calls, unknown tools,
 bad arguments and crashing or hanging code are observations the model reads, never a crashed
 rollout.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +52,7 @@ from rlstack.tools.base import Observation
 from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
 from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
 
-END_REASONS = ("done", "max_turns", "over_length", "tool_error", "max_images")
+END_REASONS = ("done", "max_turns", "over_length", "tool_error", "max_images", "timeout")
 
 
 @dataclass
@@ -129,20 +132,21 @@ class AgentLoop:
         sampling = SamplingSettings(self.max_response_length, temperature, top_p, top_k, self.stop)
         batch = prompts.repeat_interleave(n)
         trajectories = [self._start(batch, i, i % n) for i in range(len(batch))]
+        pool = ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool")
         try:
-            with ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool") as pool:
-                while True:
-                    active = [t for t in trajectories if not t.done]
-                    if not active:
-                        break
-                    self._generate_turn(active, sampling)
-                    calling = [t for t in active if not t.done]
-                    if calling:
-                        self._run_tools(calling, pool)
+            while True:
+                active = [t for t in trajectories if not t.done]
+                if not active:
+                    break
+                self._generate_turn(active, sampling)
+                calling = [t for t in active if not t.done]
+                if calling:
+                    self._run_tools(calling, pool)
         finally:
             for t in trajectories:  # after an error mid-rollout: stop the interpreters still running
                 if not t.done and t.toolbox is not None:
                     t.toolbox.close()
+            pool.shutdown(wait=False, cancel_futures=True)  # a timed-out call's thread is not waited for
         return self._assemble(batch, trajectories, temperature)
 
     # --------------------------------------------------------------------------------- turns
@@ -215,9 +219,19 @@ class AgentLoop:
             return observation, time.perf_counter() - began
 
         began = time.perf_counter()
-        results = list(pool.map(run, zip(calling, parsed)))
+        futures = [pool.submit(run, item) for item in zip(calling, parsed)]
+        done, _ = wait(futures, timeout=self.cfg.tool_timeout_s)
         self.timing["tools"] += time.perf_counter() - began
-        for t, (observation, seconds) in zip(calling, results):
+        finished = []
+        for t, f in zip(calling, futures):
+            if f in done:
+                finished.append((t, f.result()))
+            else:  # still running past tool_timeout_s: the trajectory ends, its group is dropped
+                t.tool_calls += 1
+                t.tool_errors += 1
+                t.tool_seconds += self.cfg.tool_timeout_s
+                t.finish("timeout")
+        for t, (observation, seconds) in finished:
             t.tool_calls += 1
             t.tool_errors += int(not observation.ok)
             t.tool_seconds += seconds
