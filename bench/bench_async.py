@@ -21,10 +21,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from sides import run_sides, step_timings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "async.json"
@@ -79,10 +79,9 @@ def run_side(a: argparse.Namespace) -> dict:
             ]
         )
         Trainer(cfg).fit()
-        rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = rows[a.warmup :]
-    keys = ("step", "gen", "update_actor", "old", "sync", "wait_rollout")
-    return {k: [r.get(f"timing_s/{k}", 0.0) for r in timed] for k in keys}
+        return step_timings(
+            cfg.run_dir, a.warmup, ("step", "gen", "update_actor", "old", "sync", "wait_rollout")
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,27 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     if a.side:
         Path(a.json_out).write_text(json.dumps(run_side(a)))
         return
-    from rlstack.models.loading import write_model_dir
-
-    runs: dict[str, list[dict]] = {s: [] for s in SIDES}
-    with tempfile.TemporaryDirectory(prefix="rlstack-bench-async-model-") as tmp:
-        model_dir = write_model_dir(Path(tmp) / "tiny")
-        for side in ["sync", "async1", "async2", "async2", "async1", "sync"]:
-            out = Path(tmp) / f"{side}.json"
-            cmd = [
-                sys.executable,
-                __file__,
-                "--side",
-                side,
-                "--model-dir",
-                str(model_dir),
-                "--json-out",
-                str(out),
-            ]
-            cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
-            cmd += ["--max-response-length", str(a.max_response_length)]
-            subprocess.run(cmd, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-            runs[side].append(json.loads(out.read_text()))
+    runs = run_sides(
+        __file__,
+        ["sync", "async1", "async2", "async2", "async1", "sync"],
+        [
+            "--warmup",
+            str(a.warmup),
+            "--steps",
+            str(a.steps),
+            "--max-response-length",
+            str(a.max_response_length),
+        ],
+    )
     result: dict = {
         "settings": vars(a),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -24,10 +24,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from sides import run_sides, step_timings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "ray.json"
@@ -83,14 +83,8 @@ def run_side(a: argparse.Namespace) -> dict:
             ]
         )
         Trainer(cfg).fit()
-        rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = rows[a.warmup :]
-    return {
-        "step_s": [r["timing_s/step"] for r in timed],
-        "sync_s": [r["timing_s/sync"] for r in timed],
-        "gen_s": [r["timing_s/gen"] for r in timed],
-        "update_s": [r["timing_s/update_actor"] for r in timed],
-    }
+        t = step_timings(cfg.run_dir, a.warmup, ("step", "sync", "gen", "update_actor"))
+    return {"step_s": t["step"], "sync_s": t["sync"], "gen_s": t["gen"], "update_s": t["update_actor"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,26 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.side:
         Path(a.json_out).write_text(json.dumps(run_side(a)))
         return
-    from rlstack.models.loading import write_model_dir
-
-    with tempfile.TemporaryDirectory(prefix="rlstack-bench-ray-model-") as tmp:
-        model_dir = write_model_dir(Path(tmp) / "tiny")
-        runs: dict[str, list[dict]] = {s: [] for s in SIDES}
-        for side in ["local", "ray1", "ray2", "ray2", "ray1", "local"]:
-            out = Path(tmp) / f"{side}.json"
-            cmd = [
-                sys.executable,
-                __file__,
-                "--side",
-                side,
-                "--model-dir",
-                str(model_dir),
-                "--json-out",
-                str(out),
-            ]
-            cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps), "--threads", str(a.threads)]
-            subprocess.run(cmd, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-            runs[side].append(json.loads(out.read_text()))
+    runs = run_sides(
+        __file__,
+        ["local", "ray1", "ray2", "ray2", "ray1", "local"],
+        ["--warmup", str(a.warmup), "--steps", str(a.steps), "--threads", str(a.threads)],
+    )
     result: dict = {
         "settings": vars(a),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from digits_run import AGENT_RUN
 from PIL import Image
 from pinned import assert_matches_pinned, deterministic_metrics
 from visual_agent import build_tool_vlm, visual_batch
@@ -286,28 +287,8 @@ def test_agentic_grpo_on_the_visual_task_two_steps(tool_vlm: Path, tmp_path: Pat
 
     start = time.perf_counter()
     cfg = load_config(
-        [
-            f"worker.actor.model.model_path={tool_vlm}",
-            f"trainer.output_dir={tmp_path}",
-            "data.train_files=builtin:visual@test",
-            "data.val_files=",
-            "data.max_prompt_length=256",
-            "data.max_response_length=160",
-            "data.min_pixels=3136",
-            "data.max_pixels=12544",
-            "data.rollout_batch_size=2",
-            "worker.actor.global_batch_size=2",
-            "worker.rollout.n=4",
-            "worker.actor.micro_batch_size_per_device_for_update=8",
-            "worker.actor.optim.lr=1e-4",
-            "worker.rollout.agent.tools=[{name: python, import_path: 'builtin:python'}]",
-            "worker.rollout.agent.max_turns=3",
-            "worker.reward.reward_function=builtin:agent",
-            "trainer.max_steps=2",
-            "trainer.train_generations_to_log=8",
-            "trainer.logger=[file]",
-            "trainer.save_model_only=true",
-        ]
+        [f"worker.actor.model.model_path={tool_vlm}", f"trainer.output_dir={tmp_path}", *AGENT_RUN]
+        + ["worker.actor.micro_batch_size_per_device_for_update=8", "trainer.train_generations_to_log=8"]
     )
     Trainer(cfg).fit()
     elapsed = time.perf_counter() - start

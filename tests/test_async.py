@@ -7,48 +7,17 @@ import math
 from pathlib import Path
 
 import pytest
+from digits_run import digits_run
 from pinned import deterministic_metrics
 
-from rlstack.config import load_config
 from rlstack.producer import ProducerFailed
 from rlstack.trainer import Trainer
 
-# The random tiny model never answers an addition right: score the share of digits (see test_pinned_metrics).
-REWARD = """
-REWARD_TYPE = "sequential"
-
-def compute_score(reward_input):
-    text = reward_input["response"]
-    return {"overall": sum(c.isdigit() for c in text) / max(1, len(text)) + 0.5 * (len(text) < 4)}
-"""
 ASYNC_ONLY = ("async/", "rollout/weight_sync_mb")  # metrics a synchronous run has no counterpart of
 
 
 def _cfg(model: Path, out: Path, name: str, *extra: str):
-    reward = out / "reward.py"
-    reward.parent.mkdir(parents=True, exist_ok=True)
-    reward.write_text(REWARD)
-    return load_config(
-        [
-            f"worker.actor.model.model_path={model}",
-            f"trainer.output_dir={out}",
-            f"trainer.experiment_name={name}",
-            "data.train_files=builtin:addition@train",
-            "data.val_files=",
-            "data.rollout_batch_size=4",
-            "data.max_response_length=6",
-            "worker.rollout.n=4",
-            "worker.actor.global_batch_size=2",
-            "worker.actor.micro_batch_size_per_device_for_update=4",
-            "worker.actor.optim.lr=1e-3",
-            f"worker.reward.reward_function={reward}:compute_score",
-            "trainer.max_steps=4",
-            "trainer.logger=[file]",
-            "trainer.save_freq=-1",
-            "trainer.num_threads=1",
-            *extra,
-        ]
-    )
+    return digits_run(model, out, name, *extra, steps=4)
 
 
 def _without_async(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from digits_run import AGENT_RUN, digits_run
 from pinned import deterministic_metrics
 
 from rlstack.cli import main
@@ -21,15 +22,6 @@ from rlstack.workers.ray_group import WorkerDied
 
 ray = pytest.importorskip("ray")
 
-# The random tiny model never answers an addition right: score the share of digits (see test_pinned_metrics).
-REWARD = """
-REWARD_TYPE = "sequential"
-
-def compute_score(reward_input):
-    text = reward_input["response"]
-    return {"overall": sum(c.isdigit() for c in text) / max(1, len(text)) + 0.5 * (len(text) < 4)}
-"""
-
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -39,30 +31,7 @@ def ray_cluster():
 
 
 def _cfg(model: Path, out: Path, name: str, *extra: str):
-    reward = out / "reward.py"
-    reward.parent.mkdir(parents=True, exist_ok=True)
-    reward.write_text(REWARD)
-    return load_config(
-        [
-            f"worker.actor.model.model_path={model}",
-            f"trainer.output_dir={out}",
-            f"trainer.experiment_name={name}",
-            "data.train_files=builtin:addition@train",
-            "data.val_files=",
-            "data.rollout_batch_size=4",
-            "data.max_response_length=6",
-            "worker.rollout.n=4",
-            "worker.actor.global_batch_size=2",  # two mini-batches: old log-probs, two optimizer steps
-            "worker.actor.micro_batch_size_per_device_for_update=4",
-            "worker.actor.optim.lr=1e-3",
-            f"worker.reward.reward_function={reward}:compute_score",
-            "trainer.max_steps=3",
-            "trainer.logger=[file]",
-            "trainer.save_freq=-1",
-            "trainer.num_threads=1",
-            *extra,
-        ]
-    )
+    return digits_run(model, out, name, *extra, steps=3)
 
 
 @pytest.fixture(scope="module")
@@ -193,28 +162,6 @@ def test_a_killed_rank_ends_the_run_with_its_name_within_60_seconds(ray_cluster,
     assert time.monotonic() - KillRankOne.killed_at < 60
 
 
-AGENT = [
-    "data.train_files=builtin:visual@test",
-    "data.val_files=",
-    "data.max_prompt_length=256",
-    "data.max_response_length=160",
-    "data.min_pixels=3136",
-    "data.max_pixels=12544",
-    "data.rollout_batch_size=2",
-    "worker.actor.global_batch_size=2",
-    "worker.rollout.n=4",
-    "worker.actor.micro_batch_size_per_device_for_update=4",
-    "worker.actor.optim.lr=1e-4",
-    "worker.rollout.agent.tools=[{name: python, import_path: 'builtin:python'}]",
-    "worker.rollout.agent.max_turns=3",
-    "worker.reward.reward_function=builtin:agent",
-    "trainer.max_steps=2",
-    "trainer.logger=[file]",
-    "trainer.save_model_only=true",
-    "trainer.num_threads=1",
-]
-
-
 @pytest.mark.timeout(300)
 def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, tmp_path: Path):
     from visual_agent import build_tool_vlm
@@ -224,7 +171,8 @@ def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, t
     runs = {}
     for name, extra in (("local", []), ("ray2", ["trainer.backend=ray", "trainer.n_gpus_per_node=2"])):
         cfg = load_config(
-            [f"worker.actor.model.model_path={model}", f"trainer.output_dir={tmp_path}", *AGENT, *extra]
+            [f"worker.actor.model.model_path={model}", f"trainer.output_dir={tmp_path}", *AGENT_RUN, *extra]
+            + ["worker.actor.micro_batch_size_per_device_for_update=4", "trainer.num_threads=1"]
             + [f"trainer.experiment_name=agent_{name}"]
         )
         Trainer(cfg).fit()

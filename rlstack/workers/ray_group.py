@@ -127,7 +127,6 @@ class RayCluster:
         try:
             import ray
             from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         except ImportError as e:
             raise RLStackError("trainer.backend = ray needs Ray: pip install 'rlstack[ray]'") from e
         t = cfg.trainer
@@ -159,17 +158,7 @@ class RayCluster:
                 f"{[{k: n.get(k, 0) for k in bundle} for n in nodes]}: lower the ranks, or add nodes "
                 "(ray start --address=...)"
             )
-        actor = ray.remote(RankHost)
-        self.hosts = [
-            actor.options(
-                num_cpus=1,
-                num_gpus=1 if gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=r // per_node
-                ),
-            ).remote(r, self.world_size, t.num_threads)
-            for r in range(self.world_size)
-        ]
+        self.hosts = _place_hosts(self.pg, self.world_size, per_node, gpu, t.num_threads)
         self.where: list[tuple[str, int, str]] = []
         self.extra_actors: list = []
         """Actors beside the ranks (reward workers), ended with them."""
@@ -190,7 +179,6 @@ class RayCluster:
     def _start_rollout_hosts(self, cfg: Config, device: str, gpu: bool) -> None:
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         n = cfg.worker.rollout.num_ranks
         bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
@@ -200,17 +188,7 @@ class RayCluster:
                 f"worker.rollout.num_ranks = {n} rollout actors of {bundle} each do not fit in what the Ray "
                 f"cluster has left after the {self.world_size} policy ranks: lower it, or add nodes"
             )
-        actor = ray.remote(RankHost)
-        self.rollout_hosts = [
-            actor.options(
-                num_cpus=1,
-                num_gpus=1 if gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.rollout_pg, placement_group_bundle_index=r
-                ),
-            ).remote(r, n, cfg.trainer.num_threads)
-            for r in range(n)
-        ]
+        self.rollout_hosts = _place_hosts(self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads)
         self.rollout_who = [f"rollout worker {r} of {n}" for r in range(n)]
         self.get([h.setup_rollout.remote(cfg, device) for h in self.rollout_hosts], self.rollout_who)
 
@@ -254,6 +232,24 @@ class RayCluster:
         ray.util.remove_placement_group(self.pg)
         if getattr(self, "rollout_pg", None) is not None:
             ray.util.remove_placement_group(self.rollout_pg)
+
+
+def _place_hosts(pg, n: int, per_bundle: int, gpu: bool, num_threads: int) -> list:
+    """`n` rank actors in placement group `pg`, `per_bundle` to a bundle, a GPU (or a CPU) each."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    actor = ray.remote(RankHost)
+    return [
+        actor.options(
+            num_cpus=1,
+            num_gpus=1 if gpu else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=r // per_bundle
+            ),
+        ).remote(r, n, num_threads)
+        for r in range(n)
+    ]
 
 
 class RewardHost:

@@ -1,0 +1,42 @@
+"""Shared by the benchmarks that compare configurations of the trainer run by run: each side in its own
+process, one after the other in a fixed order, on one tiny model built for the comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run_sides(script: str, order: list[str], args: list[str]) -> dict[str, list[dict]]:
+    """`script --side S --model-dir M --json-out F *args` for each side S of `order` (sides may repeat),
+    on a tiny model built once; every run's JSON result, by side, in run order."""
+    from rlstack.models.loading import write_model_dir
+
+    runs: dict[str, list[dict]] = {s: [] for s in order}
+    with tempfile.TemporaryDirectory(prefix="rlstack-bench-") as tmp:
+        model_dir = write_model_dir(Path(tmp) / "tiny")
+        for i, side in enumerate(order):
+            out = Path(tmp) / f"{i}_{side}.json"
+            cmd = [
+                sys.executable,
+                script,
+                "--side",
+                side,
+                "--model-dir",
+                str(model_dir),
+                "--json-out",
+                str(out),
+            ]
+            subprocess.run([*cmd, *args], check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            runs[side].append(json.loads(out.read_text()))
+    return runs
+
+
+def step_timings(run_dir: Path, warmup: int, keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """`timing_s/<key>` of every step after `warmup` steps of a finished run (0 where a step has none)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
+    return {k: [r.get(f"timing_s/{k}", 0.0) for r in rows] for k in keys}
