@@ -123,3 +123,28 @@ def test_staleness_is_logged_against_the_bound(tiny_model_dir: Path, tmp_path: P
     got = deterministic_metrics(cfg.run_dir)
     assert [got[s]["async/staleness/max"] for s in ("1", "2", "3", "4")] == [0, 1, 2, 2]
     assert all(math.isfinite(m["actor/pg_loss"]) for m in got.values())
+
+
+def test_dynamic_sampling_runs_in_the_producer_as_in_the_synchronous_loop(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    dapo = [
+        "algorithm.online_filtering=true",
+        "algorithm.filter_key=overall",
+        "algorithm.filter_low=0.1",  # groups whose mean digit share is below 0.1 are drawn again
+        "algorithm.max_try_make_batch=50",
+    ]
+    sync = _cfg(tiny_model_dir, tmp_path, "dapo_sync", *dapo)
+    Trainer(sync).fit()
+    asy = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "dapo_async0",
+        *dapo,
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.max_trajectory_age_steps=0",
+    )
+    Trainer(asy).fit()
+    want, got = deterministic_metrics(sync.run_dir), deterministic_metrics(asy.run_dir)
+    assert any(m["online_filtering/num_tries"] > 1 for m in want.values())  # rounds were drawn again
+    assert _without_async(got) == want
