@@ -27,6 +27,7 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: t
     distributed.init_process_group(rank, world, "127.0.0.1", port, "cpu")
     try:
         torch.save(fn(*args), out / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
         dist.destroy_process_group()
 
