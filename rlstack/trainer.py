@@ -183,7 +183,7 @@ class Trainer:
             if self.producer is not None:
                 batch, produced, produced_timing, waited = self.producer.get(self.step)
                 metrics |= produced
-                timing |= {k: v for k, v in produced_timing.items() if k not in ("step",)}
+                timing |= produced_timing
                 timing["wait_rollout"] = waited
                 metrics |= staleness(batch, self.step)
                 metrics["async/buffer_fill"] = self.producer.buffered()
@@ -278,9 +278,7 @@ class Trainer:
     def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
         """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
         self.rollouts += 1
-        prompts["sample_seed"] = torch.tensor(
-            [mix_seed(self.cfg.worker.rollout.seed, self.rollouts, i) for i in range(len(prompts))]
-        )
+        self._seed_prompts(prompts, self.rollouts, range(len(prompts)))
         with _timer(timing, "gen"):
             batch = self.rollout_workers.call("generate", prompts)
         with _timer(timing, "reward"):
@@ -290,6 +288,13 @@ class Trainer:
                 baseline = self.rewards.score(self.rollout_workers.call("generate_greedy", prompts))
                 batch["baseline_scores"] = baseline["scores"].repeat_interleave(self.cfg.worker.rollout.n)
         return self._drop_timed_out_groups(batch)
+
+    def _seed_prompts(self, prompts: Batch, round_: int, places) -> Batch:
+        """Each prompt's sampling seed (`sample_seed`), from the rollout seed, the round (-1: validation)
+        and the prompt's place, so that its samples do not depend on how prompts are split across ranks."""
+        seed = self.cfg.worker.rollout.seed
+        prompts["sample_seed"] = torch.tensor([mix_seed(seed, round_, i) for i in places])
+        return prompts
 
     def _drop_timed_out_groups(self, batch: Batch) -> Batch:
         """Without the groups that have a trajectory whose tool call timed out
@@ -420,10 +425,7 @@ class Trainer:
         assert self.val_set is not None
         scored = []
         for idx in _chunks(range(len(self.val_set)), self.cfg.data.val_batch_size):
-            prompts = self.val_set.batch(idx)
-            prompts["sample_seed"] = torch.tensor(
-                [mix_seed(self.cfg.worker.rollout.seed, -1, i) for i in idx]
-            )
+            prompts = self._seed_prompts(self.val_set.batch(idx), -1, idx)
             batch = self.rollout_workers.call("generate", prompts, validate=True)
             scored.append(self.rewards.score(batch))
         val = Batch.concat(scored)

@@ -91,8 +91,6 @@ class RankHost:
         given = args[0] if args and isinstance(args[0], Batch) else None
         before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
         result = getattr(self.roles[role], method)(*args, **kwargs)
-        if hasattr(result, "__next__"):  # an iterator (named weights) cannot leave the process lazily
-            result = list(result)
         if given is not None and result is given:
             return _Added({k: v for k, v in result.columns.items() if before.get(k) != id(v)})
         return result

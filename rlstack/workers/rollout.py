@@ -117,15 +117,13 @@ class RolloutWorker:
 
     def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
         with self.lock:
-            return self._run_locked(prompts, n, temperature, top_p, top_k)
-
-    def _run_locked(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
-        self.engine.wake_up()
-        try:
-            batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
-        finally:
-            self.engine.sleep()
-        batch["weight_version"] = torch.full((len(batch),), self.engine.weight_version, dtype=torch.long)
+            self.engine.wake_up()
+            try:
+                batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
+            finally:
+                self.engine.sleep()
+            version = self.engine.weight_version
+        batch["weight_version"] = torch.full((len(batch),), version, dtype=torch.long)
         return batch
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> int:
