@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         "demo",
         help="tiny model -> SFT warm start -> GRPO (addition, or a visual tool-using agent), before/after",
     )
-    p.add_argument("--task", choices=["addition", "visual"], default="addition")
+    p.add_argument("--task", choices=["addition", "visual", "code"], default="addition")
     p.add_argument(
-        "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_visual (visual)"
+        "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_<task> (others)"
     )
     p.add_argument("--grpo-steps", type=int, default=None, help="override the number of GRPO steps")
     p.add_argument(
@@ -133,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from rlstack.demo import run_demo
 
-        workdir = args.workdir or ("outputs/demo" if args.task == "addition" else "outputs/demo_visual")
+        workdir = args.workdir or ("outputs/demo" if args.task == "addition" else f"outputs/demo_{args.task}")
         run_demo(
             Path(workdir),
             grpo_steps=args.grpo_steps,

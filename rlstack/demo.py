@@ -14,6 +14,9 @@ Tasks (`rlstack demo --task ...`):
   tool-using agent: it writes Python that crops the original picture in a sandboxed interpreter,
   reads the crop, and answers; warm start on whole trajectories (`builtin:visual_tool_sft`), then
   agentic GRPO with DeepEyes' composite reward; recipes `demo_visual_sft.yaml`, `demo_visual_grpo.yaml`.
+- `code`: a tiny Qwen2 on `builtin:code` (a short statement -> a few lines of Python, 3 stdin/stdout
+  tests each), GRPO with the sandboxed unit-test reward (pass fraction); held-out accuracy is
+  pass@1 (every test passed, greedy); recipes `demo_code_sft.yaml`, `demo_code_grpo.yaml`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ TASKS = {
     "visual": DemoTask(
         "demo_visual_sft.yaml", "demo_visual_grpo.yaml", "visual", True, "cluttered pictures (tiny digit)"
     ),
+    "code": DemoTask("demo_code_sft.yaml", "demo_code_grpo.yaml", "code", False, "programming problems"),
 }
 
 
@@ -134,6 +138,11 @@ def run_demo(
         if name in before:
             result[f"{short}_before_grpo"] = before[name]
             result[f"{short}_after_grpo"] = after_metrics[name]
+    status = f"val/{spec.source}/status/"
+    for name, metrics in (("before", before), ("after", after_metrics)):
+        shares = {k.removeprefix(status): v for k, v in metrics.items() if k.startswith(status)}
+        if shares:
+            result[f"test_status_{name}_grpo"] = dict(sorted(shares.items()))
     (grpo_cfg.run_dir / "demo_result.json").write_text(json.dumps(result, indent=2))
     _print_table(result, grpo_cfg, spec)
     return result
@@ -189,6 +198,11 @@ def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
             f"tool success rate: {100 * r['tool_success_rate_before_grpo']:.0f}% -> "
             f"{100 * r['tool_success_rate_after_grpo']:.0f}%"
         )
+    if "test_status_before_grpo" in r:
+        print("test statuses of the held-out answers (share of problems), before -> after:")
+        before, after = r["test_status_before_grpo"], r.get("test_status_after_grpo", {})
+        for name in sorted(set(before) | set(after)):
+            print(f"  {name:<14} {100 * before.get(name, 0):5.1f}% -> {100 * after.get(name, 0):5.1f}%")
     print(f"\nrun directory: {cfg.run_dir}  (metrics.jsonl, generations/, tensorboard/, huggingface/)")
     print(
         f"seed {r['seed']}, torch threads {r['num_threads']}; total time: {r['wall_time_s']:.0f} s "

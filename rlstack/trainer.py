@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -433,6 +433,12 @@ class Trainer:
         for comp, source in zip(val["reward_components"], val["data_source"]):
             per_source[source].append(comp.get("accuracy", comp["overall"]))
         metrics = {f"val/{s}/accuracy": sum(v) / len(v) for s, v in per_source.items()}
+        statuses = Counter(
+            (source, info["status"])
+            for info, source in zip(val["reward_info"], val["data_source"])
+            if isinstance(info.get("status"), str)
+        )
+        metrics |= {f"val/{s}/status/{st}": n / len(per_source[s]) for (s, st), n in statuses.items()}
         metrics["val/reward_score"] = float(val["scores"].mean())
         metrics["val/response_length/mean"] = float(val["response_mask"].sum(-1).float().mean())
         metrics |= {f"val/{k}": v for k, v in self.rewards.pop_metrics().items()}

@@ -150,8 +150,30 @@ def test_compute_score_batch_interface():
     ]
     out = compute_score(rows)
     assert [r["overall"] for r in out] == pytest.approx([1.0, 1 / 3, 0.0])
-    assert all(set(r) == {"overall", "pass_rate", "status", "reason"} for r in out)
+    assert all(set(r) == {"overall", "pass_rate", "accuracy", "status", "reason"} for r in out)
     assert [r["status"] for r in out] == ["passed", "wrong_answer", "no_code"]
+
+
+def test_same_program_for_same_tests_runs_once():
+    """A group's identical programs (any fencing) run once per call; each copy gets the full result."""
+    calls = []
+
+    def counting(program, stdin, limits):
+        calls.append((program, stdin))
+        return run_python(program, stdin, limits)
+
+    rows = [
+        {"response": _fence(SUM_OK), "ground_truth": SUM_TESTS},
+        {"response": "Here:\n" + _fence(SUM_OK), "ground_truth": json.dumps(SUM_TESTS)},
+        {"response": _fence(SUM_WRONG), "ground_truth": SUM_TESTS},
+        {"response": _fence(SUM_OK), "ground_truth": REVERSE_TESTS},
+    ]
+    out = compute_score(rows, runner=counting)
+    assert len(calls) == 3 + 3 + 3  # SUM_OK on SUM_TESTS once (in dict or JSON form), SUM_WRONG, SUM_OK on other tests
+    assert [r["overall"] for r in out] == pytest.approx([1.0, 1.0, 1 / 3, 0.0])
+    assert [r["accuracy"] for r in out] == [1.0, 1.0, 0.0, 0.0]
+    out[0]["status"] = "changed"
+    assert out[1]["status"] == "passed"  # copies, not one shared dict
 
 
 def test_throughput():

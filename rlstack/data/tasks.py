@@ -8,13 +8,17 @@ fixed hash (sha256 of the problem, modulo 10) into `train` (8,982 rows) and a he
 `train` 2,000 rows, `test` 200, drawn in code and deterministic per (split, index); see
 `rlstack.data.visual`. `visual_tool_sft`: the same pictures with a Python crop call around the
 box as the answer, the supervised warm start of a tool-using policy.
+
+`code`: write a few lines of Python for a short statement ("Read an integer n. Print n times 7
+plus 3."), scored by 3 stdin/stdout tests; Nemotron-RL rows, `train` 278, `test` 264; see
+`rlstack.data.programs`. `code_sft`: the train problems with their reference programs as answers.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from rlstack.data import visual
+from rlstack.data import programs, visual
 
 
 def _addition(split: str) -> list[dict]:
@@ -27,7 +31,13 @@ def _addition(split: str) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": _addition, "visual": visual.rows, "visual_tool_sft": visual.tool_sft_rows}
+TASKS = {
+    "addition": _addition,
+    "visual": visual.rows,
+    "visual_tool_sft": visual.tool_sft_rows,
+    "code": programs.rows,
+    "code_sft": programs.sft_rows,
+}
 SPLITS = ("train", "test")
 
 

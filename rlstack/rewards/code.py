@@ -93,7 +93,8 @@ def score_code(
 ) -> dict[str, Any]:
     """Score a response's program against `tests`.
 
-    Returns `overall` (the reward), `pass_rate`, `passed`, `total`, `status` (`passed`,
+    Returns `overall` (the reward), `pass_rate`, `accuracy` (1 when every test passed), `passed`,
+    `total`, `status` (`passed`,
     `wrong_answer`, a sandbox status of the first failing test, `no_code` or `bad_tests`) and `reason`.
     Tests not run (after the first failure with `stop_at_first_failure`, the first `time_limit` with
     `stop_at_first_timeout`, or once `total_time_s` is spent) count as failed.
@@ -130,6 +131,14 @@ def score_code(
     return _score(passed, len(cases), mode, status, reason)
 
 
+def _tests_key(tests: dict[str, Any] | str) -> str:
+    """The same tests given as a dict or as its JSON string give the same key."""
+    try:
+        return json.dumps(json.loads(tests) if isinstance(tests, str) else tests, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(tests)
+
+
 def _not_run(first: int, total: int) -> str:
     """How the reason says that tests `first`.. were skipped (they count as failed)."""
     if first >= total:
@@ -144,6 +153,7 @@ def _score(passed: int, total: int, mode: str, status: str, reason: str) -> dict
     return {
         "overall": overall,
         "pass_rate": pass_rate,
+        "accuracy": float(total > 0 and passed == total),
         "passed": passed,
         "total": total,
         "status": status,
@@ -155,11 +165,19 @@ def compute_score(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[
     """EasyR1 batch interface: tests from each input's `ground_truth` (a dict or its JSON string);
     `settings` are `score_code`'s keyword arguments (`mode`, time and memory limits, `runner`).
 
-    Numeric results (`overall`, `pass_rate`) are logged as `reward/<key>`; `status` and `reason` (why
-    the first failing test failed) are written with the generations.
+    Numeric results (`overall`, `pass_rate`, `accuracy`: 1 when every test passed, pass@1 over greedy
+    samples) are logged as `reward/<key>`; `status` and `reason` (why the first failing test failed)
+    are written with the generations, and validation logs the share of each status.
+
+    The same program for the same tests (a group's samples often agree) runs once per call and its
+    result is given to every copy: scoring is then as if each had run, without the time.
     """
-    out = []
+    out, seen = [], {}
     for x in reward_inputs:
-        s = score_code(str(x["response"]), x["ground_truth"], **settings)
-        out.append({k: s[k] for k in ("overall", "pass_rate", "status", "reason")})
+        code, tests = extract_code(str(x["response"])), x["ground_truth"]
+        key = (code, _tests_key(tests))
+        if code is None or key not in seen:
+            s = score_code(str(x["response"]), tests, **settings)
+            seen[key] = {k: s[k] for k in ("overall", "pass_rate", "accuracy", "status", "reason")}
+        out.append(dict(seen[key]))
     return out
