@@ -58,8 +58,9 @@ def test_demo_seed_threads_and_warm_start_cache(tmp_path, capsys):
 def test_code_demo_end_to_end(tmp_path, capsys):
     """`rlstack demo --task code` in miniature: warm start, GRPO with the sandboxed unit-test reward,
     held-out pass@1 before/after and the share of each test status, all in demo_result.json."""
-    out = _demo(tmp_path, capsys, "--task", "code", "--grpo-override", "data.rollout_batch_size=4",
-                "--grpo-override", "worker.rollout.n=2", "--grpo-override", "worker.actor.global_batch_size=4")
+    small_batch = ["data.rollout_batch_size=4", "worker.rollout.n=2", "worker.actor.global_batch_size=4",
+                   "worker.actor.micro_batch_size_per_device_for_update=8"]
+    out = _demo(tmp_path, capsys, "--task", "code", *(a for o in small_batch for a in ("--grpo-override", o)))
     result = json.loads((tmp_path / "demo_code" / "grpo" / "demo_result.json").read_text())
     assert result["task"] == "code" and result["held_out_problems"] == 16
     for when in ("before", "after"):

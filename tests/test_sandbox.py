@@ -164,7 +164,19 @@ def test_blocked_socket_fallback(listener, monkeypatch):
     assert run_python("print(input())", "ok", SMALL).stdout == "ok\n"
 
 
-def test_detached_daemon_is_killed():
+@pytest.fixture(params=["kill_helper", "proc_scan"])
+def kill_path(request, monkeypatch):
+    """Both ways of killing a run's uid: kill(-1) from a helper running as the uid, and the /proc scan."""
+    from rlstack.rewards import sandbox
+
+    if request.param == "proc_scan":
+        monkeypatch.setattr(sandbox, "_KILL_BINARY", None)
+    elif sandbox._KILL_BINARY is None:
+        pytest.skip("no /bin/kill on this machine: the scan is the only path")
+    return request.param
+
+
+def test_detached_daemon_is_killed(kill_path):
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
@@ -181,7 +193,7 @@ def test_detached_daemon_is_killed():
     assert out["status"] == "passed"
 
 
-def test_fork_bomb_is_bounded_and_reaped():
+def test_fork_bomb_is_bounded_and_reaped(kill_path):
     r = run_python("import os\nwhile True:\n    os.fork()", limits=SMALL)
     assert r.status in ("runtime_error", "time_limit")
     assert processes_of_uid(r.uid) == []
