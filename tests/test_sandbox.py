@@ -170,9 +170,9 @@ def kill_path(request, monkeypatch):
     from rlstack.rewards import sandbox
 
     if request.param == "proc_scan":
-        monkeypatch.setattr(sandbox, "_KILL_BINARY", None)
-    elif sandbox._KILL_BINARY is None:
-        pytest.skip("no /bin/kill on this machine: the scan is the only path")
+        monkeypatch.setattr(sandbox, "_KILL_HELPER", None)
+    elif sandbox._KILL_HELPER is None:
+        pytest.skip("no setpriv and kill on this machine: the scan is the only path")
     return request.param
 
 
