@@ -169,7 +169,9 @@ def test_same_program_for_same_tests_runs_once():
         {"response": _fence(SUM_OK), "ground_truth": REVERSE_TESTS},
     ]
     out = compute_score(rows, runner=counting)
-    assert len(calls) == 3 + 3 + 3  # SUM_OK on SUM_TESTS once (in dict or JSON form), SUM_WRONG, SUM_OK on other tests
+    assert (
+        len(calls) == 3 + 3 + 3
+    )  # SUM_OK on SUM_TESTS once (in dict or JSON form), SUM_WRONG, SUM_OK on other tests
     assert [r["overall"] for r in out] == pytest.approx([1.0, 1.0, 1 / 3, 0.0])
     assert [r["accuracy"] for r in out] == [1.0, 1.0, 0.0, 0.0]
     out[0]["status"] = "changed"

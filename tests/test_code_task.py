@@ -23,9 +23,13 @@ def test_generator_is_pinned():
     assert (_digest(train), _digest(test)) == ("4ae355685041876b", "09e333b54b153b8f")
     assert test[0] == {
         "responses_create_params": {
-            "input": [{"role": "user", "content": "Read an integer n. Print n plus 4. Write a Python program."}]
+            "input": [
+                {"role": "user", "content": "Read an integer n. Print n plus 4. Write a Python program."}
+            ]
         },
-        "verifier_metadata": {"unit_tests": {"inputs": ["66\n", "11\n", "-10\n"], "outputs": ["70\n", "15\n", "-6\n"]}},
+        "verifier_metadata": {
+            "unit_tests": {"inputs": ["66\n", "11\n", "-10\n"], "outputs": ["70\n", "15\n", "-6\n"]}
+        },
         "data_source": "code",
     }
 
@@ -34,7 +38,9 @@ def test_splits_are_disjoint_and_families_without_constants_train_only():
     train = {p.statement for p in programs.problems("train")}
     test = {p.statement for p in programs.problems("test")}
     assert not train & test
-    constant_free = {f"{programs._STATEMENT_START[f.input_kind]} {f.statement}" for f in programs.FAMILIES if not f.ks}
+    constant_free = {
+        f"{programs._STATEMENT_START[f.input_kind]} {f.statement}" for f in programs.FAMILIES if not f.ks
+    }
     assert constant_free <= train and not constant_free & test
     for family in programs.FAMILIES:  # every family with constants is in both splits
         if family.ks:
@@ -48,7 +54,10 @@ def test_rows_load_as_nemotron_code():
     assert canonical[0]["problem"] == [
         {"role": "user", "content": "Read an integer n. Print n plus 4. Write a Python program."}
     ]
-    assert canonical[0]["answer"] == {"inputs": ["66\n", "11\n", "-10\n"], "outputs": ["70\n", "15\n", "-6\n"]}
+    assert canonical[0]["answer"] == {
+        "inputs": ["66\n", "11\n", "-10\n"],
+        "outputs": ["70\n", "15\n", "-6\n"],
+    }
     assert canonical[0]["data_source"] == "code"
 
 
@@ -60,7 +69,12 @@ def test_reference_programs_pass_their_tests_in_the_sandbox():
             family = p.program.splitlines()[1].translate(str.maketrans("", "", "0123456789"))
             if family not in seen:
                 seen.add(family)
-                inputs.append({"response": programs.solution(p), "ground_truth": p.row()["verifier_metadata"]["unit_tests"]})
+                inputs.append(
+                    {
+                        "response": programs.solution(p),
+                        "ground_truth": p.row()["verifier_metadata"]["unit_tests"],
+                    }
+                )
     assert len(inputs) == len(programs.FAMILIES)
     out = compute_score(inputs)
     assert [r["status"] for r in out] == ["passed"] * len(inputs)

@@ -58,14 +58,25 @@ def test_demo_seed_threads_and_warm_start_cache(tmp_path, capsys):
 def test_code_demo_end_to_end(tmp_path, capsys):
     """`rlstack demo --task code` in miniature: warm start, GRPO with the sandboxed unit-test reward,
     held-out pass@1 before/after and the share of each test status, all in demo_result.json."""
-    small_batch = ["data.rollout_batch_size=4", "worker.rollout.n=2", "worker.actor.global_batch_size=4",
-                   "worker.actor.micro_batch_size_per_device_for_update=8"]
+    small_batch = [
+        "data.rollout_batch_size=4",
+        "worker.rollout.n=2",
+        "worker.actor.global_batch_size=4",
+        "worker.actor.micro_batch_size_per_device_for_update=8",
+    ]
     out = _demo(tmp_path, capsys, "--task", "code", *(a for o in small_batch for a in ("--grpo-override", o)))
     result = json.loads((tmp_path / "demo_code" / "grpo" / "demo_result.json").read_text())
     assert result["task"] == "code" and result["held_out_problems"] == 16
     for when in ("before", "after"):
         shares = result[f"test_status_{when}_grpo"]
-        assert set(shares) <= {"passed", "wrong_answer", "runtime_error", "time_limit", "memory_limit", "no_code"}
+        assert set(shares) <= {
+            "passed",
+            "wrong_answer",
+            "runtime_error",
+            "time_limit",
+            "memory_limit",
+            "no_code",
+        }
         assert abs(sum(shares.values()) - 1.0) < 1e-9, shares
         assert result[f"accuracy_{when}_grpo"] == shares.get("passed", 0.0)
     assert "test statuses of the held-out answers" in out and "programming problems" in out

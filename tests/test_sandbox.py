@@ -157,16 +157,19 @@ def test_socket_to_localhost_cannot_connect(listener):
 def test_blocked_socket_fallback(listener, monkeypatch):
     port, accepted = listener
     monkeypatch.setattr(sandbox, "_netns_available", lambda: False)
-    r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL)
+    r = sandbox.run_python_here(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL
+    )
     assert r.network == "blocked"
     assert r.status == "runtime_error" and "PermissionError" in r.error_line, r
     assert accepted == []
-    assert run_python("print(input())", "ok", SMALL).stdout == "ok\n"
+    assert sandbox.run_python_here("print(input())", "ok", SMALL).stdout == "ok\n"
 
 
 @pytest.fixture(params=["kill_helper", "proc_scan"])
 def kill_path(request, monkeypatch):
-    """Both ways of killing a run's uid: kill(-1) from a helper running as the uid, and the /proc scan."""
+    """Both ways of killing a run's uid: kill(-1) from a helper running as the uid, and the /proc scan
+    (tests using it run the sandbox in this process, `run_python_here`, where the patch applies)."""
     from rlstack.rewards import sandbox
 
     if request.param == "proc_scan":
@@ -186,7 +189,7 @@ def test_detached_daemon_is_killed(kill_path):
         "    os._exit(0)\n"
         "print(3)"
     )
-    r = run_python(code, limits=SMALL)
+    r = sandbox.run_python_here(code, limits=SMALL)
     assert r.status == "ok" and r.stdout == "3\n"
     assert r.uid is not None and processes_of_uid(r.uid) == []
     out = score_code(_fence(code), ONE_TEST, test_time_s=2.0)
@@ -194,7 +197,7 @@ def test_detached_daemon_is_killed(kill_path):
 
 
 def test_fork_bomb_is_bounded_and_reaped(kill_path):
-    r = run_python("import os\nwhile True:\n    os.fork()", limits=SMALL)
+    r = sandbox.run_python_here("import os\nwhile True:\n    os.fork()", limits=SMALL)
     assert r.status in ("runtime_error", "time_limit")
     assert processes_of_uid(r.uid) == []
 
@@ -304,7 +307,9 @@ def test_read_only_dirs_under_tmp_stay_visible():
 def test_shared_scratch_fallback_cleans_up(monkeypatch):
     monkeypatch.setattr(sandbox, "_scratch_available", lambda: False)
     name = f"rlstack-shared-{os.getpid()}"
-    r = run_python(f"open('/tmp/{name}', 'w').write('x')\nprint(open('main.py').read() != '')", limits=SMALL)
+    r = sandbox.run_python_here(
+        f"open('/tmp/{name}', 'w').write('x')\nprint(open('main.py').read() != '')", limits=SMALL
+    )
     left = os.path.exists(f"/tmp/{name}")
     if left:
         os.unlink(f"/tmp/{name}")
@@ -326,3 +331,61 @@ def test_private_scratch_is_available_with_the_trainer_python_under_tmp(monkeypa
     finally:
         sandbox._scratch_available.cache_clear()
         shutil.rmtree(venv)
+
+
+def test_runs_start_in_a_launcher_not_in_the_caller(monkeypatch):
+    """`run_python` hands the run to a small launcher process: with starting disabled in this process
+    it still runs, the program's parent is a launcher, and concurrent callers get launchers of their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlstack.rewards import launcher
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("started in the caller's process")
+
+    monkeypatch.setattr(sandbox, "_spawn", refuse)
+    r = run_python("import os\nprint(os.getppid())", limits=SMALL)
+    assert r.status == "ok", r
+    assert int(r.stdout) in launcher.pool().pids() and int(r.stdout) != os.getpid()
+    with ThreadPoolExecutor(3) as ex:
+        outs = list(
+            ex.map(lambda i: run_python(f"import time\ntime.sleep(0.3)\nprint({i})", limits=SMALL), range(3))
+        )
+    assert [o.stdout for o in outs] == ["0\n", "1\n", "2\n"]
+    assert len(set(launcher.pool().pids())) >= 3
+
+
+def test_a_dead_launcher_is_replaced_and_the_run_still_happens():
+    from rlstack.rewards import launcher
+
+    pool = launcher.LauncherPool()
+    try:
+        assert pool.run(("print(1)", "", SMALL, None)).stdout == "1\n"
+        (pid,) = pool.pids()
+        os.kill(pid, 9)
+        with pytest.raises(launcher.LauncherError, match=f"launcher pid {pid} failed"):
+            pool.run(("print(2)", "", SMALL, None))
+        assert pool.pids() == []
+        assert pool.run(("print(3)", "", SMALL, None)).stdout == "3\n"  # a new launcher
+        # run_python's fallback when the pool cannot help: the run happens in process
+    finally:
+        pool.shutdown()
+    assert pool.pids() == []
+
+
+def test_uids_are_reserved_across_processes():
+    """A uid held by one process (a launcher, another trainer) is never handed out by another."""
+    import subprocess as sp
+
+    held = sandbox._allocate_uid()
+    try:
+        code = (
+            "import random\nfrom rlstack.rewards import sandbox\n"
+            f"real = random.randrange\nseq = iter([{held - sandbox._UID_BASE}] * 3)\n"
+            "random.randrange = lambda n: next(seq, None) or real(n)\n"
+            "print(sandbox._allocate_uid())"
+        )
+        out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert int(out) != held
+    finally:
+        sandbox._release_uid(held)

@@ -125,7 +125,9 @@ class Problem:
     def row(self) -> dict:
         """The Nemotron-RL row of this problem."""
         return {
-            "responses_create_params": {"input": [{"role": "user", "content": f"{self.statement} {INSTRUCTION}"}]},
+            "responses_create_params": {
+                "input": [{"role": "user", "content": f"{self.statement} {INSTRUCTION}"}]
+            },
             "verifier_metadata": {"unit_tests": {"inputs": list(self.inputs), "outputs": list(self.outputs)}},
             "data_source": "code",
         }

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import math
 import os
@@ -161,7 +162,26 @@ def run_python(
     limits: SandboxLimits = DEFAULT_LIMITS,
     files: dict[str, bytes] | None = None,
 ) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh sandbox (see module docstring) and return what happened."""
+    """Run `code` as `main.py` in a fresh sandbox (see module docstring) and return what happened.
+
+    The run is started by a small launcher process (`rlstack.rewards.launcher`), not by the caller,
+    so that a trainer holding a model is never forked; where no launcher can run it, it starts here.
+    """
+    from rlstack.rewards import launcher
+
+    try:
+        return launcher.pool().run((code, stdin, limits, files))
+    except launcher.LauncherError:
+        return run_python_here(code, stdin, limits, files)
+
+
+def run_python_here(
+    code: str,
+    stdin: str = "",
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    files: dict[str, bytes] | None = None,
+) -> SandboxResult:
+    """`run_python`, started from this process."""
     start = time.monotonic()
     network = "namespace" if _netns_available() else "blocked"
     scratch = "private" if _scratch_available() else "shared"
@@ -625,23 +645,45 @@ def _write_files(workdir: str, payload: dict[str, bytes], uid: int | None) -> No
         os.chown(workdir, uid, uid)
 
 
-_uids_in_use: set[int] = set()
+_uids_in_use: dict[int, int] = {}
+"""uid -> the descriptor of its lock file, held while a run of this process uses the uid."""
 _uid_lock = threading.Lock()
+_UID_LOCK_DIR = os.path.join(
+    "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir(), "rlstack-sandbox-uids"
+)
 
 
 def _allocate_uid() -> int:
-    """A uid no process has now and no other run of this trainer holds."""
+    """A uid no process has now and no other run holds, in this process or any other.
+
+    Runs are started by several processes (launchers, reward actors, other trainers), so a uid is
+    reserved with an exclusive `flock` on `/run/rlstack-sandbox-uids/<uid>` (root-only directory):
+    the kernel drops the lock when its holder exits, so a crash never leaks a reservation.
+    """
     with _uid_lock:
+        os.makedirs(_UID_LOCK_DIR, mode=0o700, exist_ok=True)
         while True:
             uid = _UID_BASE + random.randrange(_UID_RANGE)
-            if uid not in _uids_in_use and not processes_of_uid(uid):
-                _uids_in_use.add(uid)
-                return uid
+            if uid in _uids_in_use:
+                continue
+            fd = os.open(os.path.join(_UID_LOCK_DIR, str(uid)), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            if processes_of_uid(uid):
+                os.close(fd)
+                continue
+            _uids_in_use[uid] = fd
+            return uid
 
 
 def _release_uid(uid: int) -> None:
     with _uid_lock:
-        _uids_in_use.discard(uid)
+        fd = _uids_in_use.pop(uid, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def processes_of_uid(uid: int) -> list[int]:
@@ -698,7 +740,17 @@ def _kill_uid(uid: int) -> None:
         setpriv, kill = _KILL_HELPER
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
-                [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", kill, "-s", "KILL", "--", "-1"],
+                [
+                    setpriv,
+                    f"--reuid={uid}",
+                    f"--regid={uid}",
+                    "--clear-groups",
+                    kill,
+                    "-s",
+                    "KILL",
+                    "--",
+                    "-1",
+                ],
                 env={},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
