@@ -4,9 +4,15 @@ Baseline: what veRL forks do by default, `subprocess.run([python, "-c", program]
 timeout=...)` in the trainer's own environment, one process per test, no isolation. rlstack:
 `rlstack.rewards.code.score_code` (a fresh sandbox per test: own uid, network namespace, rlimits,
 private scratch space, group kill), sequentially and through the reward manager with
-`num_workers` threads, and sequentially with shared scratch (the machine's /tmp, cleaned by uid
-after each run: the sandbox before private scratch, and what it falls back to where the kernel
-refuses mount namespaces). The same problems, solutions and tests on each side, in ABBA order.
+`num_workers` threads, each run started by a launcher process (`rlstack.rewards.launcher`);
+sequentially with each run started by the caller itself (`sandbox_in_process`, the behaviour
+before the launchers), and so with shared scratch (the machine's /tmp, cleaned by uid after each
+run: the sandbox before private scratch, and what it falls back to where the kernel refuses mount
+namespaces). The same problems, solutions and tests on each side, in ABBA order.
+
+The caller holds `--ballast-mb` of touched memory (default 600, a small trainer's model and
+optimizer) for every side: starting a run from the caller forks it, and a fork costs more the
+more memory the caller maps; a launcher is a small process whatever the caller holds.
 
 Workload: 3 competitive-programming problems (sum of pairs, reverse a line, count primes below n)
 with a correct solution each; each problem has `--tests` stdin/stdout tests.
@@ -59,6 +65,11 @@ PROBLEMS = {
 }
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def _count_primes(n: int) -> int:
     return sum(all(k % d for d in range(2, int(k**0.5) + 1)) for k in range(2, n))
 
@@ -82,10 +93,11 @@ def run_baseline(n_tests: int) -> tuple[int, float]:
     return passed, time.perf_counter() - start
 
 
-def run_sandboxed(n_tests: int) -> tuple[int, float]:
+def run_sandboxed(n_tests: int, in_process: bool = False) -> tuple[int, float]:
+    runner = sandbox.run_python_here if in_process else sandbox.run_python
     passed, start = 0, time.perf_counter()
     for name, (program, _) in PROBLEMS.items():
-        result = score_code(f"```python\n{program}```", _tests(name, n_tests))
+        result = score_code(f"```python\n{program}```", _tests(name, n_tests), runner=runner)
         passed += result["passed"]
     return passed, time.perf_counter() - start
 
@@ -160,10 +172,14 @@ def main() -> None:
     parser.add_argument(
         "--hang-test-s", type=float, default=5.0, help="test_time_s of the hanging program (config default 5)"
     )
+    parser.add_argument(
+        "--ballast-mb", type=int, default=600, help="memory the caller holds (a trainer's model)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "code_reward.json"))
     args = parser.parse_args()
+    ballast = torch.ones(args.ballast_mb * 2**20 // 4)  # touched: resident, like a model's weights
     total = 3 * args.tests
-    sides = ("baseline", "sandbox", "sandbox_shared_scratch", "sandbox_workers")
+    sides = ("baseline", "sandbox", "sandbox_in_process", "sandbox_shared_scratch", "sandbox_workers")
     times: dict[str, list[float]] = {side: [] for side in sides}
     for order in (sides, sides[::-1]):
         for side in order:
@@ -171,9 +187,11 @@ def main() -> None:
                 passed, t = run_baseline(args.tests)
             elif side == "sandbox":
                 passed, t = run_sandboxed(args.tests)
+            elif side == "sandbox_in_process":
+                passed, t = run_sandboxed(args.tests, in_process=True)
             elif side == "sandbox_shared_scratch":
-                with shared_scratch():
-                    passed, t = run_sandboxed(args.tests)
+                with shared_scratch():  # patches this process: the runs start here
+                    passed, t = run_sandboxed(args.tests, in_process=True)
             else:
                 passed, t = run_manager(args.tests, args.workers)
             assert passed == total, f"{side}: {passed} of {total} tests passed"
@@ -188,7 +206,8 @@ def main() -> None:
         "tests_per_s": {k: round(v, 2) for k, v in rate.items()},
         "sandbox_vs_baseline": round(rate["sandbox"] / rate["baseline"], 3),
         "sandbox_workers_vs_baseline": round(rate["sandbox_workers"] / rate["baseline"], 3),
-        "private_vs_shared_scratch": round(rate["sandbox"] / rate["sandbox_shared_scratch"], 3),
+        "launcher_vs_in_process": round(rate["sandbox"] / rate["sandbox_in_process"], 3),
+        "private_vs_shared_scratch": round(rate["sandbox_in_process"] / rate["sandbox_shared_scratch"], 3),
         "scratch": "private" if sandbox._scratch_available() else "shared",
         "hanging_program": {
             "tests": 5,
@@ -196,6 +215,8 @@ def main() -> None:
             "seconds": {k: round(v, 2) for k, v in hanging.items()},
         },
         "workers": args.workers,
+        "caller_ballast_mb": ballast.numel() * 4 // 2**20,
+        "caller_rss_mb": round(_rss_mb()),
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
         "root": os.geteuid() == 0,
