@@ -1,6 +1,8 @@
 """Running untrusted Python (model-written code, later the agent's Python tool) without harming the trainer.
 
-Every run is a fresh `python -I -S -B main.py` subprocess, never the calling process, in its own
+Every run is a fresh `python -I -S -B main.py` subprocess, never the calling process, started by a
+small launcher process rather than by the caller (`run_python`; see `rlstack/rewards/launcher.py`:
+forking a trainer that holds a model is slow, and a CUDA context must not be forked), in its own
 session and process group, in a fresh temporary directory that is removed afterwards, with a scrubbed
 environment (PATH, LANG, PYTHONHASHSEED, HOME=the work dir: nothing of the parent's, so no secrets).
 
