@@ -653,6 +653,9 @@ _uid_lock = threading.Lock()
 _UID_LOCK_DIR = os.path.join(
     "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir(), "rlstack-sandbox-uids"
 )
+if os.geteuid() == 0:  # made once, at import, not in the middle of a caller's run
+    with contextlib.suppress(OSError):
+        os.makedirs(_UID_LOCK_DIR, mode=0o700, exist_ok=True)
 
 
 def _allocate_uid() -> int:
