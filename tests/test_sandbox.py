@@ -367,10 +367,19 @@ def test_a_dead_launcher_is_replaced_and_the_run_still_happens():
             pool.run(("print(2)", "", SMALL, None))
         assert pool.pids() == []
         assert pool.run(("print(3)", "", SMALL, None)).stdout == "3\n"  # a new launcher
-        # run_python's fallback when the pool cannot help: the run happens in process
     finally:
         pool.shutdown()
     assert pool.pids() == []
+
+
+def test_run_python_starts_the_run_itself_when_no_launcher_can(monkeypatch):
+    from rlstack.rewards import launcher
+
+    closed = launcher.LauncherPool()
+    closed.shutdown()  # its run() raises LauncherError
+    monkeypatch.setattr(launcher, "pool", lambda: closed)
+    r = run_python("import os\nprint(os.getppid())", limits=SMALL)
+    assert r.status == "ok" and int(r.stdout) == os.getpid()  # started by this process
 
 
 def test_uids_are_reserved_across_processes():

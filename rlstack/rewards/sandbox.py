@@ -85,6 +85,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from rlstack.rewards import launcher
+
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000
@@ -169,8 +171,6 @@ def run_python(
     The run is started by a small launcher process (`rlstack.rewards.launcher`), not by the caller,
     so that a trainer holding a model is never forked; where no launcher can run it, it starts here.
     """
-    from rlstack.rewards import launcher
-
     try:
         return launcher.pool().run((code, stdin, limits, files))
     except launcher.LauncherError:
