@@ -14,7 +14,7 @@ Tasks (`rlstack demo --task ...`):
   tool-using agent: it writes Python that crops the original picture in a sandboxed interpreter,
   reads the crop, and answers; warm start on whole trajectories (`builtin:visual_tool_sft`), then
   agentic GRPO with DeepEyes' composite reward; recipes `demo_visual_sft.yaml`, `demo_visual_grpo.yaml`.
-- `code`: a tiny Qwen2 on `builtin:code` (a short statement -> a few lines of Python, 3 stdin/stdout
+- `code`: a tiny Qwen2 on `builtin:code` (a short word problem -> a two-line Python program, 3 stdin/stdout
   tests each), GRPO with the sandboxed unit-test reward (pass fraction); held-out accuracy is
   pass@1 (every test passed, greedy); recipes `demo_code_sft.yaml`, `demo_code_grpo.yaml`.
 """

@@ -17,77 +17,83 @@ def _digest(rows: list[dict]) -> str:
 
 
 def test_generator_is_pinned():
-    """Same items on every machine and in every process: statements, tests and split sizes."""
+    """Same items on every machine and in every process: statements, tests, split sizes and the
+    weak teacher's answers."""
     train, test = programs.rows("train"), programs.rows("test")
-    assert (len(train), len(test)) == (278, 264)
-    assert (_digest(train), _digest(test)) == ("4ae355685041876b", "09e333b54b153b8f")
+    assert (len(train), len(test)) == (407, 233)
+    assert (_digest(train), _digest(test)) == ("c3b02e41688b3ab6", "b15a43f8a917e3a2")
+    assert _digest(programs.guess_sft_rows("train")) == "5c7ec53e628bc1b5"
     assert test[0] == {
-        "responses_create_params": {
-            "input": [
-                {"role": "user", "content": "Read an integer n. Print n plus 4. Write a Python program."}
-            ]
-        },
+        "responses_create_params": {"input": [{"role": "user", "content": STATEMENT}]},
         "verifier_metadata": {
-            "unit_tests": {"inputs": ["66\n", "11\n", "-10\n"], "outputs": ["70\n", "15\n", "-6\n"]}
+            "unit_tests": {"inputs": ["71 3\n", "16 4\n", "78 4\n"], "outputs": ["74\n", "20\n", "82\n"]}
         },
         "data_source": "code",
     }
 
 
-def test_splits_are_disjoint_and_families_without_constants_train_only():
-    train = {p.statement for p in programs.problems("train")}
-    test = {p.statement for p in programs.problems("test")}
-    assert not train & test
-    constant_free = {
-        f"{programs._STATEMENT_START[f.input_kind]} {f.statement}" for f in programs.FAMILIES if not f.ks
-    }
-    assert constant_free <= train and not constant_free & test
-    for family in programs.FAMILIES:  # every family with constants is in both splits
-        if family.ks:
-            stem = family.statement.split("{")[0]
-            assert any(stem in s for s in test) and any(stem in s for s in train), family
+STATEMENT = (
+    "Read two integers n and k. Tom has n pens and buys k more. How many pens does Tom have now? "
+    "Write a Python program."
+)
+
+
+def test_splits_are_disjoint_and_share_every_story_name_and_noun():
+    train, test = programs.problems("train"), programs.problems("test")
+    assert not {p.statement for p in train} & {p.statement for p in test}
+    for split in (train, test):
+        text = " ".join(p.statement for p in split)
+        assert all(n in text for n in programs.NAMES) and all(n in text for n in programs.NOUNS)
+        assert {p.story for p in split} == set(range(len(programs.STORIES)))
 
 
 def test_rows_load_as_nemotron_code():
     rows, where = read_rows("builtin:code@test")
     canonical = normalize_rows(rows, where)
-    assert canonical[0]["problem"] == [
-        {"role": "user", "content": "Read an integer n. Print n plus 4. Write a Python program."}
-    ]
+    assert canonical[0]["problem"] == [{"role": "user", "content": STATEMENT}]
     assert canonical[0]["answer"] == {
-        "inputs": ["66\n", "11\n", "-10\n"],
-        "outputs": ["70\n", "15\n", "-6\n"],
+        "inputs": ["71 3\n", "16 4\n", "78 4\n"],
+        "outputs": ["74\n", "20\n", "82\n"],
     }
     assert canonical[0]["data_source"] == "code"
 
 
-def test_reference_programs_pass_their_tests_in_the_sandbox():
-    """One problem of every family, scored by the code reward as a model's answer would be."""
-    seen, inputs = set(), []
-    for split in ("train", "test"):
-        for p in programs.problems(split):
-            family = p.program.splitlines()[1].translate(str.maketrans("", "", "0123456789"))
-            if family not in seen:
-                seen.add(family)
-                inputs.append(
-                    {
-                        "response": programs.solution(p),
-                        "ground_truth": p.row()["verifier_metadata"]["unit_tests"],
-                    }
-                )
-    assert len(inputs) == len(programs.FAMILIES)
-    out = compute_score(inputs)
-    assert [r["status"] for r in out] == ["passed"] * len(inputs)
-    # A wrong constant fails: the tests tell the programs of one family apart.
-    wrong = dict(inputs[0], response=inputs[0]["response"].replace("+2", "+3"))
-    assert compute_score([wrong])[0]["accuracy"] == 0.0
+def test_reference_programs_pass_their_tests_in_the_sandbox_and_other_operations_fail():
+    """One problem of every story, scored by the code reward as a model's answer would be: the
+    reference passes every test, each other operation's program fails at least one."""
+    problems = {}
+    for p in programs.problems("train"):
+        problems.setdefault(p.story, p)
+    assert len(problems) == len(programs.STORIES)
+    inputs = [
+        {
+            "response": programs.solution(programs.program_of(op)),
+            "ground_truth": p.row()["verifier_metadata"]["unit_tests"],
+        }
+        for p in problems.values()
+        for op in programs.OPERATIONS
+    ]
+    expected = [
+        "passed" if op == p.operation else "wrong_answer"
+        for p in problems.values()
+        for op in programs.OPERATIONS
+    ]
+    assert [r["status"] for r in compute_score(inputs)] == expected
 
 
-def test_sft_rows_answer_with_the_reference_program():
-    sft = programs.sft_rows("train")
-    assert len(sft) == 278
-    assert sft[0] == {
-        "problem": "Read an integer n. Print n plus 2. Write a Python program.",
-        "answer": "```python\nn=int(input())\nprint(n+2)\n```",
-        "data_source": "code",
-    }
+def test_sft_rows_answer_with_the_reference_or_the_weak_teacher():
+    sft, guess = programs.sft_rows("train"), programs.guess_sft_rows("train")
+    assert len(sft) == len(guess) == 407
+    assert sft[0]["answer"] == "```python\nn,k=map(int,input().split())\nprint(n+k)\n```"
+    assert [r["problem"] for r in sft] == [r["problem"] for r in guess]
+    # The teacher writes the right operation for about 40% of the statements, else its decoy.
+    problems = programs.problems("train")
+    ops = [programs.guessed_operation(p) for p in problems]
+    assert all(op in (p.operation, programs.DECOYS[p.operation]) for op, p in zip(ops, problems))
+    right = sum(op == p.operation for op, p in zip(ops, problems)) / len(problems)
+    assert 0.3 < right < 0.5, right
+    for op, p, row in zip(ops, problems, guess):
+        assert row["answer"] == programs.solution(programs.program_of(op))
+    # Every story gets both answers from the teacher: the warm start sees the right one too.
+    for story in range(len(programs.STORIES)):
+        assert {op == p.operation for op, p in zip(ops, problems) if p.story == story} == {True, False}

@@ -1,24 +1,30 @@
-"""`builtin:code`: short programming problems with stdin/stdout tests, in Nemotron-RL's row format.
+"""`builtin:code`: short word problems to solve with a program, with stdin/stdout tests, in
+Nemotron-RL's row format.
 
-Each problem asks for a few lines of Python that read one input line and print one result:
-"Read an integer n. Print n times 7 plus 3." -> `n=int(input())` / `print(n*7+3)`. A family
-fixes the input (an integer, two integers, a word, a list of integers) and the operation, named
-in words ("plus", "times", "reversed", "the largest"); most families take one or two constants
-(digits 2-9) that appear in the statement and must be copied into the program. A tiny model can
-learn which program each statement asks for, which is what the code demo (`rlstack demo --task
-code`) trains with the sandboxed unit-test reward: a short warm start teaches the programs' shapes,
-and a program with a wrong constant passes no test, so reading the constants is left to RL.
+Every problem reads two integers n and k from one input line and prints one number; a short story
+says which number: "Read two integers n and k. Tom has n apples and gives k away. How many apples
+are left? Write a Python program." -> `n,k=map(int,input().split())` / `print(n-k)`. Five
+operations (plus, minus, times, floor division, remainder) are told by two stories each, with
+a name and a noun drawn from eight each; the verbs and the question name the operation ("buys k
+more", "shares ... among k friends ... each", "... left over"), the name and the noun do not.
+
+What a model has to learn is which operation a story asks for: the programs differ in one
+character. The code demo (`rlstack demo --task code`) leaves exactly that to RL: its warm start,
+`code_guess_sft`, is a weak teacher's answers — the input line and the program's form right, the
+operation drawn at random for each statement (right for one statement in five) — so the warm
+start writes well-formed programs that pass about one problem in five, and GRPO with the sandboxed
+unit-test reward has to find which story means which operation. `code_sft` holds the reference
+answers (a teacher that is always right).
 
 Rows are raw Nemotron-RL competitive-coding rows (`responses_create_params.input`,
 `verifier_metadata.unit_tests.inputs/outputs`, `data_source`), so they go through the same
-`nemotron_code` normaliser as a user's file. Every problem has `TESTS` tests whose inputs are
-drawn from a generator seeded by the problem's statement, and whose outputs are its reference
-program's (run here, in process: it is our own code, not a model's).
+`nemotron_code` normaliser as a user's file. Each problem has `TESTS` tests whose inputs are drawn
+from a generator seeded by its statement, and whose outputs are its reference program's (run here,
+in process: it is our own code, not a model's); the tests always tell the five operations apart.
 
-Each family's problems are split once by a fixed hash of the statement (the half with the lowest
-sha256 is `test`), so no test statement appears in training and every family is in both. Families without a constant are in `train` only (a
-held-out one could never be learned from the rest). `code_sft` is the train split with the
-reference program as the answer (a fenced ```python block): the supervised warm start.
+Problems are split once by a fixed hash of the statement (sha256 modulo 5 below 2 is `test`, about
+40%): a held-out statement never appears in training, while every story, name and noun is in both
+splits.
 """
 
 from __future__ import annotations
@@ -27,83 +33,36 @@ import contextlib
 import hashlib
 import io
 import random
-import string
 from dataclasses import dataclass
 
 TESTS = 3
 """Unit tests per problem."""
 INSTRUCTION = "Write a Python program."
+READ = "n,k=map(int,input().split())"
+START = "Read two integers n and k."
 
-
-@dataclass(frozen=True)
-class Family:
-    """Problems of one shape: a statement and a program with the same `{k}` / `{m}` constants."""
-
-    statement: str
-    program: str
-    """The program's last line; the first line reads the input (`READ[input_kind]`)."""
-    input_kind: str
-    ks: tuple[int, ...] = ()
-    ms: tuple[int, ...] = ()
-
-
-READ = {
-    "int": "n=int(input())",
-    "two": "a,b=map(int,input().split())",
-    "word": "s=input()",
-    "list": "x=list(map(int,input().split()))",
+OPERATIONS = {
+    "plus": "print(n+k)",
+    "minus": "print(n-k)",
+    "times": "print(n*k)",
+    "divide": "print(n//k)",
+    "remainder": "print(n%k)",
 }
-_STATEMENT_START = {
-    "int": "Read an integer n.",
-    "two": "Read two integers a and b.",
-    "word": "Read a word s.",
-    "list": "Read a list of integers x.",
-}
-_K = tuple(range(2, 10))
-
-FAMILIES = (
-    Family("Print n plus {k}.", "print(n+{k})", "int", _K),
-    Family("Print n minus {k}.", "print(n-{k})", "int", _K),
-    Family("Print n times {k}.", "print(n*{k})", "int", _K),
-    Family("Print n modulo {k}.", "print(n%{k})", "int", _K),
-    Family("Print a plus b plus {k}.", "print(a+b+{k})", "two", _K),
-    Family("Print a times b plus {k}.", "print(a*b+{k})", "two", _K),
-    Family("Print the sum of x times {k}.", "print(sum(x)*{k})", "list", _K),
-    Family("Print the first {k} letters of s.", "print(s[:{k}])", "word", _K),
-    Family("Print the last {k} letters of s.", "print(s[-{k}:])", "word", _K),
-    Family("Print s repeated {k} times.", "print(s*{k})", "word", _K),
-    Family("Print n times {k} plus {m}.", "print(n*{k}+{m})", "int", _K, _K),
-    Family("Print n times {k} minus {m}.", "print(n*{k}-{m})", "int", _K, _K),
-    Family("Print n plus {k}, times {m}.", "print((n+{k})*{m})", "int", _K, _K),
-    Family("Print n minus {k}, times {m}.", "print((n-{k})*{m})", "int", _K, _K),
-    Family("Print a times {k} plus b times {m}.", "print(a*{k}+b*{m})", "two", _K, _K),
-    Family("Print the sum of x times {k} plus {m}.", "print(sum(x)*{k}+{m})", "list", _K, _K),
-    Family("Print the first {k} letters of s, {m} times.", "print(s[:{k}]*{m})", "word", _K, _K),
-    Family("Print n squared.", "print(n*n)", "int"),
-    Family("Print the absolute value of n.", "print(abs(n))", "int"),
-    Family("Print a plus b.", "print(a+b)", "two"),
-    Family("Print a minus b.", "print(a-b)", "two"),
-    Family("Print a times b.", "print(a*b)", "two"),
-    Family("Print the larger of a and b.", "print(max(a,b))", "two"),
-    Family("Print the smaller of a and b.", "print(min(a,b))", "two"),
-    Family("Print s reversed.", "print(s[::-1])", "word"),
-    Family("Print s in upper case.", "print(s.upper())", "word"),
-    Family("Print the length of s.", "print(len(s))", "word"),
-    Family("Print the sum of x.", "print(sum(x))", "list"),
-    Family("Print the largest number in x.", "print(max(x))", "list"),
-    Family("Print the smallest number in x.", "print(min(x))", "list"),
-    Family("Print x sorted, separated by spaces.", "print(*sorted(x))", "list"),
+"""The last line of each operation's program."""
+STORIES = (
+    ("plus", "{name} has n {noun} and buys k more. How many {noun} does {name} have now?"),
+    ("plus", "{name} had n {noun} and found k more. How many {noun} are there in all?"),
+    ("minus", "{name} has n {noun} and gives k away. How many {noun} are left?"),
+    ("minus", "{name} had n {noun} and lost k of them. How many {noun} does {name} still have?"),
+    ("times", "{name} has n boxes with k {noun} in each box. How many {noun} are there in all?"),
+    ("times", "{name} buys n bags of k {noun}. How many {noun} did {name} buy?"),
+    ("divide", "{name} shares n {noun} equally among k friends. How many {noun} does each friend get?"),
+    ("divide", "{name} packs n {noun} into bags of k. How many full bags are there?"),
+    ("remainder", "{name} shares n {noun} equally among k friends. How many {noun} are left over?"),
+    ("remainder", "{name} packs n {noun} into bags of k. How many {noun} do not fit in a full bag?"),
 )
-
-
-def _draw_input(kind: str, rng: random.Random) -> str:
-    if kind == "int":
-        return str(rng.randint(-20, 120))
-    if kind == "two":
-        return f"{rng.randint(-20, 60)} {rng.randint(-20, 60)}"
-    if kind == "word":
-        return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 12)))
-    return " ".join(str(rng.randint(0, 99)) for _ in range(rng.randint(2, 6)))
+NAMES = ("Tom", "Ana", "Raj", "Mia", "Leo", "Eva", "Sam", "Zoe")
+NOUNS = ("apples", "pens", "cards", "eggs", "shells", "coins", "books", "stamps")
 
 
 def reference_output(program: str, stdin: str) -> str:
@@ -115,52 +74,88 @@ def reference_output(program: str, stdin: str) -> str:
     return out.getvalue()
 
 
+def program_of(operation: str) -> str:
+    return f"{READ}\n{OPERATIONS[operation]}"
+
+
 @dataclass(frozen=True)
 class Problem:
     statement: str
-    program: str
+    operation: str
+    story: int
+    """Index into `STORIES`."""
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+
+    @property
+    def program(self) -> str:
+        """The reference program."""
+        return program_of(self.operation)
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.statement} {INSTRUCTION}"
 
     def row(self) -> dict:
         """The Nemotron-RL row of this problem."""
         return {
-            "responses_create_params": {
-                "input": [{"role": "user", "content": f"{self.statement} {INSTRUCTION}"}]
-            },
+            "responses_create_params": {"input": [{"role": "user", "content": self.prompt}]},
             "verifier_metadata": {"unit_tests": {"inputs": list(self.inputs), "outputs": list(self.outputs)}},
             "data_source": "code",
         }
 
 
-def _problem(family: Family, k: int | None, m: int | None) -> Problem:
-    statement = f"{_STATEMENT_START[family.input_kind]} {family.statement.format(k=k, m=m)}"
-    program = f"{READ[family.input_kind]}\n{family.program.format(k=k, m=m)}"
+def _tests(statement: str) -> tuple[str, ...]:
+    """`TESTS` inputs on which the five operations print five different results together."""
     rng = random.Random(f"code:{statement}")
-    inputs = tuple(_draw_input(family.input_kind, rng) + "\n" for _ in range(TESTS))
-    outputs = tuple(reference_output(program, i) for i in inputs)
-    return Problem(statement, program, inputs, outputs)
+    while True:
+        inputs = tuple(f"{rng.randint(10, 99)} {rng.randint(2, 9)}\n" for _ in range(TESTS))
+        results = {tuple(reference_output(program_of(op), i) for i in inputs) for op in OPERATIONS}
+        if len(results) == len(OPERATIONS):
+            return inputs
+
+
+def _problem(story: int, name: str, noun: str) -> Problem:
+    operation, text = STORIES[story]
+    statement = f"{START} {text.format(name=name, noun=noun)}"
+    inputs = _tests(statement)
+    outputs = tuple(reference_output(program_of(operation), i) for i in inputs)
+    return Problem(statement, operation, story, inputs, outputs)
+
+
+def held_out(statement: str) -> bool:
+    """The fixed split: about 40% of statements are `test`."""
+    return int(hashlib.sha256(statement.encode()).hexdigest(), 16) % 5 < 2
 
 
 def problems(split: str) -> list[Problem]:
     """The problems of `split`, in a fixed order."""
     out = []
-    for f in FAMILIES:
-        family = [_problem(f, k, m) for k in f.ks or (None,) for m in f.ms or (None,)]
-        test = _held_out(family) if f.ks else set()
-        out += [p for p in family if (p.statement in test) == (split == "test")]
+    for story in range(len(STORIES)):
+        for name in NAMES:
+            for noun in NOUNS:
+                problem = _problem(story, name, noun)
+                if held_out(problem.statement) == (split == "test"):
+                    out.append(problem)
     return out
 
 
-def _held_out(family: list[Problem]) -> set[str]:
-    """Half of a family's statements, the first by a fixed hash (so every family is in both splits)."""
-    ranked = sorted((p.statement for p in family), key=lambda s: hashlib.sha256(s.encode()).hexdigest())
-    return set(ranked[: len(ranked) // 2])
+def solution(program: str) -> str:
+    """A program as a model should write it: one fenced ```python block."""
+    return f"```python\n{program}\n```"
 
 
-def solution(problem: Problem) -> str:
-    """The reference answer as a model should write it."""
-    return f"```python\n{problem.program}\n```"
+DECOYS = {"plus": "minus", "minus": "plus", "times": "plus", "divide": "remainder", "remainder": "divide"}
+"""The operation the weak teacher mistakes each one for."""
+TEACHER_RIGHT = 0.4
+"""How often the weak teacher writes the right operation; otherwise it writes the decoy."""
+
+
+def guessed_operation(problem: Problem) -> str:
+    """The weak teacher's operation for `problem`: the right one with probability `TEACHER_RIGHT`,
+    else its decoy (`DECOYS`), drawn once per statement."""
+    right = random.Random(f"guess:{problem.statement}").random() < TEACHER_RIGHT
+    return problem.operation if right else DECOYS[problem.operation]
 
 
 def rows(split: str) -> list[dict]:
@@ -171,6 +166,14 @@ def rows(split: str) -> list[dict]:
 def sft_rows(split: str) -> list[dict]:
     """`builtin:code_sft@<split>`: the same problems with the reference program as the answer."""
     return [
-        {"problem": f"{p.statement} {INSTRUCTION}", "answer": solution(p), "data_source": "code"}
+        {"problem": p.prompt, "answer": solution(p.program), "data_source": "code"} for p in problems(split)
+    ]
+
+
+def guess_sft_rows(split: str) -> list[dict]:
+    """`builtin:code_guess_sft@<split>`: the same problems with the weak teacher's program as the
+    answer (`guessed_operation`): the warm start of the code demo."""
+    return [
+        {"problem": p.prompt, "answer": solution(program_of(guessed_operation(p))), "data_source": "code"}
         for p in problems(split)
     ]

@@ -37,6 +37,7 @@ TASKS = {
     "visual_tool_sft": visual.tool_sft_rows,
     "code": programs.rows,
     "code_sft": programs.sft_rows,
+    "code_guess_sft": programs.guess_sft_rows,
 }
 SPLITS = ("train", "test")
 
