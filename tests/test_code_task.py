@@ -92,7 +92,7 @@ def test_sft_rows_answer_with_the_reference_or_the_weak_teacher():
     assert all(op in (p.operation, programs.DECOYS[p.operation]) for op, p in zip(ops, problems))
     right = sum(op == p.operation for op, p in zip(ops, problems)) / len(problems)
     assert 0.3 < right < 0.5, right
-    for op, p, row in zip(ops, problems, guess):
+    for op, row in zip(ops, guess, strict=True):
         assert row["answer"] == programs.solution(programs.program_of(op))
     # Every story gets both answers from the teacher: the warm start sees the right one too.
     for story in range(len(programs.STORIES)):
