@@ -9,9 +9,11 @@ fixed hash (sha256 of the problem, modulo 10) into `train` (8,982 rows) and a he
 `rlstack.data.visual`. `visual_tool_sft`: the same pictures with a Python crop call around the
 box as the answer, the supervised warm start of a tool-using policy.
 
-`code`: write a few lines of Python for a short statement ("Read an integer n. Print n times 7
-plus 3."), scored by 3 stdin/stdout tests; Nemotron-RL rows, `train` 278, `test` 264; see
-`rlstack.data.programs`. `code_sft`: the train problems with their reference programs as answers.
+`code`: write a two-line Python program for a short word problem whose two integers come on stdin
+("Tom has n pens and gives k away. How many pens are left?"), scored by 3 stdin/stdout tests;
+Nemotron-RL rows, `train` 407, `test` 233; see `rlstack.data.programs`. `code_sft`: the train
+problems with their reference programs as answers; `code_guess_sft`: with a weak teacher's
+(right for about 40%, else a look-alike operation), the code demo's warm start.
 """
 
 from __future__ import annotations
