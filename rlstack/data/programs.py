@@ -11,8 +11,8 @@ more", "shares ... among k friends ... each", "... left over"), the name and the
 What a model has to learn is which operation a story asks for: the programs differ in one
 character. The code demo (`rlstack demo --task code`) leaves exactly that to RL: its warm start,
 `code_guess_sft`, is a weak teacher's answers — the input line and the program's form right, the
-operation drawn at random for each statement (right for one statement in five) — so the warm
-start writes well-formed programs that pass about one problem in five, and GRPO with the sandboxed
+operation right for about 40% of the statements and a look-alike decoy otherwise (`DECOYS`) — so
+the warm start writes well-formed programs that mostly pick the decoy, and GRPO with the sandboxed
 unit-test reward has to find which story means which operation. `code_sft` holds the reference
 answers (a teacher that is always right).
 
@@ -105,22 +105,15 @@ class Problem:
         }
 
 
-def _tests(statement: str) -> tuple[str, ...]:
-    """`TESTS` inputs on which the five operations print five different results together."""
+def _problem(story: int, statement: str) -> Problem:
+    """The problem with `TESTS` inputs on which the five operations print five different results."""
+    operation = STORIES[story][0]
     rng = random.Random(f"code:{statement}")
     while True:
         inputs = tuple(f"{rng.randint(10, 99)} {rng.randint(2, 9)}\n" for _ in range(TESTS))
-        results = {tuple(reference_output(program_of(op), i) for i in inputs) for op in OPERATIONS}
-        if len(results) == len(OPERATIONS):
-            return inputs
-
-
-def _problem(story: int, name: str, noun: str) -> Problem:
-    operation, text = STORIES[story]
-    statement = f"{START} {text.format(name=name, noun=noun)}"
-    inputs = _tests(statement)
-    outputs = tuple(reference_output(program_of(operation), i) for i in inputs)
-    return Problem(statement, operation, story, inputs, outputs)
+        outputs = {op: tuple(reference_output(program_of(op), i) for i in inputs) for op in OPERATIONS}
+        if len(set(outputs.values())) == len(OPERATIONS):
+            return Problem(statement, operation, story, inputs, outputs[operation])
 
 
 def held_out(statement: str) -> bool:
@@ -131,12 +124,12 @@ def held_out(statement: str) -> bool:
 def problems(split: str) -> list[Problem]:
     """The problems of `split`, in a fixed order."""
     out = []
-    for story in range(len(STORIES)):
+    for story, (_, text) in enumerate(STORIES):
         for name in NAMES:
             for noun in NOUNS:
-                problem = _problem(story, name, noun)
-                if held_out(problem.statement) == (split == "test"):
-                    out.append(problem)
+                statement = f"{START} {text.format(name=name, noun=noun)}"
+                if held_out(statement) == (split == "test"):
+                    out.append(_problem(story, statement))
     return out
 
 
