@@ -22,7 +22,7 @@ def test_generator_is_pinned():
     train, test = programs.rows("train"), programs.rows("test")
     assert (len(train), len(test)) == (407, 233)
     assert (_digest(train), _digest(test)) == ("c3b02e41688b3ab6", "b15a43f8a917e3a2")
-    assert _digest(programs.guess_sft_rows("train")) == "5c7ec53e628bc1b5"
+    assert _digest(programs.guess_sft_rows("train")) == "a170f0b08f7b4cdd"
     assert test[0] == {
         "responses_create_params": {"input": [{"role": "user", "content": STATEMENT}]},
         "verifier_metadata": {
@@ -94,6 +94,13 @@ def test_sft_rows_answer_with_the_reference_or_the_weak_teacher():
     assert 0.3 < right < 0.5, right
     for op, row in zip(ops, guess, strict=True):
         assert row["answer"] == programs.solution(programs.program_of(op))
+    # The decoys form one cycle through the five operations: no two operations swap, so the
+    # teacher's mix differs for every operation and the warm start has to tell the stories apart.
+    op, cycle = "plus", []
+    while op not in cycle:
+        cycle.append(op)
+        op = programs.DECOYS[op]
+    assert sorted(cycle) == sorted(programs.OPERATIONS) and op == "plus"
     # Every story gets both answers from the teacher: the warm start sees the right one too.
     for story in range(len(programs.STORIES)):
         assert {op == p.operation for op, p in zip(ops, problems) if p.story == story} == {True, False}

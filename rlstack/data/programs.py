@@ -11,7 +11,7 @@ more", "shares ... among k friends ... each", "... left over"), the name and the
 What a model has to learn is which operation a story asks for: the programs differ in one
 character. The code demo (`rlstack demo --task code`) leaves exactly that to RL: its warm start,
 `code_guess_sft`, is a weak teacher's answers — the input line and the program's form right, the
-operation right for about 40% of the statements and a look-alike decoy otherwise (`DECOYS`) — so
+operation right for about 40% of the statements and a decoy otherwise (`DECOYS`) — so
 the warm start writes well-formed programs that mostly pick the decoy, and GRPO with the sandboxed
 unit-test reward has to find which story means which operation. `code_sft` holds the reference
 answers (a teacher that is always right).
@@ -138,8 +138,10 @@ def solution(program: str) -> str:
     return f"```python\n{program}\n```"
 
 
-DECOYS = {"plus": "minus", "minus": "plus", "times": "plus", "divide": "remainder", "remainder": "divide"}
-"""The operation the weak teacher mistakes each one for."""
+DECOYS = {"plus": "minus", "minus": "times", "times": "divide", "divide": "remainder", "remainder": "plus"}
+"""The operation the weak teacher mistakes each one for: one cycle through all five, so that no two
+operations swap and the teacher's mix of answers differs for every operation (a model that fits
+it has to tell the stories apart)."""
 TEACHER_RIGHT = 0.4
 """How often the weak teacher writes the right operation; otherwise it writes the decoy."""
 
