@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual test test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/rlstack demo
+
+# The agent demos (README, Tool-using agents): code RL with unit tests, and the visual tool agent.
+demo-code: $(STAMP)
+	$(BIN)/rlstack demo --task code
+
+demo-visual: $(STAMP)
+	$(BIN)/rlstack demo --task visual
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """Agent-loop throughput: trajectories and tool calls per second, and where the time goes.
 
-The tiny Qwen2.5-VL gets the visual demo's warm start (SFT on whole tool-using trajectories,
-cached in the work folder): it answers `builtin:visual` questions with a Python cell that crops
+The tiny Qwen2.5-VL gets a warm start on `builtin:visual_tool_sft` (whole tool-using trajectories,
+the visual demo's SFT recipe with the crop task's data and batch, cached in the work folder): it
+answers `builtin:visual` questions with a Python cell that crops
 the picture, reads the crop back as an image in the next turn, and answers, so its trajectories
 really call the sandboxed interpreter. Then `AgentLoop.generate` runs on
 held-out rows, `--prompts` x `--n` trajectories per call, `--rounds` calls after one warm-up
@@ -36,10 +37,17 @@ from rlstack.tools.registry import build_toolset
 
 
 def warm_model(workdir: Path, steps: int) -> Path:
-    """The visual demo's warm start (`rlstack/configs/demo_visual_sft.yaml`), cached in `workdir`."""
+    """SFT on the crop trajectories with the visual demo's recipe (`demo_visual_sft.yaml`, batch and
+    warm-up as when the figures in bench/README.md were taken), cached in `workdir`."""
     cfg = load_config(
         [
             f"config={CONFIGS / 'demo_visual_sft.yaml'}",
+            "data.train_files=builtin:visual_tool_sft@train",
+            "data.rollout_batch_size=8",
+            "data.max_response_length=128",
+            "worker.actor.global_batch_size=8",
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+            "worker.actor.optim.lr_warmup_steps=10",
             "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
             f"trainer.output_dir={workdir}",
             "trainer.experiment_name=bench_agent_sft",

@@ -10,10 +10,12 @@ Everything runs on CPU, offline and seeded. Steps:
 Tasks (`rlstack demo --task ...`):
 - `addition` (default, `make demo`): a tiny Qwen2 on `builtin:addition`, exact-match reward;
   recipes `rlstack/configs/demo_sft.yaml` and `demo_grpo.yaml`.
-- `visual`: a tiny Qwen2.5-VL on `builtin:visual` (read a tiny digit in a cluttered picture) as a
-  tool-using agent: it writes Python that crops the original picture in a sandboxed interpreter,
-  reads the crop, and answers; warm start on whole trajectories (`builtin:visual_tool_sft`), then
-  agentic GRPO with DeepEyes' composite reward; recipes `demo_visual_sft.yaml`, `demo_visual_grpo.yaml`.
+- `visual`: a tiny Qwen2.5-VL on `builtin:locate` (where is the <colour> square?) as a tool-using
+  agent: it writes a one-line program that finds the colour's pixels in the original picture, runs it
+  in the sandboxed Python interpreter, and answers with what it printed; warm start on a weak
+  teacher's whole trajectories (`builtin:locate_tool_sft`), then agentic GRPO with DeepEyes'
+  composite reward; a few held-out trajectories, with their pictures, go to `grpo/examples/`;
+  recipes `demo_visual_sft.yaml`, `demo_visual_grpo.yaml`.
 - `code`: a tiny Qwen2 on `builtin:code` (a short word problem -> a two-line Python program, 3 stdin/stdout
   tests each), GRPO with the sandboxed unit-test reward (pass fraction); held-out accuracy is
   pass@1 (every test passed, greedy); recipes `demo_code_sft.yaml`, `demo_code_grpo.yaml`.
@@ -49,7 +51,11 @@ class DemoTask:
 TASKS = {
     "addition": DemoTask("demo_sft.yaml", "demo_grpo.yaml", "addition", False, "addition problems"),
     "visual": DemoTask(
-        "demo_visual_sft.yaml", "demo_visual_grpo.yaml", "visual", True, "cluttered pictures (tiny digit)"
+        "demo_visual_sft.yaml",
+        "demo_visual_grpo.yaml",
+        "locate",
+        True,
+        "pictures (where is the coloured square?)",
     ),
     "code": DemoTask("demo_code_sft.yaml", "demo_code_grpo.yaml", "code", False, "programming problems"),
 }
@@ -134,6 +140,7 @@ def run_demo(
     for name, short in (
         ("val/agent/tool_calls/mean", "tool_calls_per_answer"),
         ("val/agent/tool_success_rate", "tool_success_rate"),
+        ("val/agent/num_turns/mean", "turns_per_answer"),
     ):
         if name in before:
             result[f"{short}_before_grpo"] = before[name]
@@ -143,6 +150,8 @@ def run_demo(
         shares = {k.removeprefix(status): v for k, v in metrics.items() if k.startswith(status)}
         if shares:
             result[f"test_status_{name}_grpo"] = dict(sorted(shares.items()))
+    if spec.vision:
+        _write_examples(grpo_cfg, grpo_cfg.run_dir.parent / f"warm_start_eval{suffix}")
     (grpo_cfg.run_dir / "demo_result.json").write_text(json.dumps(result, indent=2))
     _print_table(result, grpo_cfg, spec)
     return result
@@ -176,6 +185,38 @@ def _evaluate(grpo_overrides: list[str], model_dir: Path, name: str) -> dict[str
     return Trainer(val_cfg).fit()
 
 
+def _write_examples(cfg: Config, before_dir: Path, count: int = 4) -> Path:
+    """The first `count` held-out questions with their pictures and the greedy trajectories of the
+    warm start and of the final policy (code, printed output, answer), as `examples/README.md`."""
+    from rlstack.data.tasks import builtin_rows
+
+    def last_val(run_dir: Path) -> dict[str, dict]:
+        files = sorted(
+            (run_dir / "generations").glob("val_step_*.jsonl"), key=lambda f: int(f.stem.split("_")[-1])
+        )
+        return {r["uid"]: r for r in map(json.loads, files[-1].read_text().splitlines())} if files else {}
+
+    before, after = last_val(before_dir), last_val(cfg.run_dir)
+    out = cfg.run_dir / "examples"
+    out.mkdir(exist_ok=True)
+    lines = ["# Held-out examples: greedy trajectories before and after GRPO", ""]
+    for i, row in enumerate(builtin_rows(cfg.data.val_files)[:count]):
+        for j, image in enumerate(row.get("images", [])):
+            image.save(out / f"{i}_{j + 1}.png")
+        question = row["problem"].replace("<image>", "")
+        lines += [f"## {i}. {question}", "", f"Expected: `{row['answer']}`", ""]
+        lines += [f"![image_{j + 1}]({i}_{j + 1}.png)" for j in range(len(row.get("images", [])))] + [""]
+        for name, generations in (("warm start", before), ("after GRPO", after)):
+            g = generations.get(str(i))
+            if g is not None:
+                lines += [
+                    f"{name} (score {g['score']:.2f}, accuracy {g['reward_components'].get('accuracy', 0):.0f}):"
+                ]
+                lines += ["", "````text", g["response"], "````", ""]
+    (out / "README.md").write_text("\n".join(lines))
+    return out
+
+
 def _num_val(cfg: Config) -> int:
     from rlstack.data.tasks import builtin_rows
 
@@ -196,14 +237,18 @@ def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
             f"tool calls per answer: {r['tool_calls_per_answer_before_grpo']:.2f} -> "
             f"{r['tool_calls_per_answer_after_grpo']:.2f}; "
             f"tool success rate: {100 * r['tool_success_rate_before_grpo']:.0f}% -> "
-            f"{100 * r['tool_success_rate_after_grpo']:.0f}%"
+            f"{100 * r['tool_success_rate_after_grpo']:.0f}%; "
+            f"turns per answer: {r['turns_per_answer_before_grpo']:.2f} -> {r['turns_per_answer_after_grpo']:.2f}"
         )
     if "test_status_before_grpo" in r:
         print("test statuses of the held-out answers (share of problems), before -> after:")
         before, after = r["test_status_before_grpo"], r.get("test_status_after_grpo", {})
         for name in sorted(set(before) | set(after)):
             print(f"  {name:<14} {100 * before.get(name, 0):5.1f}% -> {100 * after.get(name, 0):5.1f}%")
-    print(f"\nrun directory: {cfg.run_dir}  (metrics.jsonl, generations/, tensorboard/, huggingface/)")
+    examples = "examples/, " if (cfg.run_dir / "examples").is_dir() else ""
+    print(
+        f"\nrun directory: {cfg.run_dir}  ({examples}metrics.jsonl, generations/, tensorboard/, huggingface/)"
+    )
     print(
         f"seed {r['seed']}, torch threads {r['num_threads']}; total time: {r['wall_time_s']:.0f} s "
         f"(warm start {r['sft_time_s']:.0f} s, GRPO {r['grpo_time_s']:.0f} s)"

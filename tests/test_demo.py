@@ -82,3 +82,40 @@ def test_code_demo_end_to_end(tmp_path, capsys):
     assert "test statuses of the held-out answers" in out and "programming problems" in out
     cfg = yaml.safe_load((tmp_path / "demo_code" / "grpo" / "config.yaml").read_text())
     assert cfg["worker"]["reward"]["reward_function"] == "builtin:code"
+
+
+def test_visual_demo_end_to_end(tmp_path, capsys):
+    """`rlstack demo --task visual` in miniature: a warm start on tool-using trajectories, agentic
+    GRPO with the sandboxed Python tool, the tool figures before/after, and example trajectories
+    with their pictures saved for a person to read."""
+    small_batch = [
+        "data.rollout_batch_size=2",
+        "worker.rollout.n=2",
+        "worker.actor.global_batch_size=2",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+    ]
+    out = _demo(
+        tmp_path,
+        capsys,
+        "--task",
+        "visual",
+        "--sft-override",
+        "trainer.max_steps=3",
+        "--grpo-override",
+        "data.val_max_samples=4",
+        *(a for o in small_batch for a in ("--grpo-override", o)),
+    )
+    run = tmp_path / "demo_visual" / "grpo"
+    result = json.loads((run / "demo_result.json").read_text())
+    assert result["task"] == "visual" and result["held_out_problems"] == 4
+    for when in ("before", "after"):
+        assert 0.0 <= result[f"accuracy_{when}_grpo"] <= 1.0
+        assert 0.0 <= result[f"tool_success_rate_{when}_grpo"] <= 1.0
+        assert 1.0 <= result[f"turns_per_answer_{when}_grpo"] <= 3.0
+        assert result[f"tool_calls_per_answer_{when}_grpo"] >= 0.0
+    assert "tool calls per answer" in out and "turns per answer" in out and "examples/" in out
+    examples = (run / "examples" / "README.md").read_text()
+    assert examples.count("Where is the") == 4 and examples.count("warm start (score") == 4
+    assert examples.count("after GRPO (score") == 4 and (run / "examples" / "0_1.png").is_file()
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["worker"]["rollout"]["agent"]["tools"][0]["name"] == "python"

@@ -114,6 +114,16 @@ def test_input_images_by_name_and_as_files(make_tool):
     assert "image_1" in PythonTool.schema["function"]["description"]
 
 
+def test_reset_gives_the_next_trajectory_its_own_images(make_tool):
+    tool = make_tool([Image.new("RGB", (4, 4), (255, 0, 0))])
+    assert run(tool, "print(image_1.getpixel((0, 0)))").text == "(255, 0, 0)"
+    tool.reset([Image.new("RGB", (4, 4), (0, 0, 255))], {})  # a tool instance reused for another trajectory
+    assert (
+        run(tool, "print(image_1.getpixel((0, 0)), open('image_1.png', 'rb').read() != b'')").text
+        == "(0, 0, 255) True"
+    )
+
+
 def test_shown_images_come_back_resized(make_tool):
     max_pixels = 64 * 28 * 28
     tool = make_tool([Image.new("RGB", (40, 30), (0, 200, 0))], max_pixels=max_pixels, max_images_per_call=3)

@@ -9,6 +9,12 @@ fixed hash (sha256 of the problem, modulo 10) into `train` (8,982 rows) and a he
 `rlstack.data.visual`. `visual_tool_sft`: the same pictures with a Python crop call around the
 box as the answer, the supervised warm start of a tool-using policy.
 
+`locate`: where is the <colour> square (which quadrant) in a cluttered 224x224 picture, a question
+a tiny vision-language model answers only by writing a program; `train` 1,000 rows, `test` 240,
+see `rlstack.data.locate`. `locate_tool_sft`: a weak teacher's tool-using trajectories, the
+visual demo's warm start; `locate_answer_sft`: the right answers with no tool (the baseline
+that shows the tool is needed).
+
 `code`: write a two-line Python program for a short word problem whose two integers come on stdin
 ("Tom has n pens and gives k away. How many pens are left?"), scored by 3 stdin/stdout tests;
 Nemotron-RL rows, `train` 407, `test` 233; see `rlstack.data.programs`. `code_sft`: the train
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 
-from rlstack.data import programs, visual
+from rlstack.data import locate, programs, visual
 
 
 def _addition(split: str) -> list[dict]:
@@ -37,6 +43,9 @@ TASKS = {
     "addition": _addition,
     "visual": visual.rows,
     "visual_tool_sft": visual.tool_sft_rows,
+    "locate": locate.rows,
+    "locate_tool_sft": locate.tool_sft_rows,
+    "locate_answer_sft": locate.answer_sft_rows,
     "code": programs.rows,
     "code_sft": programs.sft_rows,
     "code_guess_sft": programs.guess_sft_rows,

@@ -165,6 +165,7 @@ class PythonTool:
     def reset(self, images: list[Image.Image], extra: dict[str, Any]) -> None:
         self.close()
         self._images = loaded(images)
+        self._files = None  # encoded again for the new images on the next start
 
     def execute(self, call: ToolCall) -> Observation:
         code = call.arguments.get("code")
