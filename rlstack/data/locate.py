@@ -7,15 +7,16 @@ right`, `bottom left` or `bottom right` (four answers, chance 25%).
 
 Why the tool: the vision-language model sees the picture at 112x112 (the demo's pixel budget), where
 a square is 3x3 pixels among hundreds of clutter pixels of similar hues; the tiny vision tower does
-not find it. A program finds it exactly: every channel of the clutter and the background lies in
+not find it (supervised on the right answers without a tool it stays near chance, 18.8% held-out
+after 600 steps; `tests/test_locate_task.py` checks a shorter run). A program finds it exactly: every channel of the clutter and the background lies in
 60-200 and every target colour has a channel outside that range, so the target colour's pixels
 are exactly its square's. The program the model has to write is one line,
 
     i=image_1.get_flattened_data().index((230, 30, 30));print('top'if i<25088 else'bottom','left'if i%224<112 else'right')
 
-(`PROGRAM`), fast in the sandbox (Pillow 12.1 or later, no NumPy import), and what the model must learn is
-the part a tiny model can: which RGB triple the question's colour word means, and copying the
-printed phrase into `<answer></answer>`.
+(`PROGRAM`), fast in the sandbox (Pillow 12.1 or later, no NumPy import), and what the model
+must learn is the part a tiny model can: which RGB triple the question's colour word means, and
+copying the printed phrase into `<answer></answer>`.
 
 `builtin:locate_tool_sft`, the demo's warm start, is a weak teacher's trajectories: the program
 with the asked colour's triple for about 40% of the pictures (`TEACHER_RIGHT`) and with a decoy
