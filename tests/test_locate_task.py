@@ -28,8 +28,8 @@ def test_generator_is_pinned():
     """Same pictures, questions and teacher trajectories on every machine and in every process."""
     train, test = locate.rows("train"), locate.rows("test")
     assert (len(train), len(test)) == (1000, 240)
-    assert (_digest(train[:100]), _digest(test)) == ("3181b5b6c039a6f7", "bba9b8cf5c654a99")
-    assert _digest(locate.tool_sft_rows("train")[:100]) == "6e0befe0d6066e8d"
+    assert (_digest(train[:100]), _digest(test)) == ("7bfeff6718d4e1a2", "9d62566a12b49e44")
+    assert _digest(locate.tool_sft_rows("train")[:100]) == "98009ea74cba436c"
     assert {k: v for k, v in test[0].items() if k != "images"} == {
         "problem": "<image>Where is the red square? "
         "Answer top left, top right, bottom left or bottom right inside <answer></answer>.",

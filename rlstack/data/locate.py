@@ -8,23 +8,26 @@ right`, `bottom left` or `bottom right` (four answers, chance 25%).
 Why the tool: the vision-language model sees the picture at 112x112 (the demo's pixel budget), where
 a square is 3x3 pixels among hundreds of clutter pixels of similar hues; the tiny vision tower does
 not find it (supervised on the right answers without a tool it stays near chance, 18.8% held-out
-after 600 steps; `tests/test_locate_task.py` checks a shorter run). A program finds it exactly: every channel of the clutter and the background lies in
-60-200 and every target colour has a channel outside that range, so the target colour's pixels
-are exactly its square's. The program the model has to write is one line,
+after 600 steps; `tests/test_locate_task.py` checks a shorter run). A program finds it exactly: the
+target colours are Pillow's named colours, each with a channel of 0, while every channel of the
+clutter and the background lies in 60-200, so a target colour's pixels are exactly its square's.
+The program the model has to write is one line,
 
-    i=image_1.get_flattened_data().index((230, 30, 30));print('top'if i<25088 else'bottom','left'if i%224<112 else'right')
+    from PIL import ImageColor as C;i=image_1.get_flattened_data().index(C.getrgb('red'));print('top'if i<25088 else'bottom','left'if i%224<112 else'right')
 
 (`PROGRAM`), fast in the sandbox (Pillow 12.1 or later, no NumPy import), and what the model
-must learn is the part a tiny model can: which RGB triple the question's colour word means, and
-copying the printed phrase into `<answer></answer>`.
+must learn is the part a tiny model can: to name the question's colour in the program, and to copy
+the printed phrase into `<answer></answer>`. Naming the colour is one skill for all five colours;
+an earlier version wrote RGB triples, which the model had to learn colour by colour (and garbled,
+mixing two triples): 30 GRPO steps left one or two colours wrong in every seed.
 
 `builtin:locate_tool_sft`, the demo's warm start, is a weak teacher's trajectories: the program
-with the asked colour's triple for about 40% of the pictures (`TEACHER_RIGHT`) and with a decoy
-colour's otherwise (`DECOYS`, one cycle through the five, the lesson of the code demo: decoys that
+looking for the asked colour in about 40% of the pictures (`TEACHER_RIGHT`) and for a decoy
+colour otherwise (`DECOYS`, one cycle through the five, the lesson of the code demo: decoys that
 swap leave the warm start unable to tell the two colours apart), the program's true output as the
 observation, and that output as the answer. So the warm start calls the tool and copies what it
 prints every time, and is right only when it picked the right colour or the decoy square shares
-the quadrant; sampling still writes the right triple often enough for GRPO to find it.
+the quadrant; sampling still names the asked colour often enough for GRPO to find it.
 
 A row is a function of (split, index) alone: its random generator is seeded with
 `"locate:<split>:<index>"`, so rows are the same in every process and on every machine; train
@@ -42,13 +45,14 @@ from PIL import Image, ImageDraw
 SIZE = 224
 ROWS = {"train": 1000, "test": 240}
 COLOURS = {
-    "red": (230, 30, 30),
-    "green": (30, 170, 60),
-    "blue": (40, 70, 220),
-    "yellow": (235, 200, 20),
-    "purple": (150, 50, 180),
+    "red": (255, 0, 0),
+    "green": (0, 128, 0),
+    "blue": (0, 0, 255),
+    "yellow": (255, 255, 0),
+    "purple": (128, 0, 128),
 }
-"""The target colours; each has a channel outside 60-200, the range of everything else."""
+"""The target colours, as Pillow names them (`ImageColor.getrgb`); each has a channel of 0, outside
+60-200, the range of everything else."""
 DECOYS = {"red": "green", "green": "blue", "blue": "yellow", "yellow": "purple", "purple": "red"}
 """The colour the weak teacher mistakes each one for: one cycle through all five."""
 TEACHER_RIGHT = 0.4
@@ -60,7 +64,7 @@ QUESTION = (
     "Answer top left, top right, bottom left or bottom right inside <answer></answer>."
 )
 PROGRAM = (
-    "i=image_1.get_flattened_data().index({rgb});"
+    "from PIL import ImageColor as C;i=image_1.get_flattened_data().index(C.getrgb({colour!r}));"
     "print('top'if i<{half_rows} else'bottom','left'if i%{size}<{half} else'right')"
 )
 
@@ -117,7 +121,7 @@ def draw(scene: Scene) -> Image.Image:
 
 def program(colour: str) -> str:
     """The one-line program that prints the quadrant of `colour`'s square in `image_1`."""
-    return PROGRAM.format(rgb=COLOURS[colour], half_rows=SIZE * SIZE // 2, size=SIZE, half=SIZE // 2)
+    return PROGRAM.format(colour=colour, half_rows=SIZE * SIZE // 2, size=SIZE, half=SIZE // 2)
 
 
 def row(split: str, index: int) -> dict:
