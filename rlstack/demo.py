@@ -125,11 +125,12 @@ def run_demo(
     after_metrics = Trainer(grpo_cfg).fit()
     end = time.perf_counter()
     key = f"val/{spec.source}/accuracy"
+    val_rows = _val_rows(grpo_cfg)
     result = {
         "task": task,
         "seed": grpo_cfg.trainer.seed,
         "num_threads": torch.get_num_threads(),
-        "held_out_problems": _num_val(grpo_cfg),
+        "held_out_problems": len(val_rows),
         "accuracy_before_grpo": before[key],
         "accuracy_after_grpo": after_metrics[key],
         "gain_points": 100 * (after_metrics[key] - before[key]),
@@ -151,7 +152,7 @@ def run_demo(
         if shares:
             result[f"test_status_{name}_grpo"] = dict(sorted(shares.items()))
     if spec.vision:
-        _write_examples(grpo_cfg, grpo_cfg.run_dir.parent / f"warm_start_eval{suffix}")
+        _write_examples(grpo_cfg, val_rows, grpo_cfg.run_dir.parent / f"warm_start_eval{suffix}")
     (grpo_cfg.run_dir / "demo_result.json").write_text(json.dumps(result, indent=2))
     _print_table(result, grpo_cfg, spec)
     return result
@@ -185,10 +186,9 @@ def _evaluate(grpo_overrides: list[str], model_dir: Path, name: str) -> dict[str
     return Trainer(val_cfg).fit()
 
 
-def _write_examples(cfg: Config, before_dir: Path, count: int = 4) -> Path:
+def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, count: int = 4) -> Path:
     """The first `count` held-out questions with their pictures and the greedy trajectories of the
     warm start and of the final policy (code, printed output, answer), as `examples/README.md`."""
-    from rlstack.data.tasks import builtin_rows
 
     def last_val(run_dir: Path) -> dict[str, dict]:
         files = sorted(
@@ -200,7 +200,7 @@ def _write_examples(cfg: Config, before_dir: Path, count: int = 4) -> Path:
     out = cfg.run_dir / "examples"
     out.mkdir(exist_ok=True)
     lines = ["# Held-out examples: greedy trajectories before and after GRPO", ""]
-    for i, row in enumerate(builtin_rows(cfg.data.val_files)[:count]):
+    for i, row in enumerate(val_rows[:count]):
         for j, image in enumerate(row.get("images", [])):
             image.save(out / f"{i}_{j + 1}.png")
         question = row["problem"].replace("<image>", "")
@@ -217,11 +217,12 @@ def _write_examples(cfg: Config, before_dir: Path, count: int = 4) -> Path:
     return out
 
 
-def _num_val(cfg: Config) -> int:
+def _val_rows(cfg: Config) -> list[dict]:
+    """The held-out rows the validation runs use (the first `val_max_samples`), built once."""
     from rlstack.data.tasks import builtin_rows
 
     rows = builtin_rows(cfg.data.val_files)
-    return len(rows) if cfg.data.val_max_samples < 0 else min(len(rows), cfg.data.val_max_samples)
+    return rows if cfg.data.val_max_samples < 0 else rows[: cfg.data.val_max_samples]
 
 
 def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
