@@ -158,3 +158,35 @@ def pad_to_same_width(tensors: Sequence[torch.Tensor], value: float | int = 0) -
         return list(tensors)
     width = max(t.shape[-1] for t in tensors)
     return [pad_right(t, width, value) for t in tensors]
+
+
+def token_budget_groups(lengths: Sequence[int], budget: int, min_groups: int = 1) -> list[list[int]]:
+    """Row indices in groups whose `lengths` add up to at most `budget` each; every row is in one
+    group. Rows are placed longest first into the first group with room (first-fit
+    decreasing, so the groups are few and full); each group keeps its rows in their batch order.
+    With fewer than `min_groups` groups, the group with the most tokens is cut in two until there
+    are `min_groups` (several ranks must run the same number of passes)."""
+    if budget < 1:
+        raise ValueError(f"token budget must be positive, got {budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        if n > budget:
+            raise ValueError(f"row {i} has {n} tokens, more than the budget of {budget} per micro-batch")
+        g = next((g for g, r in enumerate(room) if r >= n), None)
+        if g is None:
+            groups.append([])
+            room.append(budget)
+            g = len(groups) - 1
+        groups[g].append(i)
+        room[g] -= n
+    groups = [sorted(g) for g in groups]
+    while len(groups) < min_groups:
+        big = max((g for g in groups if len(g) > 1), key=lambda g: sum(lengths[i] for i in g), default=None)
+        if big is None:
+            raise ValueError(f"cannot cut {len(lengths)} rows into {min_groups} micro-batches")
+        groups.remove(big)
+        groups += [big[: len(big) // 2], big[len(big) // 2 :]]
+    return sorted(groups, key=lambda g: g[0])

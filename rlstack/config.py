@@ -158,6 +158,14 @@ class ActorConfig:
     """Shuffle trajectories before cutting mini-batches (seeded)."""
     freeze_vision_tower: bool = False
     """Vision models: keep the vision encoder's weights fixed (only the language model and merger train)."""
+    padding_free: bool = False
+    """Pack each micro-batch's rows into one sequence without their padding for log-probs, entropies and the update (veRL's use_remove_padding, EasyR1's padding_free); the reference model follows. false: the padded layout, which runs a prompt once for all its samples."""
+    dynamic_batching: bool = False
+    """Form micro-batches by a token budget (max_token_len_per_device_*) instead of a row count (veRL's use_dynamic_bsz); the gradient does not change."""
+    max_token_len_per_device_for_update: int = 16384
+    """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu)."""
+    max_token_len_per_device_for_experience: int = 32768
+    """Dynamic batching: attended tokens per forward pass computing log-probs (veRL's log_prob_max_token_len_per_gpu)."""
 
 
 @dataclass
@@ -254,12 +262,22 @@ class CriticConfig:
     """Clip range of the value update around the values at collection time."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm of the critic."""
+    padding_free: bool = False
+    """Pack each micro-batch's rows into one sequence without their padding (as worker.actor.padding_free)."""
+    dynamic_batching: bool = False
+    """Form micro-batches by a token budget instead of a row count (as worker.actor.dynamic_batching)."""
+    max_token_len_per_device_for_update: int = 16384
+    """Dynamic batching: attended tokens per forward/backward pass of the critic update."""
+    max_token_len_per_device_for_experience: int = 32768
+    """Dynamic batching: attended tokens per forward pass computing values."""
 
 
 @dataclass
 class RefConfig:
     micro_batch_size_per_device_for_experience: int = 128
     """Trajectories per forward pass of the reference model."""
+    max_token_len_per_device_for_experience: int = 32768
+    """Dynamic batching (worker.actor.dynamic_batching, which the reference follows, as padding_free): attended tokens per forward pass."""
 
 
 @dataclass
@@ -811,6 +829,7 @@ def validate(cfg: Config) -> list[str]:
             cfg.worker.critic.micro_batch_size_per_device_for_experience,
         ),
         ("worker.critic.ppo_epochs", cfg.worker.critic.ppo_epochs),
+        *_token_budgets(cfg),
     ]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
@@ -822,8 +841,15 @@ def validate(cfg: Config) -> list[str]:
             f"mini-batches of global_batch_size prompts; pick a divisor such as "
             f"{_divisors_hint(d.rollout_batch_size)}"
         )
+    longest = d.max_prompt_length + d.max_response_length
+    for key, value in _token_budgets(cfg):
+        if sizes_ok and value < longest:
+            p.append(
+                f"{key} = {value} is less than data.max_prompt_length + data.max_response_length = {longest}: a "
+                f"trajectory that long would not fit in a micro-batch; raise it to at least {longest}"
+            )
     mini = a.global_batch_size * r.n
-    if sizes_ok and mini % a.micro_batch_size_per_device_for_update:
+    if sizes_ok and not a.dynamic_batching and mini % a.micro_batch_size_per_device_for_update:
         p.append(
             f"worker.actor.global_batch_size * worker.rollout.n = {a.global_batch_size} * {r.n} = {mini} "
             f"trajectories per mini-batch must be divisible by "
@@ -839,7 +865,7 @@ def validate(cfg: Config) -> list[str]:
                 f"{_divisors_hint(d.rollout_batch_size)}"
             )
         critic_mini = cr.global_batch_size * r.n
-        if critic_mini % cr.micro_batch_size_per_device_for_update:
+        if not cr.dynamic_batching and critic_mini % cr.micro_batch_size_per_device_for_update:
             p.append(
                 f"worker.critic.global_batch_size * worker.rollout.n = {critic_mini} trajectories must be divisible "
                 f"by worker.critic.micro_batch_size_per_device_for_update ({cr.micro_batch_size_per_device_for_update}); "
@@ -1145,6 +1171,33 @@ def _device_problems(cfg: Config) -> list[str]:
     if r.check_weight_sync and r.weight_sync_tolerance <= 0:
         p.append(f"worker.rollout.weight_sync_tolerance = {r.weight_sync_tolerance}: must be positive")
     return p
+
+
+def _token_budgets(cfg: Config) -> list[tuple[str, int]]:
+    """The token budgets that are in use (dynamic batching on), under their keys."""
+    a, cr = cfg.worker.actor, cfg.worker.critic
+    budgets = []
+    if a.dynamic_batching:
+        budgets += [
+            ("worker.actor.max_token_len_per_device_for_update", a.max_token_len_per_device_for_update),
+            (
+                "worker.actor.max_token_len_per_device_for_experience",
+                a.max_token_len_per_device_for_experience,
+            ),
+            (
+                "worker.ref.max_token_len_per_device_for_experience",
+                cfg.worker.ref.max_token_len_per_device_for_experience,
+            ),
+        ]
+    if cr.dynamic_batching and cfg.algorithm.adv_estimator == "gae":
+        budgets += [
+            ("worker.critic.max_token_len_per_device_for_update", cr.max_token_len_per_device_for_update),
+            (
+                "worker.critic.max_token_len_per_device_for_experience",
+                cr.max_token_len_per_device_for_experience,
+            ),
+        ]
+    return budgets
 
 
 def _divisors_hint(n: int) -> str:

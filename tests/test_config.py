@@ -245,6 +245,24 @@ def test_mini_batch_must_divide_into_micro_batches():
     assert "1, 2, 3, 4, 6, 12" in problem
 
 
+def test_dynamic_batching_replaces_the_micro_batch_rule_with_a_token_budget_rule():
+    sizes = [
+        "data.rollout_batch_size=8",
+        "worker.actor.global_batch_size=4",
+        "worker.rollout.n=3",
+        "worker.actor.micro_batch_size_per_device_for_update=8",  # 12 rows do not divide by 8: unused here
+        "worker.actor.dynamic_batching=true",
+        "data.max_prompt_length=100",
+        "data.max_response_length=28",
+    ]
+    assert load_config(sizes).worker.actor.dynamic_batching
+    (problem,) = problems_of([*sizes, "worker.ref.max_token_len_per_device_for_experience=127"])
+    assert "worker.ref.max_token_len_per_device_for_experience = 127" in problem
+    assert "raise it to at least 128" in problem
+    (problem,) = problems_of([*sizes, "worker.actor.max_token_len_per_device_for_update=0"])
+    assert "must be at least 1" in problem
+
+
 def test_valid_batch_sizes_pass():
     cfg = load_config(
         [

@@ -62,3 +62,14 @@ def test_updates_fit_the_returns_and_report_metrics(tiny_model_dir: Path, tmp_pa
     other = CriticWorker(cfg, str(tiny_model_dir), total_steps=30)
     other.load_checkpoint(tmp_path)
     assert torch.allclose(other.compute_values(_batch())["values"], critic.compute_values(_batch())["values"])
+
+
+def test_values_in_training_equal_the_collected_values(tiny_model_dir: Path):
+    """No dropout in the value head (transformers' token-classification head defaults to 0.1): the
+    update's values of an unchanged critic are the values collected for the batch."""
+    critic = CriticWorker(CriticConfig(), str(tiny_model_dir), total_steps=10)
+    with torch.no_grad():
+        critic.model.score.weight.normal_()
+    collected = critic.compute_values(_batch())["values"]
+    critic.model.train()
+    assert torch.equal(critic._values(_batch()), collected)

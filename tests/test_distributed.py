@@ -41,13 +41,13 @@ def uneven_batch(vocab: int) -> Batch:
     )
 
 
-def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int) -> dict:
+def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int, **layout) -> dict:
     """One optimizer step of a fresh policy worker on `batch`: its metrics and whole updated weights."""
     from rlstack.workers import distributed
     from rlstack.workers.policy import PolicyWorker
 
     torch.manual_seed(0)
-    actor = ActorConfig(micro_batch_size_per_device_for_update=2, loss_agg_mode=agg_mode)
+    actor = ActorConfig(micro_batch_size_per_device_for_update=2, loss_agg_mode=agg_mode, **layout)
     actor.model.model_path = model_dir
     # Adam's first step moves every weight by about lr, 50x the tolerance; a larger lr magnifies the
     # float noise of gradients near Adam's eps (g ~ 1e-9) past it.
@@ -58,21 +58,40 @@ def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int
     return {"metrics": metrics, "weights": weights, "sharded": distributed.sharded()}
 
 
-def ranks_update(model_dir: str, agg_mode: str, parts: list[Batch], mini_per_rank: int) -> dict:
+def ranks_update(model_dir: str, agg_mode: str, parts: list[Batch], mini_per_rank: int, layout: dict) -> dict:
     from rlstack.workers import distributed
 
-    return one_update(model_dir, agg_mode, parts[distributed.current().rank], mini_per_rank)
+    return one_update(model_dir, agg_mode, parts[distributed.current().rank], mini_per_rank, **layout)
 
 
-@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_two_rank_fsdp2_step_equals_one_process(tiny_model_dir: Path, tok, tmp_path: Path, agg_mode: str):
+PACKED = {"padding_free": True, "dynamic_batching": True, "max_token_len_per_device_for_update": 14}
+"""Rank 0's long rows (10-12 tokens) take a pass each, rank 1's short ones (6-8) fit two to a pass: rank 1
+must cut its passes to rank 0's count, or FSDP2's collectives hang."""
+
+
+@pytest.mark.parametrize(
+    ("agg_mode", "layout"),
+    [
+        ("token-mean", {}),
+        ("seq-mean-token-mean", {}),
+        ("seq-mean-token-sum-norm", {}),
+        ("token-mean", PACKED),
+    ],
+    ids=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "padding-free-dynamic"],
+)
+@pytest.mark.timeout(180)
+def test_two_rank_fsdp2_step_equals_one_process(
+    tiny_model_dir: Path, tok, tmp_path: Path, agg_mode: str, layout: dict
+):
     batch = uneven_batch(len(tok))
-    single = one_update(str(tiny_model_dir), agg_mode, batch, ROWS)
+    single = one_update(str(tiny_model_dir), agg_mode, batch, ROWS)  # padded, one process: the reference
     assert not single["sharded"]
 
     parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
     assert [p["response_mask"].sum().item() for p in parts] == [29, 6]  # uneven on purpose
-    ranks = run_ranks(2, ranks_update, str(tiny_model_dir), agg_mode, parts, mini_per_rank, tmp=tmp_path)
+    ranks = run_ranks(
+        2, ranks_update, str(tiny_model_dir), agg_mode, parts, mini_per_rank, layout, tmp=tmp_path
+    )
 
     assert all(r["sharded"] for r in ranks)
     for r in ranks:

@@ -728,3 +728,52 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir: Path, tmp_
     assert runs[0]["actor/grad_norm"] > 0
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
         assert runs[0][key] == pytest.approx(runs[1][key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("algorithm.use_kl_loss=true", "algorithm.kl_penalty=low_var_kl"),  # the reference worker too
+        (  # the critic too
+            "algorithm.adv_estimator=gae",
+            "worker.critic.global_batch_size=4",
+            "worker.critic.micro_batch_size_per_device_for_update=4",
+        ),
+    ],
+    ids=["grpo-kl", "gae"],
+)
+def test_padding_free_dynamic_batches_give_the_padded_step(tiny_model_dir: Path, tmp_path: Path, extra):
+    """One seeded training step (its log-probs, KL, values, losses and gradient norms) does not depend on
+    how the micro-batches are laid out and cut."""
+    runs = []
+    for name, layout in (
+        ("padded", ()),
+        (
+            "packed",
+            (
+                "worker.actor.padding_free=true",
+                "worker.actor.dynamic_batching=true",
+                "worker.actor.max_token_len_per_device_for_update=80",
+                "worker.actor.max_token_len_per_device_for_experience=80",
+                "worker.ref.max_token_len_per_device_for_experience=80",
+                "worker.critic.padding_free=true",
+                "worker.critic.dynamic_batching=true",
+                "worker.critic.max_token_len_per_device_for_update=80",
+                "worker.critic.max_token_len_per_device_for_experience=80",
+            ),
+        ),
+    ):
+        runs.append(
+            _two_steps(
+                tiny_model_dir,
+                tmp_path / name,
+                "trainer.max_steps=1",
+                _digits_reward(tmp_path),
+                *extra,
+                *layout,
+            )[1]
+        )
+    padded, packed = (_deterministic(r) for r in runs)
+    assert padded["actor/grad_norm"] > 0 and set(padded) == set(packed)
+    for key in padded:
+        assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-5), key

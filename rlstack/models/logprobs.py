@@ -3,9 +3,15 @@
 Vision-language batches carry `[B, 3, T]` M-RoPE position ids and per-row images
 (`pixel_values`, `image_grid_thw`: lists with one tensor per row, see `rlstack.models.vision`);
 they take one plain forward pass, without prompt sharing.
+
+Two layouts give the same log-probs: padded (`response_logits`, the reference: every row of the
+batch at full width, prompts shared between neighbouring rows) and padding-free
+(`packed_response_logits`: rows laid end to end without their padding).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -59,18 +65,59 @@ def forward_logprobs(
     entropy_grad: bool = False,
     pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
     image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `input_ids[b, t]` given `input_ids[b, <t]`, at `temperature`.
 
     Entropies carry a gradient only with `entropy_grad` (an entropy bonus in the loss).
-    Returns `[B, T]` tensors, zero at and before the first column of `response_mask` that is not
-    needed. See `response_logits` for how the forward pass is done.
+    Returns `[B, T]` tensors. Padded (default): zero at and before the first column of
+    `response_mask` that is not needed, see `response_logits`. `padding_free`: zero wherever
+    `response_mask` is 0, see `packed_response_logits`.
     """
-    logits, start = response_logits(
-        model, input_ids, attention_mask, position_ids, response_mask, pixel_values, image_grid_thw
-    )
-    scaled = logits if temperature == 1.0 else logits / temperature
-    return logprobs_from_response_logits(scaled, input_ids, start, with_entropy, entropy_grad)
+    inputs = (model, input_ids, attention_mask, position_ids, response_mask, pixel_values, image_grid_thw)
+    scored = packed_response_logits(*inputs) if padding_free else response_logits(*inputs)
+    return scored.scaled(temperature).logprobs(with_entropy, entropy_grad)
+
+
+@dataclass
+class ResponseLogits:
+    """Logits of the tokens a batch scores, and where they belong in its `[B, T]` layout."""
+
+    logits: torch.Tensor
+    """`[B, T-start, V]` (padded: every column from the first scored one) or `[N, V]` (padding-free:
+    one row per response token)."""
+    labels: torch.Tensor
+    """The token each logit predicts: `logits.shape[:-1]`."""
+    start: int | None
+    """Padded layout: the first column the logits predict. None for the padding-free layout."""
+    index: tuple[torch.Tensor, torch.Tensor] | None
+    """Padding-free layout: the (row, column) of the token each logit predicts."""
+    shape: tuple[int, int]
+    """`(B, T)` of the batch."""
+
+    def scaled(self, temperature: float) -> ResponseLogits:
+        """The logits divided by the sampling temperature."""
+        if temperature == 1.0:
+            return self
+        return replace(self, logits=self.logits / temperature)
+
+    def to_full(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-logit values (`labels`' shape) -> `[B, T]`, zeros where nothing is scored."""
+        if self.index is None:
+            return to_full_width(values, self.shape[1], self.start)
+        full = values.new_zeros(self.shape)
+        return full.index_put(self.index, values)
+
+    def logprobs(
+        self, with_entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`)."""
+        logp = self.to_full(logprobs_from_logits(self.logits, self.labels))
+        if not with_entropy:
+            return logp, None
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = entropy_from_logits(self.logits)
+        return logp, self.to_full(ent)
 
 
 def response_logits(
@@ -81,9 +128,9 @@ def response_logits(
     response_mask: torch.Tensor,  # [B, T]
     pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
     image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
-) -> tuple[torch.Tensor, int]:
-    """Logits predicting the tokens at columns `start .. T-1` ([B, T-start, V]) and `start`, the first
-    column with a sampled token; only these logits are materialised (`logits_to_keep`).
+) -> ResponseLogits:
+    """Logits predicting the tokens at columns `start .. T-1` (`[B, T-start, V]`), `start` being the
+    first column with a sampled token; only these logits are materialised (`logits_to_keep`).
 
     Consecutive rows with the same prompt (every column before the first response column, as
     `n` samples of one prompt are laid out) share one forward pass of it: see
@@ -95,10 +142,7 @@ def response_logits(
     T = input_ids.shape[1]
     start = max(first_scored_column(response_mask), 1)
     logits = None
-    images = {}
-    if image_grid_thw is not None:
-        check_batch_image_tokens(model, input_ids, image_grid_thw)
-        images = multimodal_inputs(pixel_values, image_grid_thw, input_ids.device)
+    images = _images(model, input_ids, pixel_values, image_grid_thw)
     if start < T and position_ids.dim() == 2 and not images:
         logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start)
     if logits is None:
@@ -112,23 +156,67 @@ def response_logits(
             **images,
         )
         logits = out.logits[:, :-1, :]  # [B, T-start, V]
-    return logits, start
+    return ResponseLogits(logits, input_ids[:, start:], start, None, tuple(input_ids.shape))
 
 
-def logprobs_from_response_logits(
-    logits: torch.Tensor,  # [B, T-start, V], already divided by the temperature
+def packed_response_logits(
+    model: torch.nn.Module,
     input_ids: torch.Tensor,  # [B, T]
-    start: int,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`[B, T]` log-probs of `input_ids` (and entropies) from `response_logits`' output."""
-    logp = to_full_width(logprobs_from_logits(logits, input_ids[:, start:]), input_ids.shape[1], start)
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ent = entropy_from_logits(logits)
-    return logp, to_full_width(ent, input_ids.shape[1], start)
+    attention_mask: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T], or [B, 3, T] (M-RoPE)
+    response_mask: torch.Tensor,  # [B, T]
+    pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
+    image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
+) -> ResponseLogits:
+    """Logits of the response tokens (`[N, V]`, one per token with `response_mask`) from one forward
+    pass over the rows packed into a single sequence, padding removed (veRL's `use_remove_padding`).
+
+    The attended tokens of every row are laid end to end (`[1, sum of lengths]`) with each row's own
+    position ids, and neither attention mask nor cache: the model then attends within each row only
+    (Hugging Face finds the rows where the position ids restart: a block-diagonal causal mask for SDPA and eager
+    attention, variable-length kernels for FlashAttention). M-RoPE models get their three position
+    rows with the text positions in front (`[4, 1, N]`, the layout Qwen-VL models read packed rows
+    from); the images are the rows' images in row order, as in the padded pass. Only the logits of
+    the positions before a response token are computed (`logits_to_keep` as indices).
+    """
+    B, T = input_ids.shape
+    attended = attention_mask.bool()
+    scored = response_mask.bool() & attended
+    images = _images(model, input_ids, pixel_values, image_grid_thw)
+    offsets = attended.long().flatten().cumsum(0).view(B, T) - 1  # packed index of each attended token
+    text_positions = attention_mask.long().cumsum(-1) - 1
+    if bool((scored & (text_positions == 0)).any()):
+        raise ValueError("a row's first attended token is marked as a response token: nothing predicts it")
+    packed_ids = input_ids[attended][None]
+    if position_ids.dim() == 3:  # [B, 3, T] -> [4, 1, N]: text positions, then M-RoPE's three rows
+        rope = position_ids.permute(1, 0, 2)[:, attended]
+        packed_positions = torch.cat([text_positions[attended][None], rope])[:, None, :]
+    else:
+        packed_positions = position_ids[attended][None]
+    index = scored.nonzero(as_tuple=True)
+    keep = offsets[index] - 1  # the logits at the token before each response token predict it
+    out = model(
+        input_ids=packed_ids,
+        attention_mask=None,
+        position_ids=packed_positions,
+        use_cache=False,
+        logits_to_keep=keep,
+        **images,
+    )
+    return ResponseLogits(out.logits[0], input_ids[index], None, index, (B, T))
+
+
+def _images(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    pixel_values: list[torch.Tensor] | None,
+    image_grid_thw: list[torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """The rows' images as forward kwargs, after checking every row's image tokens against them."""
+    if image_grid_thw is None:
+        return {}
+    check_batch_image_tokens(model, input_ids, image_grid_thw)
+    return multimodal_inputs(pixel_values, image_grid_thw, input_ids.device)
 
 
 def to_full_width(values: torch.Tensor, width: int, start: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from rlstack.algos.policy_loss import token_mean
 from rlstack.algos.value_loss import clipped_value_loss, explained_variance
@@ -16,7 +16,7 @@ from rlstack.models.vision import position_ids
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import Dispatch, dispatch
-from rlstack.workers.training import build_optimizer, optimizer_steps
+from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
 
 
 class CriticWorker:
@@ -29,14 +29,28 @@ class CriticWorker:
         if distributed.sharded():
             distributed.shard_model(self.model, device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, total_steps)
+        dynamic = cfg.dynamic_batching
+        self.experience_micro_batching = MicroBatching(
+            cfg.micro_batch_size_per_device_for_experience,
+            cfg.max_token_len_per_device_for_experience if dynamic else None,
+            "worker.critic.max_token_len_per_device_for_experience",
+        )
+        self.update_micro_batching = MicroBatching(
+            cfg.micro_batch_size_per_device_for_update,
+            cfg.max_token_len_per_device_for_update if dynamic else None,
+            "worker.critic.max_token_len_per_device_for_update",
+        )
 
     def _load(self, path: str) -> torch.nn.Module:
+        trust = self.cfg.model.trust_remote_code
         try:
+            config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust)
+            config.classifier_dropout = 0.0  # transformers' head would drop 10% of the features in training
             model, info = AutoModelForTokenClassification.from_pretrained(
                 path,
-                num_labels=1,
+                config=config,
                 dtype=DTYPES[self.cfg.model.dtype],
-                trust_remote_code=self.cfg.model.trust_remote_code,
+                trust_remote_code=trust,
                 output_loading_info=True,
             )
         except (OSError, ValueError) as e:
@@ -51,12 +65,22 @@ class CriticWorker:
 
     def _values(self, b: Batch) -> torch.Tensor:
         b = b.to(self.model.device)
-        out = self.model(
-            input_ids=b["input_ids"],
-            attention_mask=b["attention_mask"],
-            position_ids=position_ids(self.model, b["input_ids"], b["attention_mask"]),
-        )
-        v = out.logits[..., 0].float()  # [B, T]: value of the prefix ending at each column
+        ids, mask = b["input_ids"], b["attention_mask"]
+        positions = position_ids(self.model, ids, mask)
+        if self.cfg.padding_free:  # the rows end to end without padding, as the policy's padding_free
+            attended = mask.bool()
+            # no cache: Hugging Face finds the packed rows (where the positions restart) only without one
+            out = self.model(
+                input_ids=ids[attended][None],
+                attention_mask=None,
+                position_ids=positions[attended][None],
+                use_cache=False,
+            )
+            v = out.logits.new_zeros(ids.shape, dtype=torch.float32)
+            v[attended] = out.logits[0, :, 0].float()
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions)
+            v = out.logits[..., 0].float()  # [B, T]: value of the prefix ending at each column
         shifted = torch.zeros_like(v)
         shifted[:, 1:] = v[:, :-1]
         return shifted * b["response_mask"]
@@ -65,9 +89,8 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
-        micro = self.cfg.micro_batch_size_per_device_for_experience
-        parts = [self._values(mb).cpu() for mb in batch.split(micro)]
-        return batch.update({"values": torch.cat(parts)})
+        values = self.experience_micro_batching.map(batch, lambda mb: self._values(mb).cpu())
+        return batch.update({"values": values})
 
     @dispatch(Dispatch.MINI_BATCHES)
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
@@ -91,7 +114,7 @@ class CriticWorker:
             batch,
             micro_loss,
             mini_batch_size,
-            c.micro_batch_size_per_device_for_update,
+            self.update_micro_batching,
             c.ppo_epochs,
             c.max_grad_norm,
             role="critic",

@@ -20,19 +20,14 @@ from rlstack.algos.policy_loss import (
     token_mean,
 )
 from rlstack.batch import Batch
-from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig
+from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
-from rlstack.models.logprobs import (
-    forward_logprobs,
-    logprobs_from_response_logits,
-    response_logits,
-    to_full_width,
-)
+from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import Dispatch, dispatch
-from rlstack.workers.training import build_optimizer, optimizer_steps
+from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
 #   -> (loss, {metric: contribution summed over the mini-batch})
@@ -105,6 +100,17 @@ class PolicyWorker:
         self.seed = seed
         self.vppo_generator = torch.Generator().manual_seed(seed + 1)
         """Draws VPPO's patch masks (saved with checkpoints)."""
+        dynamic = actor.dynamic_batching
+        self.experience_micro_batching = MicroBatching(
+            actor.micro_batch_size_per_device_for_experience,
+            actor.max_token_len_per_device_for_experience if dynamic else None,
+            "worker.actor.max_token_len_per_device_for_experience",
+        )
+        self.update_micro_batching = MicroBatching(
+            actor.micro_batch_size_per_device_for_update,
+            actor.max_token_len_per_device_for_update if dynamic else None,
+            "worker.actor.max_token_len_per_device_for_update",
+        )
 
     @dispatch(Dispatch.ALL)
     def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
@@ -133,7 +139,7 @@ class PolicyWorker:
         was_training = self.model.training
         self.model.eval()
         try:
-            logp, _ = _batched_logprobs(self.model, row, 1, with_entropy=False)
+            logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, padding_free=False)
         finally:
             self.model.train(was_training)
         return logp[0, len(prompt_ids) :].tolist()
@@ -143,7 +149,7 @@ class PolicyWorker:
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Adds `old_logprobs` and `entropy` [B, T] under the current weights."""
         logp, ent = _batched_logprobs(
-            self.model, batch, self.cfg.micro_batch_size_per_device_for_experience, with_entropy=True
+            self.model, batch, self.experience_micro_batching, True, self.cfg.padding_free
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
 
@@ -164,7 +170,7 @@ class PolicyWorker:
         ]
         perturbed = Batch({**batch.columns, "pixel_values": masked}, batch.meta)  # the originals stay
         logp, _ = _batched_logprobs(
-            self.model, perturbed, self.cfg.micro_batch_size_per_device_for_experience, with_entropy=False
+            self.model, perturbed, self.experience_micro_batching, False, self.cfg.padding_free
         )
         return batch.update({"masked_logprobs": logp})
 
@@ -241,19 +247,17 @@ class PolicyWorker:
         temperature = batch.meta.get("temperature", 1.0)
         entropy_grad = self.cfg.entropy_coeff != 0
 
+        forward = packed_response_logits if self.cfg.padding_free else response_logits
+
         def micro_loss(micro: Batch, totals: MiniBatchTotals):
             micro = micro.to(self.model.device)
-            logits, start = response_logits(self.model, **_model_inputs(self.model, micro))
-            if temperature != 1.0:
-                logits = logits / temperature
-            logp, ent = logprobs_from_response_logits(logits, micro["input_ids"], start, True, entropy_grad)
+            scored = forward(self.model, **_model_inputs(self.model, micro)).scaled(temperature)
+            logp, ent = scored.logprobs(True, entropy_grad)
             exact_kl = None
             if self.ref_model is not None:  # KL over whole next-token distributions (kl_penalty=full)
                 with torch.no_grad():
-                    ref_logits, _ = response_logits(self.ref_model, **_model_inputs(self.ref_model, micro))
-                exact_kl = to_full_width(
-                    kl_full(logits, ref_logits / temperature), logits.shape[1] + start, start
-                )
+                    ref = forward(self.ref_model, **_model_inputs(self.ref_model, micro)).scaled(temperature)
+                exact_kl = scored.to_full(kl_full(scored.logits, ref.logits))
             return loss_fn(micro, totals, logp, ent, exact_kl)
 
         c = self.cfg
@@ -264,7 +268,7 @@ class PolicyWorker:
             batch,
             micro_loss,
             mini_batch_size,
-            c.micro_batch_size_per_device_for_update,
+            self.update_micro_batching,
             epochs,
             c.max_grad_norm,
             role="actor",
@@ -322,36 +326,47 @@ class PolicyWorker:
 
 
 class RefWorker:
-    """A frozen copy of the initial policy, for KL terms."""
+    """A frozen copy of the initial policy, for KL terms. It lays out and cuts batches as the policy does
+    (`worker.actor.padding_free`, `worker.actor.dynamic_batching`), with its own micro-batch sizes."""
 
-    def __init__(self, actor: ActorConfig, micro_batch_size: int, device: str = "cpu"):
+    def __init__(self, actor: ActorConfig, ref: RefConfig, device: str = "cpu"):
         path = resolve_model_path(actor.model.model_path)
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
         if distributed.sharded():
             distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
-        self.micro_batch_size = micro_batch_size
+        self.padding_free = actor.padding_free
+        self.micro_batching = MicroBatching(
+            ref.micro_batch_size_per_device_for_experience,
+            ref.max_token_len_per_device_for_experience if actor.dynamic_batching else None,
+            "worker.ref.max_token_len_per_device_for_experience",
+        )
 
     @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        logp, _ = _batched_logprobs(self.model, batch, self.micro_batch_size, with_entropy=False)
+        logp, _ = _batched_logprobs(self.model, batch, self.micro_batching, False, self.padding_free)
         return batch.update({"ref_logprobs": logp})
 
 
 def _batched_logprobs(
-    model, batch: Batch, micro: int, with_entropy: bool
+    model, batch: Batch, micro: MicroBatching, with_entropy: bool, padding_free: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) `[B, T]` of a batch, computed micro-batch by micro-batch."""
     temperature = batch.meta.get("temperature", 1.0)
-    logps, ents = [], []
-    for mb in batch.split(micro):
+
+    def run(mb: Batch) -> torch.Tensor:
         lp, ent = forward_logprobs(
-            model, **_model_inputs(model, mb), temperature=temperature, with_entropy=with_entropy
+            model,
+            **_model_inputs(model, mb),
+            temperature=temperature,
+            with_entropy=with_entropy,
+            padding_free=padding_free,
         )
-        logps.append(lp.cpu())
-        ents.append(ent.cpu() if ent is not None else None)
-    logp = torch.cat(logps)
-    return logp, (torch.cat(ents) if with_entropy else None)
+        return torch.stack([lp, ent] if with_entropy else [lp], dim=1).cpu()  # [rows, 1 or 2, T]
+
+    out = micro.map(batch, run)
+    return out[:, 0], (out[:, 1] if with_entropy else None)
 
 
 def _check_sharded(path: Path, name: str) -> None:

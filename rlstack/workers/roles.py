@@ -34,7 +34,7 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
             w.rollout, w.actor.model, d.max_response_length, policy, device, own_copy=own_copy
         )
     if needs_ref(cfg):
-        roles["ref"] = RefWorker(w.actor, w.ref.micro_batch_size_per_device_for_experience, device)
+        roles["ref"] = RefWorker(w.actor, w.ref, device)
     if cfg.algorithm.adv_estimator == AdvEstimator.GAE:
         roles["critic"] = CriticWorker(w.critic, w.actor.model.model_path, total_steps, device)
     return roles

@@ -15,11 +15,12 @@ mini-batch, in order: local mini-batch i is this rank's part of global mini-batc
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
-from rlstack.batch import Batch
+from rlstack.batch import Batch, token_budget_groups
 from rlstack.config import OptimConfig
 from rlstack.errors import TrainingDiverged
 from rlstack.workers import distributed
@@ -28,6 +29,47 @@ from rlstack.workers.distributed import MiniBatchTotals
 # micro_loss(micro_batch, mini_batch_totals) -> (loss, {metric: contribution summed over the mini-batch}); the
 # loss is normalized by the mini-batch (its tokens or sequences), so micro-batch losses add up to its loss.
 MicroLoss = Callable[[Batch, MiniBatchTotals], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a batch is cut into forward/backward passes: `rows` trajectories each, or with `max_tokens`
+    (dynamic batching, veRL's `use_dynamic_bsz`) groups of rows holding at most that many attended tokens
+    each. Neither changes the gradient: losses are normalized by the mini-batch (`MiniBatchTotals`)."""
+
+    rows: int
+    max_tokens: int | None = None
+    key: str = ""
+    """The config key of the token budget, for messages."""
+
+    def split(self, batch: Batch) -> list[tuple[list[int], Batch]]:
+        """(row indices, rows) of each micro-batch, every row in one. With several ranks each gets as
+        many micro-batches as the rank that needs the most (FSDP2 runs its collectives per pass)."""
+        if self.max_tokens is None:
+            return [
+                (list(range(i, min(i + self.rows, len(batch)))), mb)
+                for i, mb in zip(range(0, len(batch), self.rows), batch.split(self.rows))
+            ]
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        longest = max(lengths, default=0)
+        if longest > self.max_tokens:
+            raise ValueError(
+                f"a trajectory of {longest} tokens does not fit in {self.key}={self.max_tokens}: raise it to at "
+                "least data.max_prompt_length + data.max_response_length (agent trajectories: their whole length)"
+            )
+        groups = token_budget_groups(lengths, self.max_tokens)
+        if distributed.current().world_size > 1:
+            most = max(distributed.gather_objects(len(groups)))
+            if most > len(groups):
+                groups = token_budget_groups(lengths, self.max_tokens, min_groups=most)
+        return [(g, batch.select(g)) for g in groups]
+
+    def map(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """`fn` over the micro-batches, its `[rows, ...]` results put back in the batch's row order."""
+        parts = self.split(batch)
+        out = torch.cat([fn(mb) for _, mb in parts])
+        order = torch.tensor([i for rows, _ in parts for i in rows])
+        return out[torch.argsort(order)]
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
@@ -50,7 +92,7 @@ def optimizer_steps(
     batch: Batch,
     micro_loss: MicroLoss,
     mini_batch_size: int,
-    micro_batch_size: int,
+    micro_batching: MicroBatching,
     epochs: int,
     max_grad_norm: float,
     role: str,
@@ -70,7 +112,7 @@ def optimizer_steps(
         for mb in order.split(mini_batch_size):
             totals = MiniBatchTotals.of(mb["response_mask"])
             bad_loss = None
-            for micro in mb.split(micro_batch_size):
+            for _, micro in micro_batching.split(mb):
                 loss, stats = micro_loss(micro, totals)
                 if not torch.isfinite(loss) and bad_loss is None:
                     bad_loss = loss.item()
