@@ -11,14 +11,15 @@ import tempfile
 from pathlib import Path
 
 
-def run_sides(script: str, order: list[str], args: list[str]) -> dict[str, list[dict]]:
+def run_sides(script: str, order: list[str], args: list[str], **sizes: int) -> dict[str, list[dict]]:
     """`script --side S --model-dir M --json-out F *args` for each side S of `order` (sides may repeat),
-    on a tiny model built once; every run's JSON result, by side, in run order."""
+    on a tiny model built once (`write_model_dir`'s sizes, or `sizes`); every run's JSON result, by side,
+    in run order."""
     from rlstack.models.loading import write_model_dir
 
     runs: dict[str, list[dict]] = {s: [] for s in order}
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-") as tmp:
-        model_dir = write_model_dir(Path(tmp) / "tiny")
+        model_dir = write_model_dir(Path(tmp) / "tiny", **sizes)
         for i, side in enumerate(order):
             out = Path(tmp) / f"{i}_{side}.json"
             cmd = [

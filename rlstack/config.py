@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import os
 import re
@@ -75,6 +76,18 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank of the policy's adapters (peft); 0: train every weight."""
+    alpha: int = 16
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / rank."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters, by name (q_proj, v_proj, ...); [all-linear]: every linear layer but the output head (peft's all-linear)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input in training."""
+
+
+@dataclass
 class ModelConfig:
     model_path: str = BUILTIN_MODEL
     """Local Hugging Face model directory (or `builtin:tiny-qwen2`)."""
@@ -88,6 +101,8 @@ class ModelConfig:
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     """Attention kernel (flash_attention_2 needs a CUDA GPU and the flash-attn package)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Policy only: train LoRA adapters instead of every weight (`pip install 'rlstack[lora]'`); the reference is the base with the adapters switched off, checkpoints hold the adapters, the rollout engine gets the merged weights."""
 
 
 @dataclass
@@ -871,6 +886,15 @@ def validate(cfg: Config) -> list[str]:
                 f"by worker.critic.micro_batch_size_per_device_for_update ({cr.micro_batch_size_per_device_for_update}); "
                 f"pick a divisor such as {_divisors_hint(critic_mini)}"
             )
+    lora = a.model.lora
+    if lora.rank < 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
+        p.append(
+            f"worker.actor.model.lora: rank = {lora.rank} (0: off, else > 0), alpha = {lora.alpha} (> 0), "
+            f"dropout = {lora.dropout} (in [0, 1)), target_modules = {list(lora.target_modules)} (not empty): fix "
+            "the one out of range"
+        )
+    if lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        p.append("worker.actor.model.lora.rank > 0 needs the peft package: pip install 'rlstack[lora]'")
     rw = cfg.worker.reward
     if rw.overlong_buffer_length < 0 or rw.overlong_buffer_length > d.max_response_length:
         p.append(
@@ -1043,7 +1067,6 @@ def validate(cfg: Config) -> list[str]:
 
 def _backend_problems(cfg: Config) -> list[str]:
     """Ranks the backend cannot run, and batches that do not split across them."""
-    import importlib.util
 
     p: list[str] = []
     t = cfg.trainer
@@ -1072,6 +1095,12 @@ def _backend_problems(cfg: Config) -> list[str]:
         return p
     if importlib.util.find_spec("ray") is None:
         p.append("trainer.backend = ray, but Ray is not installed: pip install 'rlstack[ray]'")
+    if world > 1 and cfg.worker.actor.model.lora.rank > 0:
+        p.append(
+            f"worker.actor.model.lora.rank = {cfg.worker.actor.model.lora.rank} with {world} policy ranks: LoRA is "
+            "built for one policy rank so far (trainer.nnodes=1 trainer.n_gpus_per_node=1); FSDP2-sharded "
+            "adapters are not"
+        )
     if not cfg.worker.rollout.colocated and cfg.worker.rollout.num_ranks < 1:
         p.append(f"worker.rollout.num_ranks = {cfg.worker.rollout.num_ranks}: must be at least 1")
     trajectories = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n
@@ -1109,7 +1138,6 @@ def cpu_supports_bfloat16() -> bool:
 
 def _device_problems(cfg: Config) -> list[str]:
     """GPU features asked for where there is no GPU, and engine settings the machine cannot honour."""
-    import importlib.util
 
     import torch
 

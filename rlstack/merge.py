@@ -5,7 +5,9 @@ A checkpoint of a sharded run (`trainer.backend=ray` with several ranks) keeps t
 (`model/`). Merging loads the shards into one model in this process (any number of ranks may have
 written them; no process group is needed) and writes it with `save_pretrained`, so that it loads
 with `from_pretrained` (as EasyR1's model merger does for FSDP shards). A one-process checkpoint
-already holds the Hugging Face model in `model/`: it is copied.
+already holds the Hugging Face model in `model/`: it is copied. A LoRA run's checkpoint holds the
+adapters in `model/` (peft's format, with the base model's path in `adapter_config.json`): they are
+merged into the base weights.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def merge_checkpoint(checkpoint: Path, out: Path) -> Path:
             "checkpoints/global_step_N directory of a run"
         )
     out.mkdir(parents=True, exist_ok=True)
+    if (model_dir / "adapter_config.json").is_file():
+        return _merge_adapters(model_dir, out)
     if not shards.is_dir():
         shutil.copytree(model_dir, out, dirs_exist_ok=True)
         return out
@@ -43,6 +47,29 @@ def merge_checkpoint(checkpoint: Path, out: Path) -> Path:
     model.load_state_dict(state["model"])
     for f in model_dir.iterdir():  # tokenizer, processor, chat template
         if f.is_file() and f.name != "config.json":
+            shutil.copy2(f, out / f.name)
+    model.save_pretrained(out)
+    return out
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "config.json", "README.md")
+
+
+def _merge_adapters(model_dir: Path, out: Path) -> Path:
+    """The base model named in the adapters' config with the adapters merged in, and the tokenizer files."""
+    import json
+
+    from rlstack.models.lora import merge_adapter_dir
+
+    base = json.loads((model_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise RLStackError(
+            f"the adapters in {model_dir} were trained on {base!r}, which is not a model directory here: merging "
+            "needs the base model they were trained on at that path"
+        )
+    model = merge_adapter_dir(model_dir, base)
+    for f in model_dir.iterdir():  # tokenizer, processor, chat template
+        if f.is_file() and f.name not in ADAPTER_FILES:
             shutil.copy2(f, out / f.name)
     model.save_pretrained(out)
     return out

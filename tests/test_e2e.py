@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,10 +37,11 @@ REQUIRED_METRICS = [
     "timing_s/update_actor",
     "timing_s/step",
     "perf/throughput",
+    "perf/max_rss_gb",
     "reward/overall",
     "reward/accuracy",
 ]
-NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step")
+NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_")
 
 
 def _overrides(model: Path, out: Path, *extra: str) -> list[str]:
@@ -777,3 +779,49 @@ def test_padding_free_dynamic_batches_give_the_padded_step(tiny_model_dir: Path,
     assert padded["actor/grad_norm"] > 0 and set(padded) == set(packed)
     for key in padded:
         assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.slow
+def test_a_lora_run_syncs_merged_weights_checkpoints_adapters_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """LoRA through the trainer: the reference is the base (KL loss), a rollout engine with its own copy
+    (asynchronous GRPO) gets the merged weights and passes the stale-weight check, checkpoints hold the
+    adapters only, and a resumed run continues as the uninterrupted one."""
+    args = (
+        "trainer.val_before_train=false",
+        "data.val_files=",
+        "trainer.logger=[file]",
+        "trainer.max_steps=3",
+        "trainer.save_freq=1",
+        "trainer.save_limit=-1",
+        _digits_reward(tmp_path),
+        "worker.actor.model.lora.rank=8",
+        "worker.actor.model.lora.alpha=16",
+        "worker.actor.optim.lr=2e-2",
+        "algorithm.use_kl_loss=true",
+        "algorithm.kl_penalty=low_var_kl",
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.max_trajectory_age_steps=0",
+        "worker.rollout.check_weight_sync=true",
+    )
+    cfg = load_config(_overrides(tiny_model_dir, tmp_path / "straight", *args))
+    trainer = Trainer(cfg)
+    assert trainer.ref.worker is trainer.actor.worker  # no second copy of the model
+    assert not trainer.rollout_workers.worker.engine.capabilities.shares_policy_weights
+    trainer.fit()
+    straight = _metrics(cfg.run_dir)
+    assert straight[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero
+    assert straight[2]["actor/kl_loss"] > 1e-6
+    assert all(straight[s]["rollout/weight_sync_max_diff"] < 1e-5 for s in (1, 2, 3))
+    model_files = {f.name for f in (cfg.run_dir / "checkpoints" / "global_step_2" / "model").iterdir()}
+    assert "adapter_model.safetensors" in model_files and "model.safetensors" not in model_files
+
+    resumed = load_config(_overrides(tiny_model_dir, tmp_path / "resumed", *args))
+    shutil.copytree(
+        cfg.run_dir / "checkpoints" / "global_step_2", resumed.run_dir / "checkpoints" / "global_step_2"
+    )
+    Trainer(resumed).fit()
+    again = _metrics(resumed.run_dir)
+    assert sorted(again) == [3]
+    assert _deterministic(again[3]) == _deterministic(straight[3])

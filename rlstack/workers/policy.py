@@ -4,6 +4,7 @@ and the frozen reference model."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,12 +22,15 @@ from rlstack.algos.policy_loss import (
 )
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
+from rlstack.errors import RLStackError
 from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
+from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.memory import peaks_since_last
 from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
@@ -75,21 +79,28 @@ class PolicyWorker:
         path = resolve_model_path(actor.model.model_path)
         self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
         self.device = device
+        self.path = path
         self.model = load_trained_model(actor.model, path, device)
-        self.model.train()
         self.processor = load_processor(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
-        if actor.freeze_vision_tower:
-            if self.processor is None:
-                raise ValueError(
-                    f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"
-                )
+        if actor.freeze_vision_tower and self.processor is None:
+            raise ValueError(
+                f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"
+            )
+        self.lora = actor.model.lora.rank > 0
+        """Only LoRA adapters train; the base with the adapters off is the reference (`rlstack.models.lora`)."""
+        if self.lora:
+            self.model = add_lora(self.model, actor.model.lora, actor.freeze_vision_tower)
+        elif actor.freeze_vision_tower:
             for p in vision_tower_parameters(self.model):
                 p.requires_grad_(False)
+        self.model.train()
         self.max_response_length = max_response_length
         self.ref_model = None
         """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
-        the reference's whole distributions per micro-batch rather than sampled-token log-probs."""
-        if algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL:
+        the reference's whole distributions per micro-batch rather than sampled-token log-probs (with LoRA
+        the policy's own base serves)."""
+        self.exact_kl = algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL
+        if self.exact_kl and not self.lora:
             self.ref_model = load_trained_model(actor.model, path, device).eval()
             self.ref_model.requires_grad_(False)
         if distributed.sharded():  # FSDP2 over the role's ranks; the optimizer then holds the shards
@@ -120,9 +131,38 @@ class PolicyWorker:
         return weights if distributed.current().rank == 0 else []
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's whole weights under their Hugging Face names (what a rollout engine loads); with
-        several ranks each is gathered from its shards, so every rank iterates."""
-        yield from distributed.full_state_dict(self.model)
+        """The policy's whole weights under their Hugging Face names (what a rollout engine loads; with LoRA
+        the base weights with the adapters merged in); with several ranks each is gathered from its
+        shards, so every rank iterates."""
+        if self.lora:
+            yield from merged_weights(self.model)
+        else:
+            yield from distributed.full_state_dict(self.model)
+
+    @contextmanager
+    def _reference_model(self) -> Iterator[torch.nn.Module]:
+        """The reference model inside this worker: with LoRA the policy's module with its adapters switched
+        off, else the colocated copy (`kl_penalty=full`)."""
+        if not self.lora:
+            yield self.ref_model
+            return
+        with self.model.disable_adapter():
+            yield self.model
+
+    @dispatch(Dispatch.ROWS)
+    @torch.no_grad()
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """LoRA: adds `ref_logprobs` [B, T], those of the base model (the adapters switched off)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._reference_model() as base:
+                logp, _ = _batched_logprobs(
+                    base, batch, self.experience_micro_batching, False, self.cfg.padding_free
+                )
+        finally:
+            self.model.train(was_training)
+        return batch.update({"ref_logprobs": logp})
 
     # ----------------------------------------------------------------------------- log-probs
 
@@ -224,6 +264,8 @@ class PolicyWorker:
         )
         if params.kl_penalty is not None:
             metrics["actor/kl_coef"] = alg.kl_coef
+        by_rank = distributed.gather_objects(peaks_since_last())  # the most any policy rank held
+        metrics |= {f"perf/{k}": max(p[k] for p in by_rank) for k in by_rank[0]}
         return metrics
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
@@ -254,9 +296,9 @@ class PolicyWorker:
             scored = forward(self.model, **_model_inputs(self.model, micro)).scaled(temperature)
             logp, ent = scored.logprobs(True, entropy_grad)
             exact_kl = None
-            if self.ref_model is not None:  # KL over whole next-token distributions (kl_penalty=full)
-                with torch.no_grad():
-                    ref = forward(self.ref_model, **_model_inputs(self.ref_model, micro)).scaled(temperature)
+            if self.exact_kl:  # KL over whole next-token distributions (kl_penalty=full)
+                with torch.no_grad(), self._reference_model() as ref_model:
+                    ref = forward(ref_model, **_model_inputs(ref_model, micro)).scaled(temperature)
                 exact_kl = scored.to_full(kl_full(scored.logits, ref.logits))
             return loss_fn(micro, totals, logp, ent, exact_kl)
 
@@ -279,8 +321,15 @@ class PolicyWorker:
 
     def save_model(self, path: Path) -> None:
         """The model, tokenizer and (vision models) image processor in Hugging Face format; with several
-        ranks the whole weights are gathered on every rank and rank 0 writes them."""
-        if distributed.save_pretrained(self.model, path):
+        ranks the whole weights are gathered on every rank and rank 0 writes them. With LoRA: the merged
+        model, and the adapters in `adapter/`."""
+        if self.lora:
+            merged = load_causal_lm(self.path, self.cfg.model.dtype, self.cfg.model.trust_remote_code)
+            merged.load_state_dict(dict(merged_weights(self.model)))
+            merged.save_pretrained(path)
+            save_adapter(self.model, path / "adapter")
+            self._save_processing(path)
+        elif distributed.save_pretrained(self.model, path):
             self._save_processing(path)
 
     def _save_processing(self, path: Path) -> None:
@@ -300,6 +349,11 @@ class PolicyWorker:
             if distributed.current().rank == 0:
                 self.model.config.save_pretrained(path / "model")
                 self._save_processing(path / "model")
+        elif self.lora:  # the adapters only, beside the base's config (what `rlstack merge` needs)
+            save_adapter(self.model, path / "model")
+            self.model.config.save_pretrained(path / "model")
+            self._save_processing(path / "model")
+            state["optimizer"] = self.optimizer.state_dict()
         else:
             self.save_model(path / "model")
             state["optimizer"] = self.optimizer.state_dict()
@@ -309,9 +363,20 @@ class PolicyWorker:
     def load_checkpoint(self, path: Path) -> None:
         _check_same_model(path / "model", self.model, self.cfg.model.model_path)
         s = torch.load(path / "actor_state.pt", weights_only=False)
+        adapters = (path / "model" / "adapter_config.json").is_file()
+        if adapters != self.lora:
+            raise RLStackError(
+                f"the checkpoint {path} was written by a run "
+                + ("with" if adapters else "without")
+                + " LoRA adapters, and this run has worker.actor.model.lora.rank="
+                + f"{self.cfg.model.lora.rank}: resume with the settings the run was started with"
+            )
         if (path / "actor_dcp").is_dir() or distributed.sharded():
             _check_sharded(path, "actor_dcp")
             distributed.load_sharded(self.model, self.optimizer, path / "actor_dcp")
+        elif self.lora:
+            load_adapter(self.model, path / "model")
+            self.optimizer.load_state_dict(s["optimizer"])
         else:
             # from_pretrained reads sharded weights and ties embeddings; its tensors are copied in place
             # so that the optimizer, which holds the live parameters, stays attached to them.

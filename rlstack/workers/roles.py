@@ -33,8 +33,8 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
         roles["rollout"] = RolloutWorker(
             w.rollout, w.actor.model, d.max_response_length, policy, device, own_copy=own_copy
         )
-    if needs_ref(cfg):
-        roles["ref"] = RefWorker(w.actor, w.ref, device)
+    if needs_ref(cfg):  # a LoRA policy is its own reference: its base with the adapters switched off
+        roles["ref"] = policy if policy.lora else RefWorker(w.actor, w.ref, device)
     if cfg.algorithm.adv_estimator == AdvEstimator.GAE:
         roles["critic"] = CriticWorker(w.critic, w.actor.model.model_path, total_steps, device)
     return roles

@@ -1,0 +1,106 @@
+"""LoRA adapters on the policy, through `peft`.
+
+The policy becomes a `PeftModel`: the base weights are frozen, only the adapters train (and sit in the
+optimizer). What the rest of rlstack needs from it:
+- `merged_weights`: the base weights with each adapter's update added, under the base model's Hugging
+  Face names: what a rollout engine that does not share the module loads, and what the final model
+  and `rlstack merge` write. Computed out of place, so the base weights never drift from merging and
+  unmerging.
+- the reference model is the base with the adapters switched off (`peft_model.disable_adapter()`),
+  not a second copy.
+- checkpoints hold the adapters only (`save_adapter` / `load_adapter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from rlstack.config import LoraConfig
+from rlstack.errors import RLStackError
+
+ADAPTER = "default"
+"""peft's name of the one adapter."""
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError as e:
+        raise RLStackError(
+            "worker.actor.model.lora.rank > 0 needs the peft package: pip install 'rlstack[lora]'"
+        ) from e
+    return peft
+
+
+def add_lora(model: torch.nn.Module, cfg: LoraConfig, freeze_vision_tower: bool = False) -> torch.nn.Module:
+    """`model` with LoRA adapters (`cfg`) and its base weights frozen; with `freeze_vision_tower` a
+    vision-language model's vision encoder (`model.visual`) gets no adapters, so it does not train."""
+    peft = _peft()
+    targets = cfg.target_modules
+    config = peft.LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+        exclude_modules=r".*\bvisual\b.*" if freeze_vision_tower else None,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:
+        raise RLStackError(f"worker.actor.model.lora.target_modules={list(targets)}: {e}") from e
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's weights with the adapters' updates added, under the base model's names."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            weight = module.get_base_layer().weight
+            merged[f"{name}.weight"] = weight.detach() + module.get_delta_weight(ADAPTER).detach().to(
+                weight.dtype
+            )
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        yield name, merged.get(name, tensor.detach())
+
+
+def save_adapter(model: torch.nn.Module, path: Path) -> None:
+    """The adapters (`adapter_model.safetensors`, `adapter_config.json`: peft's format) into `path`."""
+    model.save_pretrained(path)
+
+
+def load_adapter(model: torch.nn.Module, path: Path) -> None:
+    """The adapters saved in `path` into `model`'s own parameters (in place: an optimizer stays attached)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if missing or result.unexpected_keys:
+        raise RLStackError(
+            f"the adapters in {path} do not fit worker.actor.model.lora (missing {missing[:3]}, unexpected "
+            f"{list(result.unexpected_keys)[:3]}): resume with the LoRA settings the run was started with"
+        )
+
+
+def merge_adapter_dir(adapter_dir: Path, base_path: str) -> torch.nn.Module:
+    """The base model at `base_path` with the adapters of `adapter_dir` merged into its weights."""
+    peft = _peft()
+    from rlstack.models.loading import load_causal_lm
+
+    base = load_causal_lm(base_path)
+    return peft.PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()

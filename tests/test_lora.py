@@ -1,0 +1,170 @@
+"""LoRA policies: only the adapters train and are checkpointed, the base with the adapters off is the
+reference, and the merged weights (rollout engines, the final model, `rlstack merge`) score as the
+adapter model does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_padding_free import skewed_batch
+
+from rlstack.batch import Batch
+from rlstack.config import ActorConfig, AlgorithmConfig, LoraConfig, ModelConfig, RefConfig, load_config
+from rlstack.errors import RLStackError
+from rlstack.merge import merge_checkpoint
+from rlstack.models.loading import load_causal_lm
+from rlstack.models.logprobs import forward_logprobs
+from rlstack.models.vision import position_ids
+from rlstack.workers.policy import PolicyWorker, RefWorker
+
+ATOL = 1e-5
+
+
+def lora_worker(model_dir, **actor) -> PolicyWorker:
+    cfg = ActorConfig(
+        model=ModelConfig(model_path=str(model_dir), lora=LoraConfig(rank=4, alpha=8)),
+        micro_batch_size_per_device_for_update=4,
+        loss_agg_mode="token-mean",
+        **actor,
+    )
+    cfg.optim.lr = 5e-2  # adapters start at zero: a large step makes their effect plain
+    return PolicyWorker(cfg, AlgorithmConfig(), max_response_length=40, total_steps=10, seed=0)
+
+
+def logprobs_of(model, batch: Batch) -> torch.Tensor:
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        logp, _ = forward_logprobs(model, ids, mask, position_ids(model, ids, mask), batch["response_mask"])
+    return logp * batch["response_mask"]
+
+
+def trained(tiny_model_dir, tok, **actor) -> tuple[PolicyWorker, Batch]:
+    worker = lora_worker(tiny_model_dir, **actor)
+    batch = skewed_batch(tok, rows=8)
+    worker.update(Batch(dict(batch.columns), batch.meta), mini_batch_size=8)
+    return worker, batch
+
+
+def test_only_the_adapters_train(tiny_model_dir, tok):
+    worker = lora_worker(tiny_model_dir)
+    trainable = {n for n, p in worker.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    in_optimizer = {id(p) for g in worker.optimizer.param_groups for p in g["params"]}
+    assert in_optimizer == {id(p) for p in worker.model.parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    batch = skewed_batch(tok, rows=8)
+    worker.update(batch, mini_batch_size=8)
+    moved = {n for n, p in worker.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and moved <= trainable
+
+
+def test_the_reference_is_the_base_with_the_adapters_off(tiny_model_dir, tok):
+    worker, batch = trained(tiny_model_dir, tok)
+    ref = worker.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
+    base = RefWorker(ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir))), RefConfig())
+    expected = base.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(ref[mask], expected[mask], atol=ATOL, rtol=0)
+    policy = worker.compute_logprobs(Batch(dict(batch.columns), batch.meta))["old_logprobs"]
+    assert (policy[mask] - ref[mask]).abs().max() > 1e-3  # the adapters changed the policy
+    assert worker.model.training  # switched back after scoring
+
+
+def test_merged_weights_score_as_the_adapter_model(tiny_model_dir, tok):
+    """What a rollout engine with its own copy loads (Hugging Face names) gives the policy's log-probs."""
+    worker, batch = trained(tiny_model_dir, tok)
+    plain = load_causal_lm(str(tiny_model_dir))
+    weights = dict(worker.named_weights())
+    assert weights.keys() == plain.state_dict().keys()
+    plain.load_state_dict(weights)
+    worker.model.eval()
+    ours, theirs = logprobs_of(worker.model, batch), logprobs_of(plain.eval(), batch)
+    torch.testing.assert_close(theirs, ours, atol=ATOL, rtol=0)
+    assert (ours - logprobs_of(load_causal_lm(str(tiny_model_dir)).eval(), batch)).abs().max() > 1e-3
+
+
+def test_adapter_only_checkpoints_resume_and_merge(tiny_model_dir, tok, tmp_path: Path):
+    worker, batch = trained(tiny_model_dir, tok)
+    ckpt = tmp_path / "global_step_1"
+    (ckpt / "model").mkdir(parents=True)
+    worker.save_checkpoint(ckpt)
+    torch.save({}, ckpt / "trainer_state.pt")  # what the trainer adds; `rlstack merge` checks for it
+    files = {f.name for f in (ckpt / "model").iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "config.json"} <= files
+    assert not any(f.startswith("model") and f.endswith(".safetensors") for f in files)  # no base weights
+    adapter_bytes = (ckpt / "model" / "adapter_model.safetensors").stat().st_size
+    base_bytes = sum(p.numel() * 4 for p in load_causal_lm(str(tiny_model_dir)).parameters())
+    assert adapter_bytes < base_bytes / 5
+
+    resumed = lora_worker(tiny_model_dir)
+    resumed.load_checkpoint(ckpt)
+    for (name, a), b in zip(worker.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert resumed.optimizer.state_dict()["state"].keys() == worker.optimizer.state_dict()["state"].keys()
+    # the same next step from the resumed worker as from the one that kept going
+    worker.update(Batch(dict(batch.columns), batch.meta), mini_batch_size=8)
+    resumed.update(Batch(dict(batch.columns), batch.meta), mini_batch_size=8)
+    for a, b in zip(worker.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+    merged_dir = merge_checkpoint(ckpt, tmp_path / "merged")
+    merged = load_causal_lm(str(merged_dir)).eval()
+    worker.load_checkpoint(ckpt)  # back to the checkpoint's adapters
+    worker.model.eval()
+    torch.testing.assert_close(
+        logprobs_of(merged, batch), logprobs_of(worker.model, batch), atol=ATOL, rtol=0
+    )
+    assert (merged_dir / "tokenizer.json").is_file() and not (merged_dir / "adapter_config.json").exists()
+
+
+def test_a_checkpoint_with_adapters_does_not_resume_without_them(tiny_model_dir, tok, tmp_path: Path):
+    worker, _ = trained(tiny_model_dir, tok)
+    worker.save_checkpoint(tmp_path)
+    full = PolicyWorker(
+        ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir))), AlgorithmConfig(), 40, 10, seed=0
+    )
+    with pytest.raises(RLStackError, match="with LoRA adapters"):
+        full.load_checkpoint(tmp_path)
+
+
+def test_final_model_is_merged_with_the_adapters_beside_it(tiny_model_dir, tok, tmp_path: Path):
+    worker, batch = trained(tiny_model_dir, tok)
+    worker.save_model(tmp_path / "hf")
+    merged = load_causal_lm(str(tmp_path / "hf")).eval()
+    worker.model.eval()
+    torch.testing.assert_close(
+        logprobs_of(merged, batch), logprobs_of(worker.model, batch), atol=ATOL, rtol=0
+    )
+    config = json.loads((tmp_path / "hf" / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8
+
+
+def test_lora_settings_are_checked():
+    from rlstack.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"lora: rank = -1"):
+        load_config(["worker.actor.model.lora.rank=-1"])
+    with pytest.raises(ConfigError, match="LoRA is built for one policy rank"):
+        load_config(["worker.actor.model.lora.rank=8", "trainer.backend=ray", "trainer.n_gpus_per_node=2"])
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_vision_tower_gets_adapters_unless_frozen(freeze: bool):
+    from rlstack.models.loading import BUILTIN_VISION_MODEL
+
+    cfg = ActorConfig(
+        model=ModelConfig(model_path=BUILTIN_VISION_MODEL, lora=LoraConfig(rank=4)),
+        freeze_vision_tower=freeze,
+    )
+    worker = PolicyWorker(cfg, AlgorithmConfig(), max_response_length=8, total_steps=1, seed=0)
+    trainable = [n for n, p in worker.model.named_parameters() if p.requires_grad]
+    in_vision = [n for n in trainable if ".visual." in n]
+    assert any(".language_model." in n for n in trainable)
+    assert bool(in_vision) != freeze
+    assert all(".lora_" in n for n in trainable)
+    # the merged weights of a VLM load into the plain model under its own names
+    plain = load_causal_lm(worker.path)
+    assert dict(worker.named_weights()).keys() == plain.state_dict().keys()
