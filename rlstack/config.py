@@ -178,7 +178,7 @@ class ActorConfig:
     dynamic_batching: bool = False
     """Form micro-batches by a token budget (max_token_len_per_device_*) instead of a row count (veRL's use_dynamic_bsz); the gradient does not change."""
     max_token_len_per_device_for_update: int = 16384
-    """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu)."""
+    """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu). With padding_free on CPU (SDPA attends over a dense tokens x tokens mask) keep it to a few of the longest trajectories."""
     max_token_len_per_device_for_experience: int = 32768
     """Dynamic batching: attended tokens per forward pass computing log-probs (veRL's log_prob_max_token_len_per_gpu)."""
 
