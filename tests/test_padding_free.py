@@ -275,3 +275,38 @@ def test_a_padding_free_dynamically_batched_critic_equals_the_padded_critic(tiny
     assert (values != 0).any() and gradient.abs().max() > 1e-3
     torch.testing.assert_close(packed_values, values, atol=ATOL, rtol=0)
     torch.testing.assert_close(packed_gradient, gradient, atol=ATOL, rtol=0)
+
+
+def test_a_padding_free_dynamically_batched_vlm_update_equals_the_padded_update():
+    """The policy worker's update of the built-in Qwen2.5-VL on rows with 0, 1 and 2 images (twice each)."""
+    path = resolve_model_path(BUILTIN_VISION_MODEL)
+    model, proc = load_causal_lm(path), load_processor(path)
+    inputs = vl_batch(model, proc)
+    rows = [0, 1, 2, 2, 1, 0]
+    g = torch.Generator().manual_seed(0)
+    response = inputs["response_mask"][rows]
+    batch = Batch(
+        {
+            "input_ids": inputs["input_ids"][rows],
+            "attention_mask": inputs["attention_mask"][rows],
+            "response_mask": response,
+            "pixel_values": [inputs["pixel_values"][r] for r in rows],
+            "image_grid_thw": [inputs["image_grid_thw"][r] for r in rows],
+            "old_logprobs": -torch.rand(response.shape, generator=g) * response,
+            "advantages": torch.randn(len(rows), 1, generator=g) * response,
+        },
+        {"temperature": 1.0},
+    )
+    budget = int(batch["attention_mask"].sum(-1).max()) + 5  # rows of 2 images alone, the others paired
+    padded = updated_weights(path, batch)
+    packed = updated_weights(
+        path,
+        batch,
+        padding_free=True,
+        dynamic_batching=True,
+        max_token_len_per_device_for_update=budget,
+        max_token_len_per_device_for_experience=budget,
+    )
+    assert padded["gradient"].abs().max() > 1e-3
+    for key in padded:
+        torch.testing.assert_close(packed[key], padded[key], atol=ATOL, rtol=0)
