@@ -72,3 +72,28 @@ def test_two_grpo_steps_with_vllm_follow_the_policy_and_catch_a_skipped_sync(tin
     )  # a sync that does nothing
     with pytest.raises(RLStackError, match="not sampling from the weights being trained"):
         trainer.fit()
+
+
+def test_a_lora_policy_sends_vllm_its_merged_weights(tiny_dir: Path, tmp_path: Path):
+    """With LoRA the engine is sent the base weights with the adapters merged in: it follows the policy."""
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGITS)
+    cfg = load_config(
+        grpo_args(
+            tiny_dir,
+            tmp_path / "lora",
+            f"worker.reward.reward_function={reward}:compute_score",
+            "worker.actor.model.lora.rank=8",
+            "worker.actor.model.lora.alpha=16",
+            "worker.actor.optim.lr=5e-2",
+        )
+    )
+    trainer = Trainer(cfg)
+    assert trainer.actor.worker.lora
+    trainer.fit()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = {r["step"]: r for r in rows}
+    for step in (1, 2):
+        assert metrics[step]["actor/grad_norm"] > 0
+        assert metrics[step]["rollout/weight_sync_max_diff"] < 1e-3
+    assert metrics[2]["rollout/weight_sync_mb"] > 0  # whole merged tensors went over

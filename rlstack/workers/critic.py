@@ -30,14 +30,16 @@ class CriticWorker:
             distributed.shard_model(self.model, device)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, total_steps)
         dynamic = cfg.dynamic_batching
-        self.experience_micro_batching = MicroBatching(
+        self.experience_micro_batching = MicroBatching.of(
             cfg.micro_batch_size_per_device_for_experience,
-            cfg.max_token_len_per_device_for_experience if dynamic else None,
+            cfg.max_token_len_per_device_for_experience,
+            dynamic,
             "worker.critic.max_token_len_per_device_for_experience",
         )
-        self.update_micro_batching = MicroBatching(
+        self.update_micro_batching = MicroBatching.of(
             cfg.micro_batch_size_per_device_for_update,
-            cfg.max_token_len_per_device_for_update if dynamic else None,
+            cfg.max_token_len_per_device_for_update,
+            dynamic,
             "worker.critic.max_token_len_per_device_for_update",
         )
 

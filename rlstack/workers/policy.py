@@ -112,14 +112,16 @@ class PolicyWorker:
         self.vppo_generator = torch.Generator().manual_seed(seed + 1)
         """Draws VPPO's patch masks (saved with checkpoints)."""
         dynamic = actor.dynamic_batching
-        self.experience_micro_batching = MicroBatching(
+        self.experience_micro_batching = MicroBatching.of(
             actor.micro_batch_size_per_device_for_experience,
-            actor.max_token_len_per_device_for_experience if dynamic else None,
+            actor.max_token_len_per_device_for_experience,
+            dynamic,
             "worker.actor.max_token_len_per_device_for_experience",
         )
-        self.update_micro_batching = MicroBatching(
+        self.update_micro_batching = MicroBatching.of(
             actor.micro_batch_size_per_device_for_update,
-            actor.max_token_len_per_device_for_update if dynamic else None,
+            actor.max_token_len_per_device_for_update,
+            dynamic,
             "worker.actor.max_token_len_per_device_for_update",
         )
 
@@ -401,9 +403,10 @@ class RefWorker:
         if distributed.sharded():
             distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
         self.padding_free = actor.padding_free
-        self.micro_batching = MicroBatching(
+        self.micro_batching = MicroBatching.of(
             ref.micro_batch_size_per_device_for_experience,
-            ref.max_token_len_per_device_for_experience if actor.dynamic_batching else None,
+            ref.max_token_len_per_device_for_experience,
+            actor.dynamic_batching,
             "worker.ref.max_token_len_per_device_for_experience",
         )
 

@@ -42,6 +42,11 @@ class MicroBatching:
     key: str = ""
     """The config key of the token budget, for messages."""
 
+    @classmethod
+    def of(cls, rows: int, budget: int, dynamic: bool, key: str) -> MicroBatching:
+        """`rows` per micro-batch, or with `dynamic` (dynamic batching) the token `budget` of config key `key`."""
+        return cls(rows, budget if dynamic else None, key)
+
     def split(self, batch: Batch) -> list[tuple[list[int], Batch]]:
         """(row indices, rows) of each micro-batch, every row in one. With several ranks each gets as
         many micro-batches as the rank that needs the most (FSDP2 runs its collectives per pass)."""
