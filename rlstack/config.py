@@ -127,6 +127,8 @@ class OptimConfig:
 class FSDPConfig:
     mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """With several ranks (FSDP2): the dtype parameters are gathered and computed in, gradients reduced in float32 (unset: `model.dtype`)."""
+    offload_params: bool = False
+    """With several ranks (FSDP2): keep the policy's and reference's parameter shards, gradients and optimizer state in host memory (FSDP2's CPU offload; EasyR1's offload_params and offload_optimizer together); saves GPU memory for host transfers and a CPU optimizer step."""
 
 
 @dataclass
@@ -1081,6 +1083,11 @@ def _backend_problems(cfg: Config) -> list[str]:
         )
         return p
     world = t.nnodes * t.n_gpus_per_node
+    if cfg.worker.actor.fsdp.offload_params and world == 1:
+        p.append(
+            "worker.actor.fsdp.offload_params=true offloads FSDP2 shards, which only several ranks have: set "
+            "trainer.backend=ray with trainer.n_gpus_per_node (x trainer.nnodes) > 1, or leave it off"
+        )
     if t.backend == "local":
         if not cfg.worker.rollout.colocated:
             p.append(

@@ -545,3 +545,8 @@ def test_engine_defaults_resolve_at_load(monkeypatch):
     )
     assert cfg.worker.rollout.free_cache_engine is False  # no sleep mode on the CPU
     assert cfg.worker.rollout.max_model_len == 128
+
+
+def test_cpu_offload_needs_several_ranks():
+    (problem,) = problems_of(["worker.actor.fsdp.offload_params=true"])
+    assert "only several ranks have" in problem

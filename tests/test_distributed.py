@@ -9,7 +9,7 @@ import torch
 from ranks import run_ranks
 
 from rlstack.batch import Batch
-from rlstack.config import ActorConfig, AlgorithmConfig
+from rlstack.config import ActorConfig, AlgorithmConfig, FSDPConfig
 from rlstack.workers.group import gather_rows, split_mini_batches, split_rows
 
 ROWS, PROMPT, RESPONSE = 8, 6, 8
@@ -55,7 +55,12 @@ def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int
     worker = PolicyWorker(actor, AlgorithmConfig(), RESPONSE, total_steps=1, seed=1)
     metrics = worker.update(batch, mini_batch_size)
     weights = {k: v.clone() for k, v in distributed.full_state_dict(worker.model)}
-    return {"metrics": metrics, "weights": weights, "sharded": distributed.sharded()}
+    offloaded = distributed.sharded() and all(
+        type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ == "CPUOffloadPolicy"
+        for m in worker.model.modules()
+        if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None
+    )
+    return {"metrics": metrics, "weights": weights, "sharded": distributed.sharded(), "offloaded": offloaded}
 
 
 def ranks_update(model_dir: str, agg_mode: str, parts: list[Batch], mini_per_rank: int, layout: dict) -> dict:
@@ -76,8 +81,15 @@ must cut its passes to rank 0's count, or FSDP2's collectives hang."""
         ("seq-mean-token-mean", {}),
         ("seq-mean-token-sum-norm", {}),
         ("token-mean", PACKED),
+        ("token-mean", {"fsdp": FSDPConfig(offload_params=True)}),
     ],
-    ids=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "padding-free-dynamic"],
+    ids=[
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+        "padding-free-dynamic",
+        "cpu-offload",
+    ],
 )
 @pytest.mark.timeout(180)
 def test_two_rank_fsdp2_step_equals_one_process(
@@ -94,6 +106,7 @@ def test_two_rank_fsdp2_step_equals_one_process(
     )
 
     assert all(r["sharded"] for r in ranks)
+    assert all(r["offloaded"] == ("fsdp" in layout) for r in ranks)
     for r in ranks:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
             assert r["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-5), key

@@ -95,12 +95,16 @@ class MiniBatchTotals:
         return cls(tokens, sequences)
 
 
-def shard_model(model: torch.nn.Module, device: str, param_dtype: str | None = None) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, device: str, param_dtype: str | None = None, offload: bool = False
+) -> torch.nn.Module:
     """FSDP2 over the current group: every transformer block (`_no_split_modules`), then the model.
     `param_dtype` (e.g. bfloat16) is the compute dtype of parameters in forward/backward (gradients are
-    reduced in float32); None computes in the parameters' own dtype."""
+    reduced in float32); None computes in the parameters' own dtype. `offload`: FSDP2's CPU offload, the
+    sharded parameters, their gradients and so the optimizer's state and step live in host memory, each
+    block's parameters are copied to the device for its forward and backward."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(
@@ -113,9 +117,10 @@ def shard_model(model: torch.nn.Module, device: str, param_dtype: str | None = N
         raise ValueError(
             f"{type(model).__name__} names no transformer block class (`_no_split_modules`) to shard with FSDP2"
         )
+    policy = CPUOffloadPolicy(pin_memory=device.startswith("cuda")) if offload else OffloadPolicy()
     for m in units:
-        fully_shard(m, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(m, mesh=mesh, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy)
     return model
 
 

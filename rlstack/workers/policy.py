@@ -104,9 +104,10 @@ class PolicyWorker:
             self.ref_model = load_trained_model(actor.model, path, device).eval()
             self.ref_model.requires_grad_(False)
         if distributed.sharded():  # FSDP2 over the role's ranks; the optimizer then holds the shards
-            distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
+            fsdp = actor.fsdp
+            distributed.shard_model(self.model, device, fsdp.mp_param_dtype, fsdp.offload_params)
             if self.ref_model is not None:
-                distributed.shard_model(self.ref_model, device, actor.fsdp.mp_param_dtype)
+                distributed.shard_model(self.ref_model, device, fsdp.mp_param_dtype, fsdp.offload_params)
         self.optimizer, self.scheduler = build_optimizer(self.model, actor.optim, total_steps)
         self.seed = seed
         self.vppo_generator = torch.Generator().manual_seed(seed + 1)
@@ -401,7 +402,7 @@ class RefWorker:
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
         if distributed.sharded():
-            distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype)
+            distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype, actor.fsdp.offload_params)
         self.padding_free = actor.padding_free
         self.micro_batching = MicroBatching.of(
             ref.micro_batch_size_per_device_for_experience,
