@@ -16,6 +16,7 @@ from rlstack.algos.policy_loss import (
     RolloutCorrection,
     RolloutCorrectionParams,
 )
+from rlstack.batch import token_budget_groups
 
 SIX = {
     "actor/pg_loss",
@@ -203,8 +204,13 @@ def test_micro_batches_sum_to_the_mini_batch_with_every_term_on(loss_type):
         return total, logp.grad, metrics
 
     whole, whole_grad, whole_metrics = run([slice(0, B)])
-    split, split_grad, split_metrics = run([slice(0, 2), slice(2, 3), slice(3, 6)])
-    torch.testing.assert_close(split, whole)
-    torch.testing.assert_close(split_grad, whole_grad)
-    assert split_metrics == pytest.approx(whole_metrics)
+    # fixed row counts, and dynamic batches: groups of rows (not neighbours) cut by a token budget
+    lengths = mask.sum(-1).tolist()
+    budget_groups = token_budget_groups(lengths, budget=5)
+    assert sorted(map(len, budget_groups)) == [1, 2, 3] and [0, 1] not in budget_groups
+    for parts in ([slice(0, 2), slice(2, 3), slice(3, 6)], [torch.tensor(g) for g in budget_groups]):
+        split, split_grad, split_metrics = run(parts)
+        torch.testing.assert_close(split, whole)
+        torch.testing.assert_close(split_grad, whole_grad)
+        assert split_metrics == pytest.approx(whole_metrics)
     assert whole_grad.abs().sum() > 0
