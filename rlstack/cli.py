@@ -5,6 +5,7 @@ rlstack sft   config=path.yaml a.b=c ... [--print-config]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack merge CHECKPOINT --out DIR
+rlstack board RUN_DIR [RUN_DIR ...] [--port 6007]
 rlstack config-keys
 """
 
@@ -79,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("merge", help="write a checkpoint's policy (sharded or not) as a Hugging Face model")
     p.add_argument("checkpoint", help="a run's checkpoints/global_step_N directory")
     p.add_argument("--out", required=True, help="the Hugging Face model directory to write")
+    p = sub.add_parser("board", help="a local web page over run directories: curves, rollouts, config (live)")
+    p.add_argument("run_dirs", nargs="+", type=Path, help="run directories (the folders with metrics.jsonl)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=6007)
     sub.add_parser("config-keys", help="list every config key with its default and description")
     args = parser.parse_args(argv)
 
@@ -112,6 +117,13 @@ def _run(args: argparse.Namespace) -> int:
 
         Trainer(cfg).fit()
         print(f"run directory: {cfg.run_dir}")
+        return 0
+    if args.command == "board":
+        from rlstack.board import Board
+
+        board = Board(args.run_dirs, args.host, args.port)
+        print(f"rlstack board on {board.url} over {len(board.run_dirs)} run(s); Ctrl-C stops it", flush=True)
+        board.serve()
         return 0
     if args.command == "init-model":
         from rlstack.models.loading import write_model_dir

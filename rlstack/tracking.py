@@ -95,9 +95,20 @@ class Tracker:
                 self.bar.refresh()
 
     def log_generations(self, rows: list[dict[str, Any]], step: int, kind: str) -> None:
+        """`generations/<kind>_step_<step>.jsonl`, one row per trajectory; its images (`images`: the
+        prompt's, `tool_images`: the tools') are saved once each under `images/` and referenced there by
+        their path in the run directory."""
+        rows = [self._with_image_files(r) for r in rows]
         with (self.gen_dir / f"{kind}_step_{step}.jsonl").open("w") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
+
+    def _with_image_files(self, row: dict[str, Any]) -> dict[str, Any]:
+        out = dict(row)
+        for key in ("images", "tool_images"):
+            if row.get(key):
+                out[key] = [save_image_once(image, self.run_dir) for image in row[key]]
+        return out
 
     def close(self) -> None:
         if self.bar is not None:
@@ -106,6 +117,21 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def save_image_once(image, run_dir: Path) -> str:
+    """`image` as `images/<hash of its pixels>.png` under `run_dir` (written only if not there yet); its path
+    relative to `run_dir`."""
+    import hashlib
+
+    digest = hashlib.sha1(f"{image.mode}{image.size}".encode() + image.tobytes()).hexdigest()[:20]
+    path = Path("images") / f"{digest}.png"
+    if not (run_dir / path).is_file():
+        (run_dir / "images").mkdir(exist_ok=True)
+        tmp = run_dir / "images" / f".{digest}.tmp.png"
+        image.save(tmp)
+        tmp.replace(run_dir / path)
+    return str(path)
 
 
 def _json_safe(v: float) -> float | str:
@@ -185,12 +211,16 @@ def generation_rows(batch: Batch, limit: int, step: int) -> list[dict[str, Any]]
                 "reward_components": batch["reward_components"][i],
                 "reward_info": batch["reward_info"][i] if "reward_info" in batch else {},
                 "end_reason": batch["end_reason"][i],
+                **({"data_source": batch["data_source"][i]} if "data_source" in batch else {}),
+                **({"images": list(batch["images"][i])} if "images" in batch and batch["images"][i] else {}),
                 **(
                     {
                         "num_turns": int(batch["num_turns"][i]),
                         "tool_calls": int(batch["tool_calls"][i]),
                         "tool_errors": int(batch["tool_errors"][i]),
                         "num_images": int(batch["num_images"][i]),
+                        "turns": batch["turns"][i],
+                        "tool_images": list(batch["tool_images"][i]),
                     }
                     if "num_turns" in batch
                     else {}

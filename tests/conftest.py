@@ -63,3 +63,38 @@ def eos_model(tiny_model_dir, tok):
         head.bias[tok.eos_token_id] = EOS_BIAS
     m.lm_head = head
     return m
+
+
+@pytest.fixture(scope="session")
+def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2.5-VL warm-started to answer with a Python cell that crops the image."""
+    from visual_agent import build_tool_vlm
+
+    return build_tool_vlm(tmp_path_factory.mktemp("tool_vlm"), "builtin:tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="session")
+def agent_run(tool_vlm: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(config, seconds) of a finished 2-step agentic GRPO run of `tool_vlm` on the visual task, with the
+    Python tool: its run directory holds metrics, generations with turns, and the images."""
+    import time
+
+    from digits_run import AGENT_RUN
+
+    from rlstack.config import load_config
+    from rlstack.trainer import Trainer
+
+    start = time.perf_counter()
+    cfg = load_config(
+        [
+            f"worker.actor.model.model_path={tool_vlm}",
+            f"trainer.output_dir={tmp_path_factory.mktemp('agent_run')}",
+        ]
+        + [
+            *AGENT_RUN,
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+            "trainer.train_generations_to_log=8",
+        ]
+    )
+    Trainer(cfg).fit()
+    return cfg, time.perf_counter() - start

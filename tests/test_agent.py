@@ -9,10 +9,9 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from digits_run import AGENT_RUN
 from PIL import Image
 from pinned import assert_matches_pinned, deterministic_metrics
-from visual_agent import build_tool_vlm, visual_batch
+from visual_agent import visual_batch
 
 from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, PolicyLossParams, aggregate_loss, policy_loss
 from rlstack.batch import Batch
@@ -208,12 +207,6 @@ def test_tool_images_come_back_as_image_tokens_and_max_images_ends():
 # The tiny vision-language model, warm-started to call the Python tool
 
 
-@pytest.fixture(scope="module")
-def tool_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen2.5-VL warm-started to answer with a Python cell that crops the image."""
-    return build_tool_vlm(tmp_path_factory.mktemp("tool_vlm"), "builtin:tiny-qwen2.5-vl")
-
-
 def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_model_dir):
     turns = [
         ["<code>x = 41</code>", "<code>print(x + 1)</code>", "<eos>"],
@@ -282,16 +275,8 @@ def test_rollout_logprobs_match_a_forward_pass_on_multi_turn_multi_image_traject
 
 
 @pytest.mark.slow
-def test_agentic_grpo_on_the_visual_task_two_steps(tool_vlm: Path, tmp_path: Path):
-    from rlstack.trainer import Trainer
-
-    start = time.perf_counter()
-    cfg = load_config(
-        [f"worker.actor.model.model_path={tool_vlm}", f"trainer.output_dir={tmp_path}", *AGENT_RUN]
-        + ["worker.actor.micro_batch_size_per_device_for_update=8", "trainer.train_generations_to_log=8"]
-    )
-    Trainer(cfg).fit()
-    elapsed = time.perf_counter() - start
+def test_agentic_grpo_on_the_visual_task_two_steps(agent_run):
+    cfg, elapsed = agent_run
     assert elapsed < 120
     lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
     metrics = {json.loads(line)["step"]: json.loads(line) for line in lines}
@@ -308,6 +293,17 @@ def test_agentic_grpo_on_the_visual_task_two_steps(tool_vlm: Path, tmp_path: Pat
         json.loads(x) for x in (cfg.run_dir / "generations" / "train_step_1.jsonl").read_text().splitlines()
     ]
     assert any(r["num_images"] > 1 for r in rows)  # an image made by code went back into the context
+    # each trajectory's turns, with the prompt's and the tools' images saved once under images/
+    row = next(r for r in rows if r["num_images"] > 1)
+    roles = [turn["role"] for turn in row["turns"]]
+    assert roles[0] == "assistant" and "tool" in roles and len(roles) >= 2 * row["tool_calls"]
+    call = next(turn["tool_call"] for turn in row["turns"] if "tool_call" in turn)
+    assert call.get("name") == "python" or "error" in call
+    tool_turn = next(turn for turn in row["turns"] if turn["role"] == "tool" and turn["images"])
+    paths = [row["tool_images"][k] for k in tool_turn["images"]] + row["images"]
+    assert all(p.startswith("images/") and (cfg.run_dir / p).is_file() for p in paths)
+    saved = list((cfg.run_dir / "images").glob("*.png"))
+    assert len(saved) == len({p for r in rows for p in r.get("images", []) + r.get("tool_images", [])})
     assert_matches_pinned("agent_vlm", deterministic_metrics(cfg.run_dir))
 
 

@@ -81,6 +81,12 @@ class Trajectory:
     tool_seconds: float = 0.0
     seed: int | None = None
     """The trajectory's sampling seed; each turn's request gets one derived from it and the turn."""
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """With tools, what a person reads: `{"role": "assistant", "text", "tool_call"}` (the parsed call
+    `{"name", "arguments"}` or `{"error"}`) and `{"role": "tool", "text", "ok", "images"}` (indices into
+    `tool_images`), in order."""
+    tool_images: list[Image.Image] = field(default_factory=list)
+    """The images the tools returned, in order."""
 
     @property
     def done(self) -> bool:
@@ -195,6 +201,10 @@ class AgentLoop:
             t.mask += [1] * len(new)
             t.logprobs += logp
             t.num_turns += 1
+            if self.toolset is not None:
+                t.turns.append(
+                    {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}
+                )
             if not cut and new and new[-1] == eos:
                 t.finish("done")
             elif cut or c.finish_reason == "length" or len(t.tokens) >= self.max_response_length:
@@ -210,7 +220,13 @@ class AgentLoop:
         for t in calling:
             text = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
             call = parse_tool_call(text, style)
-            parsed.append(call if call is not None else ToolCallError("the turn holds no tool call", text))
+            call = call if call is not None else ToolCallError("the turn holds no tool call", text)
+            parsed.append(call)
+            t.turns[-1]["tool_call"] = (
+                {"error": call.message}
+                if isinstance(call, ToolCallError)
+                else {"name": call.name, "arguments": call.arguments}
+            )
 
         def run(item: tuple[Trajectory, Any]) -> tuple[Observation, float]:
             t, call = item
@@ -270,6 +286,9 @@ class AgentLoop:
         t.tokens += ids
         t.mask += [0] * len(ids)
         t.logprobs += [0.0] * len(ids)
+        shown = list(range(len(t.tool_images), len(t.tool_images) + len(images)))
+        t.turns.append({"role": "tool", "text": observation.text, "ok": observation.ok, "images": shown})
+        t.tool_images += images
         if images:
             t.images += images
             t.pixel_values = torch.cat([t.pixel_values, encoded.pixel_values])
@@ -306,6 +325,8 @@ class AgentLoop:
                 "tool_calls": torch.tensor([t.tool_calls for t in trajectories]),
                 "tool_errors": torch.tensor([t.tool_errors for t in trajectories]),
                 "num_images": torch.tensor([t.num_images for t in trajectories]),
+                "turns": [t.turns for t in trajectories],
+                "tool_images": [t.tool_images for t in trajectories],
             }
         if self.multimodal:
             columns["pixel_values"] = [t.pixel_values for t in trajectories]
