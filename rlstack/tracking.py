@@ -1,12 +1,16 @@
-"""Metrics and generations: console progress bar, metrics.jsonl, generations/, TensorBoard, W&B.
+"""Metrics and generations: console progress bar, metrics.jsonl, generations/, TensorBoard, and the
+trackers users already run (W&B, SwanLab, MLflow, Trackio), each an optional package.
 
-Metric names follow veRL/EasyR1; every one is described in docs/metrics.md.
+Metric names follow veRL/EasyR1; every one is described in docs/metrics.md. Every tracker gets the
+metrics, the resolved config, and the validation generations as a table (step, prompt, response,
+ground truth, score, end reason), with their images where the tracker takes images.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +52,9 @@ class Tracker:
             self.tb = SummaryWriter(
                 str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
             )
-        self.wandb = None
-        if "wandb" in self.loggers:
-            try:
-                import wandb
-            except ImportError as e:
-                raise RLStackError(
-                    "trainer.logger includes wandb, but the wandb package is not installed: "
-                    "pip install 'rlstack[wandb]' (or drop wandb from trainer.logger)"
-                ) from e
-
-            self.wandb = wandb.init(
-                project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"
-            )
+        self.trackers = [
+            TRACKERS[name](run_dir, config, project, experiment) for name in TRACKERS if name in self.loggers
+        ]
         self.bar = None
         if "console" in self.loggers:
             self.bar = tqdm(
@@ -76,8 +70,8 @@ class Tracker:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+        for tracker in self.trackers:
+            tracker.log(metrics, step)
         if self.bar is not None:
             shown = {name: f"{metrics[k]:.3g}" for k, name in CONSOLE_KEYS.items() if k in metrics}
             shown.update(
@@ -102,6 +96,9 @@ class Tracker:
         with (self.gen_dir / f"{kind}_step_{step}.jsonl").open("w") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
+        if kind == "val" and rows:
+            for tracker in self.trackers:
+                tracker.log_generations(rows, step, self.run_dir)
 
     def _with_image_files(self, row: dict[str, Any]) -> dict[str, Any]:
         out = dict(row)
@@ -115,8 +112,151 @@ class Tracker:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        for tracker in self.trackers:
+            tracker.close()
+
+
+# ------------------------------------------------------------------------------------- trackers
+
+TABLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "score", "end_reason")
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The generations as table rows (`TABLE_COLUMNS`), text cells as strings."""
+    return [
+        [
+            r["step"],
+            str(r["prompt"]),
+            str(r["response"]),
+            str(r["ground_truth"]),
+            float(r["score"]),
+            r["end_reason"],
+        ]
+        for r in rows
+    ]
+
+
+def row_images(row: dict[str, Any]) -> list[str]:
+    """A generation row's image files (the prompt's, then the tools'), relative to the run directory."""
+    return list(row.get("images", [])) + list(row.get("tool_images", []))
+
+
+def _require(package: str, logger: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        raise RLStackError(
+            f"trainer.logger includes {logger}, but the {package} package is not installed: "
+            f"pip install 'rlstack[{extra}]' (or drop {logger} from trainer.logger)"
+        ) from e
+
+
+class WandbTracker:
+    """Weights & Biases (`WANDB_MODE=offline` writes under the run directory only)."""
+
+    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+        self.wandb = _require("wandb", "wandb", "wandb")
+        self.run = self.wandb.init(
+            project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        table = self.wandb.Table(columns=[*TABLE_COLUMNS, "images"])
+        for r, cells in zip(rows, table_rows(rows)):
+            table.add_data(*cells, [self.wandb.Image(str(run_dir / p)) for p in row_images(r)])
+        self.run.log({"val/generations": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class SwanlabTracker:
+    """SwanLab (`SWANLAB_MODE`: cloud by default as in EasyR1; offline or local write under the run
+    directory's `swanlog/`)."""
+
+    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+        self.swanlab = _require("swanlab", "swanlab", "swanlab")
+        self.run = self.swanlab.init(
+            project=project,
+            experiment_name=experiment,
+            config=config,
+            logdir=str(run_dir / "swanlog"),
+            mode=os.environ.get("SWANLAB_MODE", "cloud"),
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.swanlab.log(metrics, step=step)
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        texts = [
+            self.swanlab.Text(
+                "\n\n".join(f"[{c}]\n{v}" for c, v in zip(TABLE_COLUMNS, cells)), caption=f"sample {i}"
+            )
+            for i, cells in enumerate(table_rows(rows))
+        ]
+        logged: dict[str, Any] = {"val/generations": texts}
+        images = [
+            self.swanlab.Image(str(run_dir / p), caption=f"sample {i}")
+            for i, r in enumerate(rows)
+            for p in row_images(r)
+        ]
+        if images:
+            logged["val/generation_images"] = images
+        self.swanlab.log(logged, step=step)
+
+    def close(self) -> None:
+        self.swanlab.finish()
+
+
+class MlflowTracker:
+    """MLflow: the server of `MLFLOW_TRACKING_URI`, or else a file store under the run directory's
+    `mlruns/` (`mlflow ui --backend-store-uri <run_dir>/mlruns` shows it)."""
+
+    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores opt-in
+        self.mlflow = _require("mlflow", "mlflow", "mlflow")
+        self.mlflow.set_tracking_uri(
+            os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        )
+        self.mlflow.set_experiment(project)
+        self.run = self.mlflow.start_run(run_name=experiment)
+        self.mlflow.log_params({k: str(v)[:500] for k, v in _flatten(config).items()})
+        self.logged_images: set[str] = set()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        cells = table_rows(rows)
+        data = {c: [row[i] for row in cells] for i, c in enumerate(TABLE_COLUMNS)}
+        data["images"] = [", ".join(row_images(r)) for r in rows]
+        self.mlflow.log_table(data=data, artifact_file=f"generations/val_step_{step}.json")
+        for path in {p for r in rows for p in row_images(r)} - self.logged_images:
+            self.mlflow.log_artifact(str(run_dir / path), artifact_path="images")
+            self.logged_images.add(path)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+TRACKERS = {"wandb": WandbTracker, "swanlab": SwanlabTracker, "mlflow": MlflowTracker}
+"""The trackers by `trainer.logger` name."""
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            flat |= _flatten(v, f"{prefix}{k}.")
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 def save_image_once(image, run_dir: Path) -> str:

@@ -1,0 +1,141 @@
+"""SwanLab and MLflow, offline in the run directory, receive a 2-step run's metrics, its config and the
+validation generations table (and images where there are some), read back from what they wrote."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+from digits_run import digits_run
+from PIL import Image
+
+from rlstack.errors import RLStackError
+from rlstack.tracking import MlflowTracker, SwanlabTracker, Tracker, save_image_once
+from rlstack.trainer import Trainer
+
+
+def swanlab_records(logdir: Path) -> list:
+    """Every record SwanLab wrote (its own reader and protobuf messages)."""
+    from swanlab.proto.swanlab.record.v1 import record_pb2
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    (path,) = glob.glob(str(logdir / "run-*" / "run-*.swanlab"))
+    reader = DataStoreReader()
+    reader.open(path)
+    records = []
+    for data in reader:
+        record = record_pb2.Record()
+        record.ParseFromString(data)
+        records.append(record)
+    reader.close()
+    return records
+
+
+def mlflow_client(run_dir: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir, tmp_path_factory):
+    """A 2-step run with validation at both steps, logged to SwanLab (offline) and MLflow (file store)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SWANLAB_MODE", "offline")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        cfg = digits_run(
+            tiny_model_dir,
+            tmp_path_factory.mktemp("trackers"),
+            "trackers",
+            "data.val_files=builtin:addition@test",
+            "data.val_max_samples=8",
+            "trainer.val_freq=1",
+            "trainer.val_before_train=false",
+            "trainer.val_generations_to_log=4",
+            "trainer.logger=[file,swanlab,mlflow]",
+            steps=2,
+        )
+        Trainer(cfg).fit()
+    metrics = {
+        r["step"]: r for r in map(json.loads, (cfg.run_dir / "metrics.jsonl").read_text().splitlines())
+    }
+    return cfg, metrics
+
+
+def test_swanlab_receives_the_metrics_config_and_generations(run):
+    cfg, metrics = run
+    records = swanlab_records(cfg.run_dir / "swanlog")
+    scalars = {
+        (r.scalar.key, r.scalar.step): r.scalar for r in records if r.WhichOneof("record_type") == "scalar"
+    }
+    for step in (1, 2):
+        for key in ("critic/score/mean", "actor/pg_loss", "val/addition/accuracy"):
+            assert (key, step) in scalars, key
+    assert scalars[("critic/score/mean", 2)].value.number == pytest.approx(metrics[2]["critic/score/mean"])
+    generations = [
+        r.media
+        for r in records
+        if r.WhichOneof("record_type") == "media" and r.media.key == "val/generations"
+    ]
+    assert sorted(m.step for m in generations) == [1, 2]
+    saved = [r.save for r in records if r.WhichOneof("record_type") == "save" and r.save.name == "config"]
+    assert saved and "trainer" in Path(saved[0].source_path).read_text()
+
+
+def test_mlflow_receives_the_metrics_config_and_generations(run):
+    cfg, metrics = run
+    client = mlflow_client(cfg.run_dir)
+    experiment = client.get_experiment_by_name(cfg.trainer.project_name)
+    (mlrun,) = client.search_runs([experiment.experiment_id])
+    assert mlrun.info.run_name == cfg.trainer.experiment_name
+    history = client.get_metric_history(mlrun.info.run_id, "critic/score/mean")
+    assert [(m.step, m.value) for m in history] == [
+        (s, pytest.approx(metrics[s]["critic/score/mean"])) for s in (1, 2)
+    ]
+    assert mlrun.data.params["trainer.max_steps"] == "2"
+    table = client.download_artifacts(
+        mlrun.info.run_id, "generations/val_step_2.json", str(cfg.run_dir / "dl")
+    )
+    data = json.loads(Path(table).read_text())
+    assert data["columns"][:6] == ["step", "prompt", "response", "ground_truth", "score", "end_reason"]
+    assert len(data["data"]) == 4
+
+
+def test_images_of_generations_reach_both_trackers(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    picture = save_image_once(Image.new("RGB", (16, 8), (200, 30, 30)), tmp_path)
+    rows = [
+        {"step": 1, "prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0, "end_reason": "done"}
+        | {"images": [picture], "tool_images": []}
+    ]
+    for cls in (SwanlabTracker, MlflowTracker):
+        tracker = cls(tmp_path, {"a": {"b": 1}}, "project", "images")
+        tracker.log({"x": 1.0}, 1)
+        tracker.log_generations(rows, 1, tmp_path)
+        tracker.close()
+    media = [r.media for r in swanlab_records(tmp_path / "swanlog") if r.WhichOneof("record_type") == "media"]
+    assert {m.key for m in media} == {"val/generations", "val/generation_images"}
+    client = mlflow_client(tmp_path)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("project").experiment_id])
+    assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "images")] == [
+        f"images/{Path(picture).name}"
+    ]
+
+
+def test_a_missing_tracker_package_is_a_clear_error(tmp_path: Path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mlflow(name, *args, **kwargs):
+        if name == "mlflow":
+            raise ImportError("No module named 'mlflow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    monkeypatch.setattr("importlib.import_module", lambda name: no_mlflow(name))
+    with pytest.raises(RLStackError, match=r"pip install 'rlstack\[mlflow\]'"):
+        Tracker(tmp_path, ["mlflow"], {}, "p", "e", total_steps=1)
