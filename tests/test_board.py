@@ -80,6 +80,12 @@ def test_a_folder_that_is_not_a_run_is_refused_with_the_fix(tmp_path: Path):
         Board([tmp_path], port=0)
 
 
+def test_a_port_in_use_is_one_clear_message(board, runs):
+    port = board.server.server_address[1]
+    with pytest.raises(RLStackError, match=f"cannot listen on 127.0.0.1:{port}.*another --port"):
+        Board(runs, port=port)
+
+
 @needs_chromium
 def test_curves_render_with_the_runs_overlaid(board):
     dom = browse(board.url + "?tab=curves", screenshot="curves.png")

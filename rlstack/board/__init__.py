@@ -112,7 +112,12 @@ class Board:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            raise RLStackError(
+                f"rlstack board cannot listen on {host}:{port} ({e.strerror}): pass another --port"
+            ) from e
         self.thread: threading.Thread | None = None
 
     @property
