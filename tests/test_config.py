@@ -287,11 +287,11 @@ def test_non_positive_sizes_and_bad_sampling_values():
 
 def test_missing_reward_file_and_unknown_logger(tmp_path):
     problems = problems_of(
-        [f"worker.reward.reward_function={tmp_path}/nope.py:score", "trainer.logger=[console,mlflow]"]
+        [f"worker.reward.reward_function={tmp_path}/nope.py:score", "trainer.logger=[console,neptune]"]
     )
     assert len(problems) == 2
     assert "worker.reward.reward_function" in problems[0] and "nope.py" in problems[0]
-    assert "mlflow" in problems[1] and "console, file, tensorboard, wandb" in problems[1]
+    assert "neptune" in problems[1] and "console, file, tensorboard, wandb, swanlab, mlflow" in problems[1]
 
 
 def test_existing_paths_pass(tmp_path, tiny_model_dir):
