@@ -539,7 +539,7 @@ class TrainerConfig:
     load_checkpoint_path: str | None = None
     """Resume from this checkpoint directory instead."""
     logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"])
-    """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/); each optional tracker gets metrics, the config and the validation generations as a table."""
+    """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
     seed: int = 1
     """Seed of torch, numpy and random."""
     num_threads: int = 0
@@ -1059,11 +1059,19 @@ def validate(cfg: Config) -> list[str]:
                 p.append(f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)")
     p += _device_problems(cfg)
     p += _backend_problems(cfg)
-    unknown_loggers = set(t.logger) - {"console", "file", "tensorboard", "wandb", "swanlab", "mlflow"}
+    unknown_loggers = set(t.logger) - {
+        "console",
+        "file",
+        "tensorboard",
+        "wandb",
+        "swanlab",
+        "mlflow",
+        "trackio",
+    }
     if unknown_loggers:
         p.append(
             f"trainer.logger: unknown logger(s) {sorted(unknown_loggers)}; choose from console, file, tensorboard, "
-            "wandb, swanlab, mlflow"
+            "wandb, swanlab, mlflow, trackio"
         )
     return p
 

@@ -245,7 +245,46 @@ class MlflowTracker:
         self.mlflow.end_run()
 
 
-TRACKERS = {"wandb": WandbTracker, "swanlab": SwanlabTracker, "mlflow": MlflowTracker}
+class TrackioTracker:
+    """Trackio: a local SQLite store in `TRACKIO_DIR` (default `~/.cache/huggingface/trackio`, read when
+    trackio is first imported); `trackio show` opens its dashboard."""
+
+    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+        self.trackio = _require("trackio", "trackio", "trackio")
+        self.run = self.trackio.init(
+            project=project,
+            name=experiment,
+            config=config,
+            resume="allow",
+            embed=False,
+            auto_log_cpu=False,
+            auto_log_gpu=False,
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.trackio.log(metrics, step=step)
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        import pandas as pd
+        from PIL import Image
+
+        frame = pd.DataFrame(table_rows(rows), columns=list(TABLE_COLUMNS))
+        frame["image"] = [
+            self.trackio.Image(Image.open(run_dir / row_images(r)[0])) if row_images(r) else None
+            for r in rows
+        ]
+        self.trackio.log({"val/generations": self.trackio.Table(dataframe=frame)}, step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+TRACKERS = {
+    "wandb": WandbTracker,
+    "swanlab": SwanlabTracker,
+    "mlflow": MlflowTracker,
+    "trackio": TrackioTracker,
+}
 """The trackers by `trainer.logger` name."""
 
 

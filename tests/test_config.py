@@ -291,7 +291,10 @@ def test_missing_reward_file_and_unknown_logger(tmp_path):
     )
     assert len(problems) == 2
     assert "worker.reward.reward_function" in problems[0] and "nope.py" in problems[0]
-    assert "neptune" in problems[1] and "console, file, tensorboard, wandb, swanlab, mlflow" in problems[1]
+    assert (
+        "neptune" in problems[1]
+        and "console, file, tensorboard, wandb, swanlab, mlflow, trackio" in problems[1]
+    )
 
 
 def test_existing_paths_pass(tmp_path, tiny_model_dir):

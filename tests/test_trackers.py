@@ -1,5 +1,6 @@
-"""SwanLab and MLflow, offline in the run directory, receive a 2-step run's metrics, its config and the
-validation generations table (and images where there are some), read back from what they wrote."""
+"""SwanLab and MLflow (offline, in the run directory) and Trackio (its local store, in a temporary
+TRACKIO_DIR) receive a 2-step run's metrics, its config and the validation generations table (and
+images where there are some), read back from what they wrote."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from digits_run import digits_run
 from PIL import Image
 
 from rlstack.errors import RLStackError
-from rlstack.tracking import MlflowTracker, SwanlabTracker, Tracker, save_image_once
+from rlstack.tracking import MlflowTracker, SwanlabTracker, Tracker, TrackioTracker, save_image_once
 from rlstack.trainer import Trainer
 
 
@@ -45,6 +46,7 @@ def run(tiny_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SWANLAB_MODE", "offline")
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.setenv("TRACKIO_DIR", str(tmp_path_factory.mktemp("trackio")))  # read when trackio is imported
         cfg = digits_run(
             tiny_model_dir,
             tmp_path_factory.mktemp("trackers"),
@@ -54,7 +56,7 @@ def run(tiny_model_dir, tmp_path_factory):
             "trainer.val_freq=1",
             "trainer.val_before_train=false",
             "trainer.val_generations_to_log=4",
-            "trainer.logger=[file,swanlab,mlflow]",
+            "trainer.logger=[file,swanlab,mlflow,trackio]",
             steps=2,
         )
         Trainer(cfg).fit()
@@ -103,7 +105,21 @@ def test_mlflow_receives_the_metrics_config_and_generations(run):
     assert len(data["data"]) == 4
 
 
-def test_images_of_generations_reach_both_trackers(tmp_path: Path, monkeypatch):
+def test_trackio_receives_the_metrics_config_and_generations(run):
+    from trackio.sqlite_storage import SQLiteStorage
+
+    cfg, metrics = run
+    logs = SQLiteStorage.get_logs(cfg.trainer.project_name, cfg.trainer.experiment_name)
+    scores = [(r["step"], r["critic/score/mean"]) for r in logs if "critic/score/mean" in r]
+    assert scores == [(s, pytest.approx(metrics[s]["critic/score/mean"])) for s in (1, 2)]
+    tables = [r for r in logs if "val/generations" in r]
+    assert sorted(r["step"] for r in tables) == [1, 2]
+    assert len(tables[0]["val/generations"]["_value"]) == 4
+    config = SQLiteStorage.get_run_config(cfg.trainer.project_name, cfg.trainer.experiment_name)
+    assert config["trainer"]["max_steps"] == 2
+
+
+def test_images_of_generations_reach_the_trackers(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("SWANLAB_MODE", "offline")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     picture = save_image_once(Image.new("RGB", (16, 8), (200, 30, 30)), tmp_path)
@@ -111,7 +127,7 @@ def test_images_of_generations_reach_both_trackers(tmp_path: Path, monkeypatch):
         {"step": 1, "prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0, "end_reason": "done"}
         | {"images": [picture], "tool_images": []}
     ]
-    for cls in (SwanlabTracker, MlflowTracker):
+    for cls in (SwanlabTracker, MlflowTracker, TrackioTracker):
         tracker = cls(tmp_path, {"a": {"b": 1}}, "project", "images")
         tracker.log({"x": 1.0}, 1)
         tracker.log_generations(rows, 1, tmp_path)
