@@ -151,3 +151,30 @@ def test_the_config_tab_shows_the_runs_config(board, runs):
 
 def _html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@needs_chromium
+def test_the_page_follows_a_run_as_it_is_written(runs):
+    """The page polls: a metrics file that grows after the page loaded shows its new step."""
+    from rlstack.board import _json, read_jsonl
+
+    board = Board(runs[:1], port=0)
+    calls = []
+    answer = board._run
+
+    def growing(prefix, run_dir, rest):
+        if rest == ["metrics"]:  # the first read sees step 1 only, later reads the whole file
+            calls.append(1)
+            rows = read_jsonl(run_dir / "metrics.jsonl")
+            return _json(rows[:1] if len(calls) == 1 else rows)
+        return answer(prefix, run_dir, rest)
+
+    board._run = growing
+    board.start()
+    try:
+        dom = browse(board.url + "?tab=curves&metrics=critic/score/mean")
+    finally:
+        board.stop()
+    assert len(calls) >= 2
+    chart = dom.split('data-metric="critic/score/mean"')[1]
+    assert chart.count('class="point"') == 2  # steps 1 and 2: the poll redrew the curve
