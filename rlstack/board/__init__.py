@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import deque
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -91,8 +92,9 @@ class Board:
     def __init__(self, run_dirs: list[Path], host: str = "127.0.0.1", port: int = 6007):
         self.run_dirs = check_run_dirs(run_dirs)
         self.names = run_names(self.run_dirs)
-        self.requests: list[str] = []
-        """Paths served, in order (what a test checks the page asked for)."""
+        self.requests: deque[str] = deque(maxlen=1000)
+        """The last paths served, in order (what a test checks the page asked for); bounded, as a live
+        page polls for as long as it is open."""
         board = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,7 +107,10 @@ class Board:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("Cache-Control", "no-store")
+                static = self.path.startswith(
+                    ("/static/", "/run/")
+                )  # Plotly.js is 4.8 MB; images never change
+                self.send_header("Cache-Control", "max-age=3600" if static else "no-store")
                 self.end_headers()
                 self.wfile.write(body)
 
