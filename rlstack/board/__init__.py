@@ -107,9 +107,8 @@ class Board:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
-                static = self.path.startswith(
-                    ("/static/", "/run/")
-                )  # Plotly.js is 4.8 MB; images never change
+                # Plotly.js (4.8 MB) and a run's images never change; the page, its script and the API may
+                static = self.path.startswith(("/static/plotly", "/run/"))
                 self.send_header("Cache-Control", "max-age=3600" if static else "no-store")
                 self.end_headers()
                 self.wfile.write(body)
