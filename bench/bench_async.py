@@ -1,4 +1,5 @@
-"""Steps per second of asynchronous GRPO (staleness 1 and 2) against the synchronous loop, side by side.
+"""Steps per second of asynchronous GRPO (staleness 1 and 2; staleness 1 with in-flight weight updates)
+against the synchronous loop, side by side.
 
 Generation and training run in separate processes: `trainer.backend=ray` with one policy rank and one
 rollout actor of its own (`worker.rollout.colocated=false`), plus a reward actor, each with one torch
@@ -7,8 +8,9 @@ generation and training take comparable time on a 2-core CPU. Synchronous: the r
 policy rank take turns. Asynchronous (`algorithm.async_grpo`): the rollout actor generates the next
 steps' batches while the policy rank trains.
 
-Each side runs in its own process, in the order sync, async1, async2, async2, async1, sync (so that a
-change in machine load hits every side); step times come from `timing_s/step` after warm-up steps.
+Each side runs in its own process, in the order sync, async1, async1-inflight, async2, async2,
+async1-inflight, async1, sync (so that a change in machine load hits every side); step times come from
+`timing_s/step` after warm-up steps.
 
     python bench/bench_async.py                # writes bench/results/async.json
     python bench/bench_async.py --steps 6      # quicker
@@ -28,11 +30,14 @@ from sides import run_sides, step_timings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "async.json"
+ASYNC1 = ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=1"]
 SIDES = {
     "sync": [],
-    "async1": ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=1"],
+    "async1": ASYNC1,
+    "async1-inflight": [*ASYNC1, "algorithm.async_grpo.in_flight_weight_updates=true"],
     "async2": ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=2"],
 }
+ORDER = ["sync", "async1", "async1-inflight", "async2", "async2", "async1-inflight", "async1", "sync"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = run_sides(
         __file__,
-        ["sync", "async1", "async2", "async2", "async1", "sync"],
+        ORDER,
         [
             "--warmup",
             str(a.warmup),
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             "runs": rs
         }
         result[side]["steps_per_s"] = 1 / result[side]["step_s_median"]
-    for side in ("async1", "async2"):
+    for side in SIDES.keys() - {"sync"}:
         result[f"{side}_speedup"] = result[side]["steps_per_s"] / result["sync"]["steps_per_s"]
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=1))

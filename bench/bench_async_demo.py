@@ -1,19 +1,31 @@
 """Wall-clock time to reach the synchronous run's final held-out accuracy, asynchronous vs synchronous
 GRPO, on the demo task (`rlstack/configs/demo_grpo.yaml`, from the demo's warm start).
 
-Both sides run the demo's GRPO recipe with generation and training in separate processes
+All sides run the demo's GRPO recipe with generation and training in separate processes
 (`trainer.backend=ray`, one policy rank, one rollout actor with `worker.rollout.colocated=false`, one
-torch thread each), validating every `--val-freq` steps; the synchronous side first, then the
-asynchronous one (`algorithm.async_grpo`, staleness 1), each in its own process. Time is the trainer's
-own step time summed (`timing_s/step`: validation and start-up left out).
+torch thread each), validating every `--val-freq` steps, one after the other, each in its own process:
 
-    python bench/bench_async_demo.py              # writes bench/results/async_demo.json (about 15 min)
-    python bench/bench_async_demo.py --steps 200  # quicker
+- `sync`: the synchronous loop, the recipe's `--steps` steps;
+- `async1`: `algorithm.async_grpo`, staleness 1, `--async-steps` steps (by default 1.5x as many: the
+  same training time, as the asynchronous loop steps about 1.5x as fast; the cosine schedule spans
+  the run's own steps, as a user would set it for that budget);
+- `async1-tis`: the same with `worker.actor.rollout_correction=tis` (the decoupled objective: the
+  loss of a token weighted by proximal / behaviour probability, truncated at 2);
+- `async1-inflight` (on request): `async1` with in-flight weight updates.
+
+Time is the trainer's own step time summed (`timing_s/step`: validation and start-up left out). The
+figure of merit is the training time until a side first reaches the synchronous run's final
+held-out accuracy.
+
+    python bench/bench_async_demo.py                                # bench/results/async_demo.json (about 30 min)
+    python bench/bench_async_demo.py --steps 200 --async-steps 300  # quicker
+    python bench/bench_async_demo.py --add async1-inflight          # one more side, against the file's sync run
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -25,10 +37,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "async_demo.json"
 CONFIGS = ROOT / "rlstack" / "configs"
+ASYNC1 = ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=1"]
 SIDES = {
     "sync": [],
-    "async1": ["algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=1"],
+    "async1": ASYNC1,
+    "async1-tis": [*ASYNC1, "worker.actor.rollout_correction=tis"],
+    "async1-inflight": [*ASYNC1, "algorithm.async_grpo.in_flight_weight_updates=true"],
 }
+DEFAULT_SIDES = "sync,async1,async1-tis"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +52,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--side", choices=sorted(SIDES), help="run one side only (internal)")
     p.add_argument("--warm", help="the warm-started model (internal)")
     p.add_argument("--workdir", help="where a side writes its run (internal)")
-    p.add_argument("--steps", type=int, default=500, help="GRPO steps (the demo's: 500)")
+    p.add_argument(
+        "--steps", type=int, default=500, help="GRPO steps of the synchronous side (the demo's: 500)"
+    )
+    p.add_argument("--async-steps", type=int, default=750, help="GRPO steps of the asynchronous sides")
+    p.add_argument("--sides", default=DEFAULT_SIDES, help="comma-separated sides to run (sync always runs)")
+    p.add_argument(
+        "--add",
+        help="comma-separated sides to run and add to the results in --output, whose synchronous run is the "
+        "target (the settings must be the same)",
+    )
     p.add_argument("--val-freq", type=int, default=50)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", default=str(RESULTS))
@@ -56,7 +81,7 @@ def run_side(a: argparse.Namespace) -> None:
             f"worker.actor.model.model_path={a.warm}",
             f"trainer.output_dir={a.workdir}",
             f"trainer.experiment_name={a.side}",
-            f"trainer.max_steps={a.steps}",
+            f"trainer.max_steps={a.steps if a.side == 'sync' else a.async_steps}",
             f"trainer.val_freq={a.val_freq}",
             f"trainer.seed={a.seed}",
             f"data.seed={a.seed}",
@@ -93,6 +118,18 @@ def main(argv: list[str] | None = None) -> None:
     from rlstack.models.loading import write_model_dir
     from rlstack.sft import run_sft
 
+    sides = ["sync", *(s for s in a.sides.split(",") if s != "sync")]
+    curves, earlier = {}, None
+    if a.add:
+        earlier = json.loads(Path(a.output).read_text())
+        same = ("steps", "async_steps", "val_freq", "seed")
+        if any(earlier["settings"].get(k) != getattr(a, k) for k in same):
+            raise SystemExit(f"--add: {a.output} was measured with other settings ({', '.join(same)})")
+        curves = {side: [tuple(p) for p in points] for side, points in earlier["curves"].items()}
+        sides = a.add.split(",")
+    for side in sides:
+        if side not in SIDES:
+            raise SystemExit(f"unknown side {side!r}; the sides are {', '.join(SIDES)}")
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-async-demo-") as tmp:
         base = write_model_dir(Path(tmp) / "base")
         sft = load_config(
@@ -106,10 +143,17 @@ def main(argv: list[str] | None = None) -> None:
             ]
         )
         warm = run_sft(sft)
-        curves = {}
-        for side in SIDES:
+        warm_digest = hashlib.sha256(
+            b"".join(f.read_bytes() for f in sorted(warm.glob("*.safetensors")))
+        ).hexdigest()
+        if earlier and earlier.get("warm_start_sha256") != warm_digest:
+            raise SystemExit(
+                "--add: the warm start came out different from the one the earlier sides began from"
+            )
+        for side in sides:
             cmd = [sys.executable, __file__, "--side", side, "--warm", str(warm), "--workdir", tmp]
-            cmd += ["--steps", str(a.steps), "--val-freq", str(a.val_freq), "--seed", str(a.seed)]
+            cmd += ["--steps", str(a.steps), "--async-steps", str(a.async_steps)]
+            cmd += ["--val-freq", str(a.val_freq), "--seed", str(a.seed)]
             subprocess.run(cmd, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
             curves[side] = curve(Path(tmp) / "demo" / side)
     target = curves["sync"][-1][2]
@@ -118,14 +162,16 @@ def main(argv: list[str] | None = None) -> None:
         for side, points in curves.items()
     }
     result = {
-        "settings": vars(a),
+        "settings": earlier["settings"] if earlier else vars(a),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "warm_start_sha256": warm_digest,
         "target_accuracy": target,
         "curves": curves,
         "reached": reached,
     }
-    if reached["async1"] is not None:
-        result["time_ratio_sync_over_async1"] = reached["sync"][1] / reached["async1"][1]
+    result["time_ratio_sync_over_side"] = {
+        side: reached["sync"][1] / at[1] for side, at in reached.items() if at is not None and side != "sync"
+    }
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=1))
     print(f"target: the synchronous run's final held-out accuracy, {100 * target:.1f}%")

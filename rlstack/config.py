@@ -425,6 +425,8 @@ class AsyncGRPOConfig:
     """Generate and score the next steps' batches while training (NeMo RL's async GRPO; `rlstack/producer.py`)."""
     max_trajectory_age_steps: int = 1
     """No trajectory is trained on more than this many optimizer steps after the weights that generated it (0: the synchronous loop)."""
+    in_flight_weight_updates: bool = False
+    """Push new weights to the engine without waiting for the generation in progress: they land between two of its decoding steps, so trajectories are fresher than the bound (but the run depends on timing: not reproducible bit for bit). Needs an engine with its own copy of the model (hf); with trainer.backend=ray, worker.rollout.colocated=false."""
 
 
 @dataclass
@@ -1086,6 +1088,24 @@ def _backend_problems(cfg: Config) -> list[str]:
         p.append(
             f"algorithm.async_grpo.max_trajectory_age_steps = {ag.max_trajectory_age_steps}: must be >= 0"
         )
+    if ag.in_flight_weight_updates:
+        if not ag.enabled:
+            p.append(
+                "algorithm.async_grpo.in_flight_weight_updates = true lands weights during the generation of an "
+                "asynchronous run: set algorithm.async_grpo.enabled=true, or leave it off"
+            )
+        if cfg.worker.rollout.name != "hf":
+            p.append(
+                f"algorithm.async_grpo.in_flight_weight_updates = true: the {cfg.worker.rollout.name} engine runs "
+                "its generate call to the end before it takes weights; in-flight updates need "
+                "worker.rollout.name=hf (or leave them off)"
+            )
+        if t.backend == "ray" and cfg.worker.rollout.colocated:
+            p.append(
+                "algorithm.async_grpo.in_flight_weight_updates = true with trainer.backend=ray needs the rollout "
+                "in actors of its own (worker.rollout.colocated=false): a colocated rank runs one call at a time, "
+                "so its weights could only arrive after the generation"
+            )
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
         p.append(
             f"trainer.nnodes = {t.nnodes}, trainer.n_gpus_per_node = {t.n_gpus_per_node}: both must be >= 1"

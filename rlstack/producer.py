@@ -19,6 +19,13 @@ Weights reach the engine at step boundaries, under the rollout worker's lock (ne
 generation call). The engine has its own copy of the model (it cannot share the module the trainer
 updates meanwhile).
 
+With in-flight weight updates (`in_flight_weight_updates`, NeMo RL's name) the trainer pushes version k
+as soon as it is made, without waiting for the batches that need older weights: the engine lands it
+between two decoding steps of the generation in progress. Admission is unchanged (step j's batch
+starts once the engine holds version j - 1 - a at least), so no trajectory is older than a; most are
+fresher, by how much depends on timing, and the run is no longer reproducible bit for bit. A
+trajectory's `weight_version` is the version its generation began with.
+
 An exception in the producer is raised in the trainer, with its cause, at the trainer's next request.
 """
 
@@ -165,6 +172,12 @@ class RolloutProducer:
 
 def staleness(batch: Batch, step: int) -> dict[str, Any]:
     """How many optimizer steps behind the policy (version step - 1 before step `step`'s update) each
-    trajectory's weights were."""
+    trajectory's weights were (the oldest weights that sampled any of its tokens), and the share of
+    trajectories that an in-flight weight update reached during their generation."""
     lag = (step - 1) - batch["weight_version"]
-    return {"async/staleness/mean": float(lag.float().mean()), "async/staleness/max": float(lag.max())}
+    last = batch["weight_version_last"] if "weight_version_last" in batch else batch["weight_version"]
+    return {
+        "async/staleness/mean": float(lag.float().mean()),
+        "async/staleness/max": float(lag.max()),
+        "async/in_flight_rows": float((last > batch["weight_version"]).float().mean()),
+    }

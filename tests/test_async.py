@@ -148,3 +148,66 @@ def test_dynamic_sampling_runs_in_the_producer_as_in_the_synchronous_loop(
     want, got = deterministic_metrics(sync.run_dir), deterministic_metrics(asy.run_dir)
     assert any(m["online_filtering/num_tries"] > 1 for m in want.values())  # rounds were drawn again
     assert _without_async(got) == want
+
+
+def _slow_generation(trainer: Trainer, seconds: float) -> None:
+    """Every decoding step of the trainer's engine waits `seconds`: generating a batch takes longer than
+    training on one, so the trainer's weights arrive while the next batch is being generated."""
+    import time
+
+    engine = trainer.rollout_workers.worker.engine
+    between = engine._between_steps
+
+    def slowly():
+        time.sleep(seconds)
+        between()
+
+    engine._between_steps = slowly
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_in_flight_weight_updates_land_in_the_generation_in_progress(
+    tiny_model_dir: Path, tmp_path: Path, in_flight: bool
+):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        f"in_flight_{in_flight}",
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.max_trajectory_age_steps=1",
+        f"algorithm.async_grpo.in_flight_weight_updates={in_flight}",
+        "worker.rollout.check_weight_sync=true",  # the probe sees the new weights once they landed
+    )
+    trainer = Trainer(cfg)
+    _slow_generation(trainer, 0.15)
+    trainer.fit()
+    got = deterministic_metrics(cfg.run_dir)
+    steps = ("1", "2", "3", "4")
+    # the bound holds either way: a batch starts from weights at most one step old
+    assert [got[s]["async/staleness/max"] for s in steps] == [0, 1, 1, 1]
+    assert all(got[s]["rollout/weight_sync_max_diff"] <= 1e-5 for s in steps)
+    assert all(math.isfinite(got[s]["actor/pg_loss"]) for s in steps)
+    # step 1's batch is generated while the trainer waits for it; from step 2 on, every batch was being
+    # generated when the trainer pushed the previous step's weights: in flight they land in it, else
+    # the trainer waits for it to end first
+    want = [0.0, 1.0, 1.0, 1.0] if in_flight else [0.0] * 4
+    assert [got[s]["async/in_flight_rows"] for s in steps] == want
+    assert not trainer.producer.thread.is_alive()
+
+
+def test_in_flight_weight_updates_that_cannot_work_are_config_errors(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _cfg(
+            tiny_model_dir,
+            tmp_path,
+            "bad",
+            "algorithm.async_grpo.in_flight_weight_updates=true",
+            "worker.rollout.name=vllm",
+            "trainer.backend=ray",
+        )
+    message = str(e.value)  # every problem at once
+    assert "set algorithm.async_grpo.enabled=true" in message
+    assert "the vllm engine runs its generate call to the end" in message
+    assert "needs the rollout in actors of its own (worker.rollout.colocated=false)" in message

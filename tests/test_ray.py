@@ -255,3 +255,40 @@ def test_async_grpo_with_rollouts_in_their_own_actor_gives_the_local_async_metri
     want, got = deterministic_metrics(local.run_dir), deterministic_metrics(apart.run_dir)
     assert [want[s]["async/staleness/max"] for s in ("1", "2", "3")] == [0, 1, 1]
     assert_metrics_close(got, want)
+
+
+def test_in_flight_weights_reach_a_rollout_actor_while_it_generates(
+    ray_cluster, tiny_model_dir: Path, tmp_path: Path
+):
+    """With in-flight weight updates the rollout actor runs two calls at a time: weights sent while it
+    generates a (large) batch return at once and land in that generation."""
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "in_flight_apart",
+        "algorithm.async_grpo.enabled=true",
+        "algorithm.async_grpo.in_flight_weight_updates=true",
+        "trainer.backend=ray",
+        "worker.rollout.colocated=false",
+        "data.rollout_batch_size=64",
+        "worker.rollout.n=16",
+        "data.max_response_length=256",
+    )
+    trainer = Trainer(cfg)
+    try:
+        host = trainer.cluster.rollout_hosts[0]
+        prompts = trainer._seed_prompts(trainer.loader.next_batch(), 1, range(64))
+        weights = ray.put(trainer.actor.call("gathered_weights"))
+        began = time.perf_counter()
+        generating = host.call.remote("rollout", "generate", prompts)
+        time.sleep(1.0)  # the generation of 1,024 trajectories of up to 256 tokens is under way
+        sent = host.call.remote("rollout", "update_weights", weights, 1)
+        ready, _ = ray.wait([generating, sent], num_returns=1, timeout=120)
+        took = time.perf_counter() - began
+        assert ready == [sent], f"the weights waited for the generation to end ({took:.1f} s)"
+        assert ray.get(sent) > 0
+        batch = ray.get(generating)
+        assert set(batch["weight_version"].tolist()) == {0}  # began with the initial weights
+        assert set(batch["weight_version_last"].tolist()) == {1}  # the update landed during it
+    finally:
+        trainer.cluster.close()

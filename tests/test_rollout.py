@@ -352,3 +352,75 @@ def test_diverged_weights_raise_a_clear_error_instead_of_sampling_garbage(tiny_m
         broken.model.norm.weight.fill_(float("nan"))
     with pytest.raises(TrainingDiverged, match="non-finite logits"):
         run(broken, tok)
+
+
+def test_weights_sent_during_a_generation_land_between_two_decoding_steps(tiny_model_dir, tok):
+    """In-flight weight updates: `update_weights` from another thread returns while the generation runs;
+    the tokens before the update are the old weights' samples, those after come from the new weights
+    reading the KV cache the old ones wrote (what a reference with that cache computes)."""
+    import threading
+
+    old = load_causal_lm(str(tiny_model_dir)).eval()
+    new = load_causal_lm(str(tiny_model_dir)).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for p in new.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    new_weights = {k: v.clone() for k, v in new.state_dict().items()}
+    request = Request(prompt_ids(tok, ["12+34="])[0], seed=5)
+    settings = SamplingSettings(max_tokens=MAX_NEW)
+
+    reference = HFEngine(
+        load_causal_lm(str(tiny_model_dir)).eval(), tok, 0, False, shares_policy_weights=False
+    )
+    before = reference.generate([request], settings)[0]  # the old weights throughout
+
+    engine = HFEngine(load_causal_lm(str(tiny_model_dir)).eval(), tok, 0, False, shares_policy_weights=False)
+    assert engine.capabilities.in_flight_updates
+    landing, calls, returned = 3, [0], []
+    between = engine._between_steps
+
+    def third_step_gets_new_weights():
+        calls[0] += 1
+        if calls[0] == landing:  # the trainer's thread sends weights while this generation waits here
+            sender = threading.Thread(
+                target=lambda: returned.append(engine.update_weights(iter(new_weights.items()), 1))
+            )
+            sender.start()
+            sender.join(timeout=30)
+            assert returned, "update_weights waited for the generation in progress"
+            assert engine.weight_version == 0  # staged, not landed: this step's forward is next
+        between()
+
+    engine._between_steps = third_step_gets_new_weights
+    got = engine.generate([request], settings)[0]
+    assert engine.weight_version == 1 and engine.versions_in_last_call == (0, 1)
+    assert len(got.token_ids) == MAX_NEW
+    # tokens 0..2 were sampled before the update's step: the old weights' (token 0 from the prefill)
+    assert got.token_ids[:landing] == before.token_ids[:landing]
+    assert got.logprobs[:landing] == pytest.approx(before.logprobs[:landing], abs=1e-6)
+    # token 3 on: the new weights read the old weights' cache of the prompt and tokens 0..1
+    ids = torch.tensor([request.prompt_ids + got.token_ids])
+    P = len(request.prompt_ids)
+    with torch.no_grad():
+        cache = old(input_ids=ids[:, : P + landing - 1], use_cache=True).past_key_values
+        logits = new(input_ids=ids[:, P + landing - 1 : -1], past_key_values=cache, use_cache=True).logits
+    want = torch.log_softmax(logits[0].float(), -1).gather(-1, ids[0, P + landing :, None]).squeeze(-1)
+    assert got.logprobs[landing:] == pytest.approx(want.tolist(), abs=1e-5)
+    assert got.logprobs[landing:] != pytest.approx(before.logprobs[landing:], abs=1e-3)
+    # the engine now holds the new weights outright
+    probe = request.prompt_ids, got.token_ids
+    assert engine.score(Request(probe[0]), probe[1]) == pytest.approx(
+        HFEngine(new, tok, 0, False).score(Request(probe[0]), probe[1]), abs=1e-5
+    )
+
+
+def test_an_update_between_generations_loads_at_once(tiny_model_dir, tok):
+    engine = HFEngine(load_causal_lm(str(tiny_model_dir)).eval(), tok, 0, False, shares_policy_weights=False)
+    zeros = [(k, torch.zeros_like(v)) for k, v in engine.model.state_dict().items()]
+    engine.update_weights(iter(zeros), 4)
+    assert engine.weight_version == 4 and engine._staged is None
+    assert all(bool((v == 0).all()) for v in engine.model.state_dict().values())
+    with pytest.raises(KeyError, match="not a weight of the engine's model"):
+        engine.update_weights(iter([("no.such.weight", torch.zeros(1))]), 5)
+    assert not HFEngine(engine.model, tok, 0, False).capabilities.in_flight_updates  # shares the policy's

@@ -9,7 +9,9 @@ Weights reach an engine through `update_weights(named tensors under Hugging Face
 An engine that samples from the policy's own module (`EngineCapabilities.shares_policy_weights`,
 the embedded HF engine) needs no tensors: the trainer only tells it the version. `sleep()` /
 `wake_up()` free and restore the engine's memory between rollouts where the platform supports it
-(`EngineCapabilities.sleep`); elsewhere they do nothing.
+(`EngineCapabilities.sleep`); elsewhere they do nothing. An engine with `in_flight_updates` takes
+`update_weights` from another thread while `generate` runs (asynchronous GRPO's in-flight weight
+updates): the weights land between two decoding steps.
 
 Engines: `hf` (`rollout/hf.py`, the embedded default) and `vllm` (`rollout/vllm.py`).
 """
@@ -107,12 +109,18 @@ class EngineCapabilities:
     """Accepts requests with images."""
     prefix_caching: bool
     """Reuses the KV cache of a shared prefix (the `n` samples of a prompt; a trajectory's earlier turns)."""
+    in_flight_updates: bool = False
+    """`update_weights` may be called from another thread while `generate` runs; it returns at once and
+    the weights land between two decoding steps of the call in flight: the tokens after that are sampled,
+    and their behaviour log-probs computed, with the new weights (the KV cache of the tokens before
+    stays as the old weights made it, as in NeMo RL's in-flight updates without KV recomputation)."""
 
 
 class Engine(Protocol):
     capabilities: EngineCapabilities
     weight_version: int
-    """The version of the weights it samples from (the trainer's step at the last `update_weights`)."""
+    """The version of the weights it samples from (the trainer's step at the last `update_weights` that
+    has landed)."""
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         """One completion per request, in order."""

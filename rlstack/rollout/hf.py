@@ -17,12 +17,17 @@ call onto a slower attention path.
 Log-probs are under the temperature-scaled distribution before top-k / top-p truncation, which is
 the distribution the policy scores (`logits / temperature`): at temperature 1 with no truncation
 they equal a separate forward pass.
+
+An engine with its own copy of the model takes in-flight weight updates: `update_weights` called from
+another thread while `generate` runs stages a copy of the weights and returns; they land before the
+call's next decoding step (`EngineCapabilities.in_flight_updates`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -103,6 +108,7 @@ def sample(
     pixel_values: list[torch.Tensor] | None = None,
     image_grid_thw: list[torch.Tensor] | None = None,
     stop: StopStrings | None = None,
+    between_steps: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample one response per prompt. `temperature == 0` decodes greedily.
 
@@ -113,6 +119,8 @@ def sample(
     A vision-language model's prompts come with their images: `pixel_values` and `image_grid_thw`,
     one tensor per prompt (empty for a prompt without images), as `encode_prompt` makes them.
     A row ends at EOS, or at a stop string with `stop`; an ended row gets padding, masked out.
+    `between_steps` is called before every decoding step's forward pass (where in-flight weight
+    updates land).
 
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
     longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
@@ -214,6 +222,8 @@ def sample(
             break
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         pos = next_pos + step  # [B]: the same id in all three M-RoPE dims
+        if between_steps is not None:
+            between_steps()
         out = model(
             input_ids=tok[:, None],
             attention_mask=attn,
@@ -366,14 +376,27 @@ class HFEngine:
             sleep=False,
             multimodal=multimodal,
             prefix_caching=True,
+            in_flight_updates=not shares_policy_weights,
         )
         self.weight_version = 0
+        self._lock = threading.Lock()
+        """Guards `_generating`, `_staged` and the loading of weights (in-flight updates)."""
+        self._generating = False
+        self._staged: tuple[list[tuple[str, torch.Tensor]], int] | None = None
+        """Weights that arrived during a `generate` call, and their version, waiting for its next step."""
+        self.versions_in_last_call: tuple[int, int] = (0, 0)
+        """The weight versions the last `generate` call began and ended with (different when an update
+        landed in flight)."""
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
         # positions are M-RoPE ids, with or without images.
         was_training = self.model.training
         self.model.eval()
+        with self._lock:
+            self._generating = True
+            self._land_staged()
+            first = self.weight_version
         try:
             out = sample(
                 self.model,
@@ -389,9 +412,14 @@ class HFEngine:
                 pixel_values=[r.pixel_values for r in requests] if self.multimodal else None,
                 image_grid_thw=[r.image_grid_thw for r in requests] if self.multimodal else None,
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
+                between_steps=self._between_steps,
             )
         finally:
             self.model.train(was_training)
+            with self._lock:
+                self._generating = False
+                self.versions_in_last_call = (first, self.weight_version)
+                self._land_staged()
         P = max(len(r.prompt_ids) for r in requests)
         tokens = out["input_ids"][:, P:].tolist()
         logprobs = out["rollout_logprobs"][:, P:].tolist()
@@ -425,21 +453,55 @@ class HFEngine:
             self.model.train(was_training)
         return logp[0, len(request.prompt_ids) :].tolist()
 
-    @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+        """Load the policy's weights (its own copy), or record the version (sharing the policy's module).
+        Called while `generate` runs in another thread, a copy of the weights is staged and lands before
+        that call's next decoding step."""
         if self.capabilities.shares_policy_weights:
             if weights is not None:
                 raise ValueError(
                     "this HF engine samples from the policy's own module; it takes no weights (pass None)"
                 )
-        else:
-            if weights is None:
-                raise ValueError("this HF engine holds its own copy of the model: pass the policy's weights")
-            own = self.model.state_dict()
-            for name, tensor in weights:
-                if name not in own:
-                    raise KeyError(f"the policy's weight {name!r} is not a weight of the engine's model")
-                own[name].copy_(tensor)
+            self.weight_version = version
+            return
+        if weights is None:
+            raise ValueError("this HF engine holds its own copy of the model: pass the policy's weights")
+        own = self.model.state_dict()
+        incoming = []
+        for name, tensor in weights:
+            if name not in own:
+                raise KeyError(f"the policy's weight {name!r} is not a weight of the engine's model")
+            incoming.append((name, tensor))
+        with self._lock:
+            if not self._generating:
+                self._load(incoming, version)
+                return
+        # The sender goes on changing its tensors (the policy trains on): stage copies. A newer update
+        # replaces one that has not landed yet.
+        staged = [(name, tensor.detach().clone()) for name, tensor in incoming]
+        with self._lock:
+            if self._generating:
+                self._staged = (staged, version)
+            else:
+                self._load(staged, version)
+
+    def _between_steps(self) -> None:
+        if self._staged is not None:
+            with self._lock:
+                self._land_staged()
+
+    def _land_staged(self) -> None:
+        """Load the staged weights (the caller holds `_lock`)."""
+        if self._staged is not None:
+            (weights, version), self._staged = self._staged, None
+            self._load(weights, version)
+
+    @torch.inference_mode(False)
+    @torch.no_grad()
+    def _load(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+        own = self.model.state_dict()
+        for name, tensor in weights:
+            own[name].copy_(tensor)
         self.weight_version = version
 
     def sleep(self) -> None:

@@ -51,7 +51,7 @@ class RankHost:
     """One rank: joins the process group, then builds and serves its role workers."""
 
     def __init__(self, rank: int, world_size: int, num_threads: int):
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.num_threads = rank, world_size, num_threads
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         self.roles: dict[str, Any] = {}
@@ -88,6 +88,10 @@ class RankHost:
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """The role's method. A method that adds columns to the Batch it was given returns only those
         (`_Added`): the driver adds them to its own copy, so the rest does not travel back."""
+        if self.num_threads > 0 and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(
+                self.num_threads
+            )  # a threaded actor's call thread starts with OpenMP's default
         given = args[0] if args and isinstance(args[0], Batch) else None
         before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
         result = getattr(self.roles[role], method)(*args, **kwargs)
@@ -103,9 +107,16 @@ class RankHost:
             device = "cuda:0"
         checkpoint.seed_everything(cfg.trainer.seed)
         w = cfg.worker
+        ag = cfg.algorithm.async_grpo
         self.roles = {
             "rollout": RolloutWorker(
-                w.rollout, w.actor.model, cfg.data.max_response_length, None, device, self.rank
+                w.rollout,
+                w.actor.model,
+                cfg.data.max_response_length,
+                None,
+                device,
+                self.rank,
+                in_flight=ag.enabled and ag.in_flight_weight_updates,
             )
         }
         return ["rollout"]
@@ -186,7 +197,10 @@ class RayCluster:
                 f"worker.rollout.num_ranks = {n} rollout actors of {bundle} each do not fit in what the Ray "
                 f"cluster has left after the {self.world_size} policy ranks: lower it, or add nodes"
             )
-        self.rollout_hosts = _place_hosts(self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads)
+        ag = cfg.algorithm.async_grpo
+        # in-flight weight updates arrive while a generate call runs: two calls at a time
+        concurrency = 2 if ag.enabled and ag.in_flight_weight_updates else 1
+        self.rollout_hosts = _place_hosts(self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads, concurrency)
         self.rollout_who = [f"rollout worker {r} of {n}" for r in range(n)]
         self.get([h.setup_rollout.remote(cfg, device) for h in self.rollout_hosts], self.rollout_who)
 
@@ -232,14 +246,16 @@ class RayCluster:
             ray.util.remove_placement_group(self.rollout_pg)
 
 
-def _place_hosts(pg, n: int, per_bundle: int, gpu: bool, num_threads: int) -> list:
-    """`n` rank actors in placement group `pg`, `per_bundle` to a bundle, a GPU (or a CPU) each."""
+def _place_hosts(pg, n: int, per_bundle: int, gpu: bool, num_threads: int, concurrency: int = 1) -> list:
+    """`n` rank actors in placement group `pg`, `per_bundle` to a bundle, a GPU (or a CPU) each, running
+    up to `concurrency` calls at a time."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor = ray.remote(RankHost)
     return [
         actor.options(
+            max_concurrency=concurrency,
             num_cpus=1,
             num_gpus=1 if gpu else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(

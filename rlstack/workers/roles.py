@@ -27,11 +27,15 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
     policy = PolicyWorker(w.actor, cfg.algorithm, d.max_response_length, total_steps, w.rollout.seed, device)
     roles: dict[str, Any] = {"actor": policy}
     if w.rollout.colocated:
-        own_copy = (
-            cfg.algorithm.async_grpo.enabled
-        )  # the trainer updates the policy while the engine generates
+        ag = cfg.algorithm.async_grpo
         roles["rollout"] = RolloutWorker(
-            w.rollout, w.actor.model, d.max_response_length, policy, device, own_copy=own_copy
+            w.rollout,
+            w.actor.model,
+            d.max_response_length,
+            policy,
+            device,
+            own_copy=ag.enabled,  # the trainer updates the policy while the engine generates
+            in_flight=ag.enabled and ag.in_flight_weight_updates,
         )
     if needs_ref(cfg):  # a LoRA policy is its own reference: its base with the adapters switched off
         roles["ref"] = policy if policy.lora else RefWorker(w.actor, w.ref, device)

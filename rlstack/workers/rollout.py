@@ -28,6 +28,11 @@ class RolloutWorker:
     Colocated with the policy in one process, the embedded default samples from the policy's own
     module with the HF engine: `update_weights` then only records the version. The vLLM engine
     keeps its own copy of the model, loaded from `model.model_path` and updated after every step.
+
+    With `in_flight` (asynchronous GRPO's `in_flight_weight_updates`), `update_weights` does not wait for
+    the generation in progress: the engine lands the weights between two of its decoding steps. A row's
+    `weight_version` is then the version its generation began with (the oldest weights that sampled any
+    of its tokens) and `weight_version_last` the one it ended with.
     """
 
     def __init__(
@@ -39,12 +44,14 @@ class RolloutWorker:
         device: str = "cpu",
         rank: int | None = None,
         own_copy: bool = False,
+        in_flight: bool = False,
     ):
         """`policy`: the colocated policy worker, or None for a rollout worker placed apart from it
         (`worker.rollout.colocated=false`), which loads its own tokenizer, processor and model copy and is
         sent the policy's weights. `rank`: this worker's place among the rollout workers (default: its
         data-parallel rank). `own_copy`: generate from a copy of the model even beside an unsharded
-        policy (asynchronous GRPO: the trainer updates the policy's module while the engine generates)."""
+        policy (asynchronous GRPO: the trainer updates the policy's module while the engine generates).
+        `in_flight`: weight updates land during a generation (the engine must support it)."""
         self.cfg = cfg
         self.rank = distributed.current().rank if rank is None else rank
         path = resolve_model_path(model.model_path)
@@ -84,9 +91,16 @@ class RolloutWorker:
         else:
             self.engine = HFEngine(policy.model, tokenizer, seed=cfg.seed, multimodal=multimodal)
         self.policy = policy
+        if in_flight and not self.engine.capabilities.in_flight_updates:
+            raise ValueError(
+                f"the {self.engine.capabilities.name} engine (sharing the policy's weights: "
+                f"{self.engine.capabilities.shares_policy_weights}) cannot take weights during a generation"
+            )
+        self.in_flight = in_flight
         self.lock = threading.Lock()
-        """Held by generation and weight loading: a weight update waits for the generation call in
-        flight (asynchronous GRPO's producer thread) and never lands in the middle of one."""
+        """Held by generation and weight loading: unless `in_flight`, a weight update waits for the
+        generation call in progress (asynchronous GRPO's producer thread) and never lands in the middle
+        of one."""
         tools = cfg.agent.tools
         self.processor = processor or VisionProcessor(tokenizer, None)
         self.multimodal = multimodal
@@ -118,12 +132,14 @@ class RolloutWorker:
     def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
         with self.lock:
             self.engine.wake_up()
+            first = self.engine.weight_version
             try:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
             finally:
                 self.engine.sleep()
-            version = self.engine.weight_version
-        batch["weight_version"] = torch.full((len(batch),), version, dtype=torch.long)
+            last = self.engine.weight_version
+        batch["weight_version"] = torch.full((len(batch),), first, dtype=torch.long)
+        batch["weight_version_last"] = torch.full((len(batch),), last, dtype=torch.long)
         return batch
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> int:
@@ -137,6 +153,9 @@ class RolloutWorker:
                 loaded += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
+        if self.in_flight:  # the engine lands them between two decoding steps of a generation in progress
+            self.engine.update_weights(None if weights is None else counted(), version)
+            return loaded
         with self.lock:
             self.engine.wake_up()  # stays awake for the rollout that follows
             self.engine.update_weights(None if weights is None else counted(), version)
