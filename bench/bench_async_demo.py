@@ -11,7 +11,8 @@ torch thread each), validating every `--val-freq` steps, one after the other, ea
   the run's own steps, as a user would set it for that budget);
 - `async1-tis`: the same with `worker.actor.rollout_correction=tis` (the decoupled objective: the
   loss of a token weighted by proximal / behaviour probability, truncated at 2);
-- `async1-inflight` (on request): `async1` with in-flight weight updates.
+- `async1-inflight`, `async1-tis-inflight` (on request): `async1`, `async1-tis` with in-flight weight
+  updates.
 
 Time is the trainer's own step time summed (`timing_s/step`: validation and start-up left out). The
 figure of merit is the training time until a side first reaches the synchronous run's final
@@ -19,7 +20,7 @@ held-out accuracy.
 
     python bench/bench_async_demo.py                                # bench/results/async_demo.json (about 30 min)
     python bench/bench_async_demo.py --steps 200 --async-steps 300  # quicker
-    python bench/bench_async_demo.py --add async1-inflight          # one more side, against the file's sync run
+    python bench/bench_async_demo.py --add async1-inflight          # more sides, against the file's sync run
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ SIDES = {
     "async1": ASYNC1,
     "async1-tis": [*ASYNC1, "worker.actor.rollout_correction=tis"],
     "async1-inflight": [*ASYNC1, "algorithm.async_grpo.in_flight_weight_updates=true"],
+    "async1-tis-inflight": [
+        *ASYNC1,
+        "worker.actor.rollout_correction=tis",
+        "algorithm.async_grpo.in_flight_weight_updates=true",
+    ],
 }
 DEFAULT_SIDES = "sync,async1,async1-tis"
 

@@ -4,7 +4,7 @@ staleness (`algorithm.async_grpo`, NeMo RL's async GRPO).
 A thread of the driver collects the batch of every step in order (the same prompts, seeds, dynamic
 sampling and scoring as the synchronous loop: `Trainer.collect`) and hands it to the trainer through a
 buffer. Every trajectory carries the weight version that generated it (`weight_version`: the number
-of optimizer steps behind the engine's weights). With `max_trajectory_age_steps` = a, step j's batch is
+of training steps behind the engine's weights). With `max_trajectory_age_steps` = a, step j's batch is
 generated with exactly version j - 1 - a (the initial weights for the first a steps): the trainer,
 whose policy is at version j - 1 before step j's update, trains on trajectories exactly a steps old.
 
@@ -171,7 +171,7 @@ class RolloutProducer:
 
 
 def staleness(batch: Batch, step: int) -> dict[str, Any]:
-    """How many optimizer steps behind the policy (version step - 1 before step `step`'s update) each
+    """How many training steps (weight versions) behind the policy (version step - 1 before step `step`'s update) each
     trajectory's weights were (the oldest weights that sampled any of its tokens), and the share of
     trajectories that an in-flight weight update reached during their generation."""
     lag = (step - 1) - batch["weight_version"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from digits_run import digits_run
 
 from rlstack.algos.advantages import AdvEstimator
 from rlstack.config import load_config
@@ -825,3 +826,30 @@ def test_a_lora_run_syncs_merged_weights_checkpoints_adapters_and_resumes(
     again = _metrics(resumed.run_dir)
     assert sorted(again) == [3]
     assert _deterministic(again[3]) == _deterministic(straight[3])
+
+
+@pytest.mark.parametrize("placement", ["local", "ray_apart"])
+def test_validation_leaves_training_as_it_was(tiny_model_dir: Path, tmp_path: Path, placement: str):
+    """A run validated before every step trains exactly as one validated only at the end: validation draws
+    from none of training's random streams and leaves the policy and the engine as it found them."""
+    extra = ["data.val_files=builtin:addition@test", "data.val_max_samples=16"]
+    if placement == "ray_apart":
+        ray = pytest.importorskip("ray")
+        extra += ["trainer.backend=ray", "worker.rollout.colocated=false"]
+    runs = {}
+    for name, val in (("often", ["trainer.val_freq=1"]), ("at_end", ["trainer.val_before_train=false"])):
+        cfg = digits_run(tiny_model_dir, tmp_path, name, *extra, *val)
+        if placement == "ray_apart":
+            ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        try:
+            Trainer(cfg).fit()
+        finally:
+            if placement == "ray_apart":
+                ray.shutdown()
+        runs[name] = {
+            step: {k: v for k, v in _deterministic(row).items() if not k.startswith("val/")}
+            for step, row in _metrics(cfg.run_dir).items()
+            if step > 0
+        }
+    assert runs["often"][3]["actor/grad_norm"] > 0
+    assert runs["often"] == runs["at_end"]
