@@ -466,19 +466,14 @@ class HFEngine:
             return
         if weights is None:
             raise ValueError("this HF engine holds its own copy of the model: pass the policy's weights")
-        own = self.model.state_dict()
-        incoming = []
-        for name, tensor in weights:
-            if name not in own:
-                raise KeyError(f"the policy's weight {name!r} is not a weight of the engine's model")
-            incoming.append((name, tensor))
         with self._lock:
-            if not self._generating:
-                self._load(incoming, version)
+            if not self._generating:  # streamed in one tensor at a time
+                self._load(weights, version)
                 return
         # The sender goes on changing its tensors (the policy trains on): stage copies. A newer update
         # replaces one that has not landed yet.
-        staged = [(name, tensor.detach().clone()) for name, tensor in incoming]
+        own = self.model.state_dict()
+        staged = [(_own_name(own, name), tensor.detach().clone()) for name, tensor in weights]
         with self._lock:
             if self._generating:
                 self._staged = (staged, version)
@@ -498,10 +493,10 @@ class HFEngine:
 
     @torch.inference_mode(False)
     @torch.no_grad()
-    def _load(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+    def _load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         own = self.model.state_dict()
         for name, tensor in weights:
-            own[name].copy_(tensor)
+            own[_own_name(own, name)].copy_(tensor)
         self.weight_version = version
 
     def sleep(self) -> None:
@@ -516,3 +511,9 @@ class HFEngine:
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.weight_version = state["weight_version"]
+
+
+def _own_name(own: dict[str, torch.Tensor], name: str) -> str:
+    if name not in own:
+        raise KeyError(f"the policy's weight {name!r} is not a weight of the engine's model")
+    return name
