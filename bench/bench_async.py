@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--max-response-length", type=int, default=48)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (two mini-batches of half each)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--output", default=str(RESULTS))
     return p.parse_args(argv)
 
@@ -65,10 +67,10 @@ def run_side(a: argparse.Namespace) -> dict:
                 f"worker.actor.model.model_path={a.model_dir}",
                 "data.train_files=builtin:addition@train",
                 "data.val_files=",
-                "data.rollout_batch_size=8",
+                f"data.rollout_batch_size={a.prompts}",
                 f"data.max_response_length={a.max_response_length}",
-                "worker.rollout.n=8",
-                "worker.actor.global_batch_size=4",
+                f"worker.rollout.n={a.n}",
+                f"worker.actor.global_batch_size={max(1, a.prompts // 2)}",
                 "worker.actor.micro_batch_size_per_device_for_update=32",
                 "worker.actor.optim.lr=1e-5",
                 "worker.reward.reward_function=builtin:exact_match",
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
             str(a.steps),
             "--max-response-length",
             str(a.max_response_length),
+            "--prompts",
+            str(a.prompts),
+            "--n",
+            str(a.n),
         ],
     )
     result: dict = {
