@@ -71,7 +71,7 @@ def run_side(a: argparse.Namespace) -> dict:
                 f"data.max_response_length={a.max_response_length}",
                 f"worker.rollout.n={a.n}",
                 f"worker.actor.global_batch_size={max(1, a.prompts // 2)}",
-                "worker.actor.micro_batch_size_per_device_for_update=32",
+                f"worker.actor.micro_batch_size_per_device_for_update={min(32, max(1, a.prompts // 2) * a.n)}",
                 "worker.actor.optim.lr=1e-5",
                 "worker.reward.reward_function=builtin:exact_match",
                 "trainer.backend=ray",
