@@ -1094,6 +1094,12 @@ def _backend_problems(cfg: Config) -> list[str]:
                 "algorithm.async_grpo.in_flight_weight_updates = true lands weights during the generation of an "
                 "asynchronous run: set algorithm.async_grpo.enabled=true, or leave it off"
             )
+        elif ag.max_trajectory_age_steps == 0:
+            p.append(
+                "algorithm.async_grpo.in_flight_weight_updates = true with max_trajectory_age_steps = 0 does "
+                "nothing (the producer waits for every update before it generates): raise the age, or leave "
+                "in-flight updates off"
+            )
         if cfg.worker.rollout.name != "hf":
             p.append(
                 f"algorithm.async_grpo.in_flight_weight_updates = true: the {cfg.worker.rollout.name} engine runs "

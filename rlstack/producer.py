@@ -8,7 +8,7 @@ of training steps behind the engine's weights). With `max_trajectory_age_steps` 
 generated with exactly version j - 1 - a (the initial weights for the first a steps): the trainer,
 whose policy is at version j - 1 before step j's update, trains on trajectories exactly a steps old.
 
-The schedule is fixed, not a race: the producer starts step j's batch once the engine holds version
+Without in-flight weight updates the schedule is fixed, not a race: the producer starts step j's batch once the engine holds version
 j - 1 - a, and the trainer pushes version k to the engine only once the batches that need older
 weights (up to step k + a) are done. So with a = 1, step k + 1's batch is generated while step k
 trains, and a seeded run gives the same metrics however fast either side is (a checkpoint's buffer

@@ -394,7 +394,7 @@ def test_weights_sent_during_a_generation_land_between_two_decoding_steps(tiny_m
 
     engine._between_steps = third_step_gets_new_weights
     got = engine.generate([request], settings)[0]
-    assert engine.weight_version == 1 and engine.versions_in_last_call == (0, 1)
+    assert engine.weight_version == 1 and engine.sampled_version == 1
     assert len(got.token_ids) == MAX_NEW
     # tokens 0..2 were sampled before the update's step: the old weights' (token 0 from the prefill)
     assert got.token_ids[:landing] == before.token_ids[:landing]

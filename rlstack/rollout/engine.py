@@ -110,8 +110,8 @@ class EngineCapabilities:
     prefix_caching: bool
     """Reuses the KV cache of a shared prefix (the `n` samples of a prompt; a trajectory's earlier turns)."""
     in_flight_updates: bool = False
-    """`update_weights` may be called from another thread while `generate` runs; it returns at once and
-    the weights land between two decoding steps of the call in flight: the tokens after that are sampled,
+    """`update_weights` may be called from another thread while `generate` runs; it returns without
+    waiting for the generation, and the weights land between two of its decoding steps: the tokens after that are sampled,
     and their behaviour log-probs computed, with the new weights (the KV cache of the tokens before
     stays as the old weights made it, as in NeMo RL's in-flight updates without KV recomputation)."""
 

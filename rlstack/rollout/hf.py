@@ -384,9 +384,9 @@ class HFEngine:
         self._generating = False
         self._staged: tuple[list[tuple[str, torch.Tensor]], int] | None = None
         """Weights that arrived during a `generate` call, and their version, waiting for its next step."""
-        self.versions_in_last_call: tuple[int, int] = (0, 0)
-        """The weight versions the last `generate` call began and ended with (different when an update
-        landed in flight)."""
+        self.sampled_version = 0
+        """The version of the weights that sampled the latest token (while an update is staged,
+        `weight_version` is still this; after a call, newer weights may have landed unused)."""
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
@@ -396,7 +396,7 @@ class HFEngine:
         with self._lock:
             self._generating = True
             self._land_staged()
-            first = self.weight_version
+            self.sampled_version = self.weight_version
         try:
             out = sample(
                 self.model,
@@ -414,12 +414,18 @@ class HFEngine:
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
                 between_steps=self._between_steps,
             )
-        finally:
-            self.model.train(was_training)
+        except BaseException:
+            with self._lock:
+                self._generating = (
+                    False  # staged weights wait for the next call (an error here would hide this one)
+                )
+            raise
+        else:
             with self._lock:
                 self._generating = False
-                self.versions_in_last_call = (first, self.weight_version)
-                self._land_staged()
+                self._land_staged()  # weights that came after the last decoding step
+        finally:
+            self.model.train(was_training)
         P = max(len(r.prompt_ids) for r in requests)
         tokens = out["input_ids"][:, P:].tolist()
         logprobs = out["rollout_logprobs"][:, P:].tolist()
@@ -453,10 +459,13 @@ class HFEngine:
             self.model.train(was_training)
         return logp[0, len(request.prompt_ids) :].tolist()
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+    def update_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = False
+    ) -> None:
         """Load the policy's weights (its own copy), or record the version (sharing the policy's module).
-        Called while `generate` runs in another thread, a copy of the weights is staged and lands before
-        that call's next decoding step."""
+        Called while `generate` runs in another thread, the weights are staged and land before that
+        call's next decoding step: a copy of them, unless they are `private` (the engine's to keep, such
+        as tensors received from another process), since the sender's tensors change as it trains on."""
         if self.capabilities.shares_policy_weights:
             if weights is not None:
                 raise ValueError(
@@ -470,10 +479,9 @@ class HFEngine:
             if not self._generating:  # streamed in one tensor at a time
                 self._load(weights, version)
                 return
-        # The sender goes on changing its tensors (the policy trains on): stage copies. A newer update
-        # replaces one that has not landed yet.
+        # A newer update replaces one that has not landed yet.
         own = self.model.state_dict()
-        staged = [(_own_name(own, name), tensor.detach().clone()) for name, tensor in weights]
+        staged = [(_own_name(own, name), t if private else t.detach().clone()) for name, t in weights]
         with self._lock:
             if self._generating:
                 self._staged = (staged, version)
@@ -484,6 +492,7 @@ class HFEngine:
         if self._staged is not None:
             with self._lock:
                 self._land_staged()
+                self.sampled_version = self.weight_version
 
     def _land_staged(self) -> None:
         """Load the staged weights (the caller holds `_lock`)."""

@@ -32,7 +32,10 @@ class RolloutWorker:
     With `in_flight` (asynchronous GRPO's `in_flight_weight_updates`), `update_weights` does not wait for
     the generation in progress: the engine lands the weights between two of its decoding steps. A row's
     `weight_version` is then the version its generation began with (the oldest weights that sampled any
-    of its tokens) and `weight_version_last` the one it ended with.
+    of its tokens) and `weight_version_last` the newest weights that sampled a token of its generation
+    call (the same for every row of the call, including rows that had ended before the update landed).
+    The weight-sync check (`score`) waits for the generation in progress, which costs what in-flight
+    updates save.
     """
 
     def __init__(
@@ -137,14 +140,18 @@ class RolloutWorker:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
             finally:
                 self.engine.sleep()
-            last = self.engine.weight_version
+            # the newest weights that sampled a token (an update that landed after the last one is not counted)
+            last = self.engine.sampled_version if self.in_flight else first
         batch["weight_version"] = torch.full((len(batch),), first, dtype=torch.long)
         batch["weight_version_last"] = torch.full((len(batch),), last, dtype=torch.long)
         return batch
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> int:
+    def update_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = True
+    ) -> int:
         """Load the policy's weights into the engine (None for an engine that shares the policy's module);
-        returns the bytes loaded."""
+        returns the bytes loaded. `private`: the tensors are the engine's to keep (sent from another
+        process), not the policy's live ones."""
         loaded = 0
 
         def counted():
@@ -154,7 +161,7 @@ class RolloutWorker:
                 yield name, tensor
 
         if self.in_flight:  # the engine lands them between two decoding steps of a generation in progress
-            self.engine.update_weights(None if weights is None else counted(), version)
+            self.engine.update_weights(None if weights is None else counted(), version, private=private)
             return loaded
         with self.lock:
             self.engine.wake_up()  # stays awake for the rollout that follows
@@ -170,7 +177,7 @@ class RolloutWorker:
                 "a rollout worker placed apart from the policy is sent its weights (update_weights)"
             )
         shares = self.engine.capabilities.shares_policy_weights
-        return self.update_weights(None if shares else self.policy.named_weights(), version)
+        return self.update_weights(None if shares else self.policy.named_weights(), version, private=False)
 
     @dispatch(Dispatch.EACH)
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
