@@ -394,7 +394,7 @@ def test_weights_sent_during_a_generation_land_between_two_decoding_steps(tiny_m
 
     engine._between_steps = third_step_gets_new_weights
     got = engine.generate([request], settings)[0]
-    assert engine.weight_version == 1 and engine.sampled_version == 1
+    assert engine.weight_version == 1 and got.weight_version == 1 and before.weight_version == 0
     assert len(got.token_ids) == MAX_NEW
     # tokens 0..2 were sampled before the update's step: the old weights' (token 0 from the prefill)
     assert got.token_ids[:landing] == before.token_ids[:landing]
@@ -424,3 +424,28 @@ def test_an_update_between_generations_loads_at_once(tiny_model_dir, tok):
     with pytest.raises(KeyError, match="not a weight of the engine's model"):
         engine.update_weights(iter([("no.such.weight", torch.zeros(1))]), 5)
     assert not HFEngine(engine.model, tok, 0, False).capabilities.in_flight_updates  # shares the policy's
+
+
+def test_a_completion_names_the_weights_that_sampled_its_last_token(eos_model, tok):
+    """With an update landing before decoding step 3, completions that ended before it keep the old
+    version and longer ones carry the new one."""
+    import copy
+
+    engine = HFEngine(copy.deepcopy(eos_model), tok, 0, False, shares_policy_weights=False)
+    new_weights = [(k, v.clone()) for k, v in eos_model.state_dict().items()]  # the same values, version 1
+    calls = [0]
+    between = engine._between_steps
+
+    def lands_at_step_3():
+        calls[0] += 1
+        if calls[0] == 3:
+            engine._staged = (new_weights, 1)  # what update_weights stages during a generation
+        return between()
+
+    engine._between_steps = lands_at_step_3
+    requests = [Request(ids, seed=s) for s, ids in enumerate(prompt_ids(tok) * 4)]
+    out = engine.generate(requests, SamplingSettings(max_tokens=MAX_NEW))
+    versions = {len(c.token_ids): c.weight_version for c in out}
+    assert any(n <= 3 for n in versions) and any(n > 3 for n in versions)  # both kinds occur
+    for c in out:  # tokens from index 3 on come from the weights that landed before step 3's forward
+        assert c.weight_version == (1 if len(c.token_ids) > 3 else 0), len(c.token_ids)

@@ -81,6 +81,8 @@ class Trajectory:
     tool_seconds: float = 0.0
     seed: int | None = None
     """The trajectory's sampling seed; each turn's request gets one derived from it and the turn."""
+    weight_version_last: int | None = None
+    """The version of the weights that sampled its latest token, where the engine says."""
     turns: list[dict[str, Any]] = field(default_factory=list)
     """With tools, what a person reads: `{"role": "assistant", "text", "tool_call"}` (the parsed call
     `{"name", "arguments"}` or `{"error"}`) and `{"role": "tool", "text", "ok", "images"}` (indices into
@@ -201,6 +203,7 @@ class AgentLoop:
             t.mask += [1] * len(new)
             t.logprobs += logp
             t.num_turns += 1
+            t.weight_version_last = c.weight_version
             if self.toolset is not None:
                 t.turns.append(
                     {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}
@@ -319,6 +322,8 @@ class AgentLoop:
                 [t.tokens for t in trajectories], skip_special_tokens=True
             ),
         }
+        if all(t.weight_version_last is not None for t in trajectories):
+            columns["weight_version_last"] = torch.tensor([t.weight_version_last for t in trajectories])
         if self.toolset is not None:
             columns |= {
                 "num_turns": torch.tensor([t.num_turns for t in trajectories]),

@@ -96,6 +96,9 @@ class Completion:
     """The behaviour log-prob of each sampled token, under the temperature-scaled distribution before
     top-k / top-p truncation (what the policy's forward pass scores)."""
     finish_reason: FinishReason
+    weight_version: int | None = None
+    """The version of the weights that sampled its last token (it can be newer than the version the
+    call began with where weights land in flight); None where the engine does not say."""
 
 
 @dataclass(frozen=True)

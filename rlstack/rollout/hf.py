@@ -120,7 +120,7 @@ def sample(
     one tensor per prompt (empty for a prompt without images), as `encode_prompt` makes them.
     A row ends at EOS, or at a stop string with `stop`; an ended row gets padding, masked out.
     `between_steps` is called before every decoding step's forward pass (where in-flight weight
-    updates land).
+    updates land): its k-th call comes before the forward that gives token k.
 
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
     longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
@@ -384,9 +384,10 @@ class HFEngine:
         self._generating = False
         self._staged: tuple[list[tuple[str, torch.Tensor]], int] | None = None
         """Weights that arrived during a `generate` call, and their version, waiting for its next step."""
-        self.sampled_version = 0
-        """The version of the weights that sampled the latest token (while an update is staged,
-        `weight_version` is still this; after a call, newer weights may have landed unused)."""
+        self._landed: list[tuple[int, int]] = []
+        """(index of the first token they sampled, version) of the weights that landed during the call."""
+        self._steps = 0
+        """Decoding steps of the call so far."""
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
@@ -396,7 +397,8 @@ class HFEngine:
         with self._lock:
             self._generating = True
             self._land_staged()
-            self.sampled_version = self.weight_version
+            first = self.weight_version
+            self._landed, self._steps = [], 0
         try:
             out = sample(
                 self.model,
@@ -431,8 +433,12 @@ class HFEngine:
         logprobs = out["rollout_logprobs"][:, P:].tolist()
         lengths = out["response_mask"][:, P:].sum(-1).tolist()
         truncated = out["truncated"].tolist()
+
+        def version(n: int) -> int:  # of the weights that sampled a completion's last token (index n - 1)
+            return max((v for start, v in self._landed if start <= n - 1), default=first)
+
         return [
-            Completion(t[:n], lp[:n], "length" if cut else "stop")
+            Completion(t[:n], lp[:n], "length" if cut else "stop", version(n))
             for t, lp, n, cut in zip(tokens, logprobs, lengths, truncated)
         ]
 
@@ -489,10 +495,12 @@ class HFEngine:
                 self._load(staged, version)
 
     def _between_steps(self) -> None:
+        """Before the forward pass that gives token `_steps` of the call: staged weights land here."""
+        self._steps += 1
         if self._staged is not None:
             with self._lock:
                 self._land_staged()
-                self.sampled_version = self.weight_version
+                self._landed.append((self._steps, self.weight_version))
 
     def _land_staged(self) -> None:
         """Load the staged weights (the caller holds `_lock`)."""

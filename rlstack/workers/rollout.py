@@ -32,8 +32,7 @@ class RolloutWorker:
     With `in_flight` (asynchronous GRPO's `in_flight_weight_updates`), `update_weights` does not wait for
     the generation in progress: the engine lands the weights between two of its decoding steps. A row's
     `weight_version` is then the version its generation began with (the oldest weights that sampled any
-    of its tokens) and `weight_version_last` the newest weights that sampled a token of its generation
-    call (the same for every row of the call, including rows that had ended before the update landed).
+    of its tokens) and `weight_version_last` the version of the weights that sampled its last token.
     The weight-sync check (`score`) waits for the generation in progress, which costs what in-flight
     updates save.
     """
@@ -140,10 +139,9 @@ class RolloutWorker:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
             finally:
                 self.engine.sleep()
-            # the newest weights that sampled a token (an update that landed after the last one is not counted)
-            last = self.engine.sampled_version if self.in_flight else first
         batch["weight_version"] = torch.full((len(batch),), first, dtype=torch.long)
-        batch["weight_version_last"] = torch.full((len(batch),), last, dtype=torch.long)
+        if "weight_version_last" not in batch:  # the engine does not say: no update lands during a call
+            batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
 
     def update_weights(
