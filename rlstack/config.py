@@ -428,6 +428,11 @@ class AsyncGRPOConfig:
     in_flight_weight_updates: bool = False
     """Push new weights to the engine without waiting for the generation in progress: they land between two of its decoding steps, so trajectories are fresher than the bound (but the run depends on timing: not reproducible bit for bit). Needs an engine with its own copy of the model (hf); with trainer.backend=ray, worker.rollout.colocated=false."""
 
+    @property
+    def in_flight(self) -> bool:
+        """In-flight weight updates are on (they only apply to an asynchronous run)."""
+        return self.enabled and self.in_flight_weight_updates
+
 
 @dataclass
 class AlgorithmConfig:

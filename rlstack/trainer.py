@@ -75,8 +75,6 @@ class Trainer:
         # One mini-batch and one epoch: the update's first forward pass is on-policy, so old = current
         # (an in-reward KL needs the old log-probs before the update, so it computes them).
         self.max_age = alg.async_grpo.max_trajectory_age_steps if alg.async_grpo.enabled else 0
-        self.in_flight = alg.async_grpo.enabled and alg.async_grpo.in_flight_weight_updates
-        """Weights go to the engine as soon as they are made, landing in the generation in progress."""
         self.on_policy = (
             self.max_age == 0
             and w.actor.ppo_epochs == 1
@@ -214,9 +212,8 @@ class Trainer:
             if self.step > self.cfg.trainer.critic_warmup:
                 with _timer(timing, "update_actor"):
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
-                if (
-                    self.producer is not None and not self.in_flight
-                ):  # the batches that need older weights first
+                # the batches that need older weights first (in flight, the weights land in them instead)
+                if self.producer is not None and not self.cfg.algorithm.async_grpo.in_flight:
                     timing["wait_rollout"] += self.producer.wait_produced(self.step + self.max_age)
                 with _timer(timing, "sync"):
                     synced = self.sync_weights()

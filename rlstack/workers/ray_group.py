@@ -88,10 +88,9 @@ class RankHost:
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """The role's method. A method that adds columns to the Batch it was given returns only those
         (`_Added`): the driver adds them to its own copy, so the rest does not travel back."""
+        # a threaded actor's call thread (in-flight weight updates) starts with OpenMP's default
         if self.num_threads > 0 and torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(
-                self.num_threads
-            )  # a threaded actor's call thread starts with OpenMP's default
+            torch.set_num_threads(self.num_threads)
         given = args[0] if args and isinstance(args[0], Batch) else None
         before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
         result = getattr(self.roles[role], method)(*args, **kwargs)
@@ -107,7 +106,6 @@ class RankHost:
             device = "cuda:0"
         checkpoint.seed_everything(cfg.trainer.seed)
         w = cfg.worker
-        ag = cfg.algorithm.async_grpo
         self.roles = {
             "rollout": RolloutWorker(
                 w.rollout,
@@ -116,7 +114,7 @@ class RankHost:
                 None,
                 device,
                 self.rank,
-                in_flight=ag.enabled and ag.in_flight_weight_updates,
+                in_flight=cfg.algorithm.async_grpo.in_flight,
             )
         }
         return ["rollout"]
@@ -197,9 +195,8 @@ class RayCluster:
                 f"worker.rollout.num_ranks = {n} rollout actors of {bundle} each do not fit in what the Ray "
                 f"cluster has left after the {self.world_size} policy ranks: lower it, or add nodes"
             )
-        ag = cfg.algorithm.async_grpo
         # in-flight weight updates arrive while a generate call runs: two calls at a time
-        concurrency = 2 if ag.enabled and ag.in_flight_weight_updates else 1
+        concurrency = 2 if cfg.algorithm.async_grpo.in_flight else 1
         self.rollout_hosts = _place_hosts(self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads, concurrency)
         self.rollout_who = [f"rollout worker {r} of {n}" for r in range(n)]
         self.get([h.setup_rollout.remote(cfg, device) for h in self.rollout_hosts], self.rollout_who)

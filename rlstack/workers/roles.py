@@ -35,7 +35,7 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
             policy,
             device,
             own_copy=ag.enabled,  # the trainer updates the policy while the engine generates
-            in_flight=ag.enabled and ag.in_flight_weight_updates,
+            in_flight=ag.in_flight,
         )
     if needs_ref(cfg):  # a LoRA policy is its own reference: its base with the adapters switched off
         roles["ref"] = policy if policy.lora else RefWorker(w.actor, w.ref, device)
