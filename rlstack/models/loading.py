@@ -19,6 +19,7 @@ from transformers import (
 
 from rlstack.config import BUILTIN_MODEL
 from rlstack.errors import RLStackError
+from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.tiny import init_model
 from rlstack.models.vision import VisionProcessor, init_vision_model, is_vision_model
 
@@ -114,15 +115,26 @@ def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcesso
 def load_causal_lm(
     path: str, dtype: str = "float32", trust_remote_code: bool = False, attn_implementation: str = "sdpa"
 ) -> PreTrainedModel:
-    """The causal LM at `path`, or the vision-language model (image-text-to-text class) for a VL directory."""
+    """The causal LM at `path`, or the vision-language model (image-text-to-text class) for a VL directory.
+
+    `sdpa` means Hugging Face's SDPA attention with rlstack's path for a few queries per row on CPU
+    (decoding steps; `rlstack.models.attention`) in the language model; a vision tower and a model
+    with its own code (`trust_remote_code`) get plain `sdpa`.
+    """
     _require_dir(path, "model", "config.json")
-    auto_class = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    vision = is_vision_model(path)
+    auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    implementation: str | dict[str, str] = attn_implementation
+    if attn_implementation == "sdpa" and not trust_remote_code:
+        implementation = {"": "sdpa", "text_config": SMALL_QUERY_SDPA, "vision_config": "sdpa"}
+        if not vision:
+            implementation = SMALL_QUERY_SDPA
     try:
         model = auto_class.from_pretrained(
             path,
             dtype=DTYPES[dtype],
             trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
+            attn_implementation=implementation,
         )
     except (OSError, ValueError) as e:
         raise ModelLoadError(
