@@ -174,7 +174,9 @@ def run_trl(a: argparse.Namespace) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlstack.models.loading import load_causal_lm, load_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from rlstack.models.loading import load_tokenizer
 
     torch.set_num_threads(a.threads)
     total = a.warmup + a.steps + 1
@@ -253,7 +255,11 @@ def run_trl(a: argparse.Namespace) -> dict:
         assert args.generation_batch_size == trajectories, args.generation_batch_size
         tokenizer = load_tokenizer(a.model_dir)
         t0 = time.perf_counter()
-        model = load_causal_lm(a.model_dir)
+        # As TRL users load a model: Hugging Face's own SDPA attention (rlstack's loader would give TRL its
+        # small-query attention path, rlstack.models.attention).
+        model = AutoModelForCausalLM.from_pretrained(
+            a.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
         trainer = TimedGRPO(
             model=model,
             reward_funcs=exact_match,
