@@ -206,6 +206,27 @@ def test_seeded_draws_follow_the_distribution():
     assert not torch.equal(u, _uniform(torch.arange(100_000, dtype=torch.long) * 7919, index=4))
 
 
+def test_draws_from_the_engine_generator_follow_the_distribution(model, tok):
+    """Without seeds a row's token comes from the generator's uniform numbers: the frequencies of the first
+    token over many rows are the model's next-token probabilities."""
+    prompt = tok.apply_chat_template([{"role": "user", "content": "3+4="}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
+    n = 20_000
+    out = sample(
+        model,
+        [prompt] * n,
+        1,
+        tok.eos_token_id,
+        tok.pad_token_id,
+        1.0,
+        generator=torch.Generator().manual_seed(0),
+    )
+    freq = torch.bincount(out["input_ids"][:, len(prompt)], minlength=len(probs)) / n
+    assert (freq - probs).abs().max() < 0.004  # ~5 standard deviations at n = 20,000
+
+
 def test_top_k_1_equals_greedy(model, tok):
     greedy = run(model, tok, temperature=0.0)
     top1 = run(model, tok, temperature=1.0, top_k=1, seed=5)
