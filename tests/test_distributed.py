@@ -60,7 +60,14 @@ def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int
         for m in worker.model.modules()
         if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None
     )
-    return {"metrics": metrics, "weights": weights, "sharded": distributed.sharded(), "offloaded": offloaded}
+    fused = bool(worker.optimizer.param_groups[0]["fused"])
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "sharded": distributed.sharded(),
+        "offloaded": offloaded,
+        "fused": fused,
+    }
 
 
 def ranks_update(model_dir: str, agg_mode: str, parts: list[Batch], mini_per_rank: int, layout: dict) -> dict:
@@ -98,6 +105,7 @@ def test_two_rank_fsdp2_step_equals_one_process(
     batch = uneven_batch(len(tok))
     single = one_update(str(tiny_model_dir), agg_mode, batch, ROWS)  # padded, one process: the reference
     assert not single["sharded"]
+    assert single["fused"]  # one process: AdamW's fused kernel; sharded parameters take the default one
 
     parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
     assert [p["response_mask"].sum().item() for p in parts] == [29, 6]  # uneven on purpose
@@ -105,7 +113,7 @@ def test_two_rank_fsdp2_step_equals_one_process(
         2, ranks_update, str(tiny_model_dir), agg_mode, parts, mini_per_rank, layout, tmp=tmp_path
     )
 
-    assert all(r["sharded"] for r in ranks)
+    assert all(r["sharded"] and not r["fused"] for r in ranks)
     assert all(r["offloaded"] == ("fsdp" in layout) for r in ranks)
     for r in ranks:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):

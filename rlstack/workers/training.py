@@ -79,7 +79,9 @@ class MicroBatching:
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
     trainable = [p for p in model.parameters() if p.requires_grad]  # a frozen vision tower stays out
-    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(
+        trainable, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=_fusable(trainable)
+    )
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * total_steps)
     if o.lr_scheduler_type == "cosine":
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(
@@ -88,6 +90,18 @@ def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
     else:
         scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
     return optimizer, scheduler
+
+
+def _fusable(params: list[torch.nn.Parameter]) -> bool:
+    """Whether AdamW can take one fused kernel over all parameters (what Hugging Face's Trainer uses by
+    default): plain floating-point tensors on CPU or CUDA. FSDP2's sharded parameters (DTensors) take the
+    default implementation."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(params) and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() and not isinstance(p, DTensor)
+        for p in params
+    )
 
 
 def optimizer_steps(
