@@ -189,8 +189,10 @@ def every_row_prefilled(m, tok, prompts, monkeypatch, **kw):
         return draw(m, tok, prompts, **kw)
 
 
+# With temperature 0.7, top-k 5 and top-p 0.9 the EOS-biased model ends at its first token about 95% of
+# the time; seed 3 draws rows that go on (the generator's stream changed with the inverse-CDF sampler).
 @pytest.mark.parametrize(
-    "temperature,seed,top_k,top_p", [(1.0, 0, -1, 1.0), (0.7, 1, 5, 0.9), (1.0, 2, -1, 1.0)]
+    "temperature,seed,top_k,top_p", [(1.0, 0, -1, 1.0), (0.7, 3, 5, 0.9), (1.0, 2, -1, 1.0)]
 )
 def test_deduplicated_prefill_samples_the_same_tokens(
     eos_model, tok, monkeypatch, temperature, seed, top_k, top_p

@@ -112,11 +112,13 @@ class ResponseLogits:
         self, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`)."""
-        logp = self.to_full(logprobs_from_logits(self.logits, self.labels))
+        log_softmax = F.log_softmax(self.logits.float(), dim=-1)  # one pass over the vocabulary for both
+        logp = self.to_full(log_softmax.gather(-1, self.labels.unsqueeze(-1)).squeeze(-1))
         if not with_entropy:
             return logp, None
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = entropy_from_logits(self.logits)
+            ls = log_softmax if entropy_grad else log_softmax.detach()
+            ent = -(ls.exp() * ls).sum(-1)
         return logp, self.to_full(ent)
 
 
