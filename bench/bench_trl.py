@@ -171,10 +171,8 @@ def run_rlstack(a: argparse.Namespace) -> dict:
 def run_trl(a: argparse.Namespace) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from transformers import AutoModelForCausalLM
 
     from rlstack.models.loading import load_tokenizer
 
