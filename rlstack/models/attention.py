@@ -57,6 +57,7 @@ def small_query_attention(
         and kwargs.get("position_bias") is None
         and kwargs.get("softcap") is None
         and (attention_mask is not None or Q == 1)  # no mask with several queries: the causal kernel
+        and (attention_mask is None or attention_mask.shape[1] == 1)  # one mask for all heads
     )
     if not usable:
         return sdpa_attention_forward(
