@@ -100,7 +100,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
-    """Attention kernel (flash_attention_2 needs a CUDA GPU and the flash-attn package); with sdpa on CPU, blocks of at most 16 queries per row (decoding steps, short continuations) take matrix products instead of SDPA's CPU kernel, 2-4x faster there (`rlstack.models.attention`)."""
+    """Attention kernel (flash_attention_2 needs a CUDA GPU and the flash-attn package); with sdpa on CPU, blocks of at most 16 queries per row (decoding steps, short continuations) take matrix products instead of SDPA's CPU kernel, up to 3x faster over short contexts (`rlstack.models.attention`)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Policy only: train LoRA adapters instead of every weight (`pip install 'rlstack[lora]'`); the reference is the base with the adapters switched off, checkpoints hold the adapters, the rollout engine gets the merged weights."""
 
