@@ -157,7 +157,7 @@ def _generation_waits_for_the_weights(trainer: Trainer, timeout: float) -> None:
     import threading
 
     engine = trainer.rollout_workers.worker.engine
-    received, calls, cond = [0], [0], threading.Condition()
+    received, calls, steps, cond = [0], [0], [0], threading.Condition()
     update, generate, between = engine.update_weights, engine.generate, engine._between_steps
 
     def update_weights(weights, version, **kw):
@@ -170,8 +170,6 @@ def _generation_waits_for_the_weights(trainer: Trainer, timeout: float) -> None:
         calls[0] += 1
         steps[0] = 0
         return generate(*args, **kw)
-
-    steps = [0]
 
     def held():
         steps[0] += 1

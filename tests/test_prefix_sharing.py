@@ -13,7 +13,7 @@ import torch
 
 import rlstack.rollout.hf as hf
 from rlstack.models.loading import load_causal_lm
-from rlstack.models.logprobs import entropy_from_logits, forward_logprobs, logprobs_from_logits, run_starts
+from rlstack.models.logprobs import forward_logprobs, run_starts
 from rlstack.rollout.hf import sample
 
 
@@ -64,9 +64,9 @@ def plain_logprobs(model, input_ids, attention_mask, position_ids, response_mask
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     logits = logits[:, P - 1 : -1] / temperature
     logp = torch.zeros(input_ids.shape)
-    logp[:, P:] = logprobs_from_logits(logits, input_ids[:, P:])
+    logp[:, P:] = torch.log_softmax(logits, -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
     ent = torch.zeros(input_ids.shape)
-    ent[:, P:] = entropy_from_logits(logits.detach())
+    ent[:, P:] = torch.distributions.Categorical(logits=logits.detach()).entropy()
     return logp, ent
 
 

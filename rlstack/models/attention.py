@@ -4,22 +4,22 @@ PyTorch's CPU kernel behind `scaled_dot_product_attention` (a flash-attention lo
 cost per block that dominates when each row brings only a few queries, and with a mask Hugging
 Face repeats every key/value head for grouped-query attention (several queries). With 16 queries
 or fewer per row, two matrix products over the grouped heads are faster, most of all over short
-contexts; with more queries, the kernel is. Measured on a 2-core CPU (float32, 4 heads over 2
-key/value heads, head size 32, a causal mask), time of Hugging Face's `sdpa_attention_forward`
-over `small_query_attention`'s:
+contexts; with more queries, the kernel is. Time of Hugging Face's `sdpa_attention_forward` over
+`small_query_attention`'s on a 2-core CPU (float32, 4 heads over 2 key/value heads, head size 32, a
+causal mask), two runs of `python bench/bench_cpu_paths.py` (bench/results/cpu_paths.json):
 
-    rows x queries x keys   forward   forward + backward
-    128 x  1 x   40          2.9x         1.6x
-    128 x  1 x  512          1.05x        1.3x
-      8 x  1 x 2048          1.05x        0.7x
-     64 x 15 x   39          2.1x         2.2x
-     16 x 16 x  256          1.1x         1.35x
-      8 x 16 x 1024          1.1x         1.7x
-     16 x 32 x  256          (SDPA's own kernel: more than 16 queries)
+    rows x queries x keys   forward       forward + backward
+    128 x  1 x   40         2.9x / 2.5x   2.4x / 2.2x
+    128 x  1 x  512         1.6x / 2.0x   1.4x / 1.5x
+      8 x  1 x 2048         0.9x / 1.3x   0.65x / 0.64x
+     64 x 15 x   39         2.8x / 2.3x   2.6x / 2.5x
+     16 x 16 x  256         0.9x / 1.5x   1.1x / 1.7x
+      8 x 16 x 1024         1.1x / 1.4x   1.2x / 1.6x
 
 A decoding step is the forward of one query per row; the update's response columns of short
-responses are the forward and backward of up to 16. In bfloat16 the matrix products gain about as
-much or more (1.4-1.9x per decoding step for 40-512 keys).
+responses are the forward and backward of up to 16 (one query with a gradient over long contexts,
+slower here, does not occur in training). With 32 queries per row the kernel was as fast or faster
+(0.9-0.95x over 64-1024 keys, measured with the raw kernels before this module existed).
 
 `rlstack_sdpa` is Hugging Face's `sdpa` attention (same masks, same kernel) except that blocks of
 at most `SMALL_QUERY` queries on CPU take the matrix-product path. Models load with it where

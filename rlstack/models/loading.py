@@ -126,9 +126,8 @@ def load_causal_lm(
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     implementation: str | dict[str, str] = attn_implementation
     if attn_implementation == "sdpa" and not trust_remote_code:
-        implementation = {"": "sdpa", "text_config": SMALL_QUERY_SDPA, "vision_config": "sdpa"}
-        if not vision:
-            implementation = SMALL_QUERY_SDPA
+        text_only = {"": "sdpa", "text_config": SMALL_QUERY_SDPA, "vision_config": "sdpa"}
+        implementation = text_only if vision else SMALL_QUERY_SDPA
     try:
         model = auto_class.from_pretrained(
             path,

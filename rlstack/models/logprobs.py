@@ -20,19 +20,6 @@ from transformers import DynamicCache
 from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[labels]. logits [B, T, V], labels [B, T] -> [B, T] (float32)."""
-    logits = logits.float()
-    return torch.gather(F.log_softmax(logits, dim=-1), -1, labels.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim. [B, T, V] -> [B, T]."""
-    logits = logits.float()
-    logp = F.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def first_scored_column(response_mask: torch.Tensor) -> int:
     """First column where any row has a sampled token; the model needs logits from the column before it."""
     cols = response_mask.any(dim=0).nonzero()

@@ -203,8 +203,8 @@ def sample(
             else:
                 probs = logp_all.exp()  # the same distribution, without a second softmax
             # One uniform number per row, inverting the row's cumulative distribution: exact sampling,
-            # and on CPU 10-40x faster than `torch.multinomial`, whose exponential draws over the whole
-            # vocabulary cost 50 ms per step for 16 rows of a 152k vocabulary.
+            # and on CPU 4-8x faster than `torch.multinomial`, whose exponential draws over the whole
+            # vocabulary cost 52-57 ms per step for 16 rows of a 152k vocabulary (bench_cpu_paths.py).
             u = _uniform(seeds.to(device), step) if seeds is not None else _draw(B, generator, device)
             tok = _inverse_cdf(probs, u)
         else:
@@ -424,10 +424,9 @@ class HFEngine:
                 between_steps=self._between_steps,
             )
         except BaseException:
+            # Staged weights wait for the next call: an error while landing them would hide this one.
             with self._lock:
-                self._generating = (
-                    False  # staged weights wait for the next call (an error here would hide this one)
-                )
+                self._generating = False
             raise
         else:
             with self._lock:
