@@ -1,7 +1,7 @@
 """The CPU paths that make a GRPO step faster, each against what it replaced, side by side in one process.
 
-1. `step`: whole GRPO steps of the trainer (bench_trl's workload: 16 prompts x 8, 16 new tokens, the
-   tiny model), alternating every 3 steps between the model's attention implementations:
+1. `step`: whole GRPO steps of the trainer (bench_trl's rlstack side and workload: 16 prompts x 8,
+   16 new tokens, the tiny model), alternating every 3 steps between the model's attention implementations:
    `rlstack_sdpa` (`rlstack.models.attention`) and Hugging Face's plain `sdpa`. The first of each 3 is
    left out (the switch); step, generation and update times are medians.
 2. `attention`: one attention call per shape, Hugging Face's `sdpa_attention_forward` against
@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_trl
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,28 +50,7 @@ def step_ab(model_dir: Path, rounds: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-") as out:
         cfg = load_config(
-            [
-                f"worker.actor.model.model_path={model_dir}",
-                "data.train_files=builtin:addition@train",
-                "data.val_files=''",
-                "data.shuffle=false",
-                "data.rollout_batch_size=16",
-                "data.max_response_length=16",
-                "worker.actor.global_batch_size=16",
-                "worker.actor.micro_batch_size_per_device_for_update=64",
-                "worker.actor.micro_batch_size_per_device_for_experience=64",
-                "worker.rollout.n=8",
-                "worker.reward.reward_function=builtin:exact_match",
-                "algorithm.use_kl_loss=false",
-                "trainer.logger=[file]",
-                "trainer.val_before_train=false",
-                "trainer.save_freq=-1",
-                "trainer.train_generations_to_log=0",
-                "trainer.num_threads=2",
-                f"trainer.max_steps={6 * rounds + 2}",
-                f"trainer.output_dir={out}",
-                "trainer.experiment_name=bench",
-            ]
+            bench_trl.rlstack_overrides(bench_trl.parse_args([]), str(model_dir), 6 * rounds + 2, out)
         )
         sides = ("rlstack_sdpa", "sdpa")
         schedule = [sides[(i // 3 + i // 6) % 2] for i in range(6 * rounds)]  # AB BA AB ... in blocks of 3

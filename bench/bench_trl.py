@@ -88,6 +88,42 @@ def _mean(xs: list[float]) -> float:
 # ---------------------------------------------------------------------------------------- rlstack
 
 
+def rlstack_overrides(a: argparse.Namespace, model_dir: str, steps: int, out: str) -> list[str]:
+    """The rlstack side's config: the benchmark's workload for `steps` steps, run directory under `out`."""
+    return [
+        f"worker.actor.model.model_path={model_dir}",
+        "data.train_files=builtin:addition@train",
+        "data.val_files=''",
+        "data.shuffle=false",
+        f"data.rollout_batch_size={a.prompts}",
+        f"data.max_response_length={a.max_response_length}",
+        f"worker.actor.global_batch_size={a.prompts}",
+        f"worker.actor.micro_batch_size_per_device_for_update={a.micro_batch}",
+        f"worker.actor.micro_batch_size_per_device_for_experience={a.micro_batch}",
+        f"worker.actor.optim.lr={a.lr}",
+        "worker.actor.optim.weight_decay=0.01",
+        "worker.actor.clip_ratio_low=0.2",
+        "worker.actor.clip_ratio_high=0.28",
+        "worker.actor.max_grad_norm=1.0",
+        f"worker.rollout.n={a.n}",
+        "worker.rollout.temperature=1.0",
+        "worker.rollout.top_p=1.0",
+        "worker.rollout.top_k=-1",
+        "worker.reward.reward_function=builtin:exact_match",
+        "algorithm.use_kl_loss=false",
+        "algorithm.norm_adv_by_std_in_grpo=true",
+        "trainer.logger=[file]",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.save_model_only=true",
+        "trainer.train_generations_to_log=0",
+        f"trainer.max_steps={steps}",
+        f"trainer.num_threads={a.threads}",
+        f"trainer.output_dir={out}",
+        "trainer.experiment_name=bench",
+    ]
+
+
 def run_rlstack(a: argparse.Namespace) -> dict:
     import torch
 
@@ -97,40 +133,7 @@ def run_rlstack(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     total = a.warmup + a.steps + 1  # one more step: its start closes the last timed step
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-") as out:
-        cfg = load_config(
-            [
-                f"worker.actor.model.model_path={a.model_dir}",
-                "data.train_files=builtin:addition@train",
-                "data.val_files=''",
-                "data.shuffle=false",
-                f"data.rollout_batch_size={a.prompts}",
-                f"data.max_response_length={a.max_response_length}",
-                f"worker.actor.global_batch_size={a.prompts}",
-                f"worker.actor.micro_batch_size_per_device_for_update={a.micro_batch}",
-                f"worker.actor.micro_batch_size_per_device_for_experience={a.micro_batch}",
-                f"worker.actor.optim.lr={a.lr}",
-                "worker.actor.optim.weight_decay=0.01",
-                "worker.actor.clip_ratio_low=0.2",
-                "worker.actor.clip_ratio_high=0.28",
-                "worker.actor.max_grad_norm=1.0",
-                f"worker.rollout.n={a.n}",
-                "worker.rollout.temperature=1.0",
-                "worker.rollout.top_p=1.0",
-                "worker.rollout.top_k=-1",
-                "worker.reward.reward_function=builtin:exact_match",
-                "algorithm.use_kl_loss=false",
-                "algorithm.norm_adv_by_std_in_grpo=true",
-                "trainer.logger=[file]",
-                "trainer.val_before_train=false",
-                "trainer.save_freq=-1",
-                "trainer.save_model_only=true",
-                "trainer.train_generations_to_log=0",
-                f"trainer.max_steps={total}",
-                f"trainer.num_threads={a.threads}",
-                f"trainer.output_dir={out}",
-                "trainer.experiment_name=bench",
-            ]
-        )
+        cfg = load_config(rlstack_overrides(a, a.model_dir, total, out))
         assert cfg.data.val_files == "", cfg.data.val_files
 
         stamps: list[float] = []

@@ -9,12 +9,12 @@ contexts; with more queries, the kernel is. Time of Hugging Face's `sdpa_attenti
 causal mask), two runs of `python bench/bench_cpu_paths.py` (bench/results/cpu_paths.json):
 
     rows x queries x keys   forward       forward + backward
-    128 x  1 x   40         2.9x / 2.5x   2.4x / 2.2x
-    128 x  1 x  512         1.6x / 2.0x   1.4x / 1.5x
-      8 x  1 x 2048         0.9x / 1.3x   0.65x / 0.64x
-     64 x 15 x   39         2.8x / 2.3x   2.6x / 2.5x
-     16 x 16 x  256         0.9x / 1.5x   1.1x / 1.7x
-      8 x 16 x 1024         1.1x / 1.4x   1.2x / 1.6x
+    128 x  1 x   40         3.1x / 3.0x   1.9x / 2.2x
+    128 x  1 x  512         1.5x / 1.0x   1.4x / 1.4x
+      8 x  1 x 2048         1.1x / 1.1x   0.59x / 0.61x
+     64 x 15 x   39         2.1x / 2.3x   2.6x / 2.5x
+     16 x 16 x  256         1.6x / 1.4x   1.6x / 1.7x
+      8 x 16 x 1024         1.3x / 1.3x   1.6x / 1.5x
 
 A decoding step is the forward of one query per row; the update's response columns of short
 responses are the forward and backward of up to 16 (one query with a gradient over long contexts,

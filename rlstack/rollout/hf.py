@@ -204,7 +204,8 @@ def sample(
                 probs = logp_all.exp()  # the same distribution, without a second softmax
             # One uniform number per row, inverting the row's cumulative distribution: exact sampling,
             # and on CPU 4-8x faster than `torch.multinomial`, whose exponential draws over the whole
-            # vocabulary cost 52-57 ms per step for 16 rows of a 152k vocabulary (bench_cpu_paths.py).
+            # vocabulary cost 48 ms per step for 16 rows of a 152k vocabulary (12-13 ms this way;
+            # bench/bench_cpu_paths.py).
             u = _uniform(seeds.to(device), step) if seeds is not None else _draw(B, generator, device)
             tok = _inverse_cdf(probs, u)
         else:
