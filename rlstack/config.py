@@ -1238,6 +1238,29 @@ def _device_problems(cfg: Config) -> list[str]:
                 f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}, but {where}: set it to at most "
                 f"{max(gpus, 1)}"
             )
+        elif r.tensor_parallel_size > 1:
+            p.append(
+                f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}: not supported yet. rlstack hands "
+                "the policy's weights to the vLLM engine in its own process, and tensor-parallel vLLM runs its "
+                "workers in processes of their own, which that path does not reach; use 1 (with several GPUs, "
+                "each rank gets a rollout worker of its own: trainer.n_gpus_per_node)"
+            )
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if r.max_model_len is not None and r.max_model_len < longest:
+            p.append(
+                f"worker.rollout.max_model_len = {r.max_model_len} is less than data.max_prompt_length + "
+                f"data.max_response_length = {longest}: responses would be cut short by the engine's context "
+                f"rather than by max_response_length; raise it to at least {longest} (or leave it unset)"
+            )
+        truncated = [f"top_p = {r.top_p}"] * (r.top_p < 1) + [f"top_k = {r.top_k}"] * (r.top_k > 0)
+        if cfg.worker.actor.rollout_correction and truncated:
+            p.append(
+                f"worker.actor.rollout_correction = {cfg.worker.actor.rollout_correction} with worker.rollout.name = "
+                f"vllm and worker.rollout.{' and '.join(truncated)}: vLLM reports the behaviour log-probs of the "
+                "truncated distribution (renormalised over the kept tokens), while the policy scores the whole "
+                "one, so the correction would see a mismatch where there is none; sample with top_p=1.0 and "
+                "top_k=-1, or use worker.rollout.name=hf"
+            )
     elif r.free_cache_engine is not None:
         p.append(
             f"worker.rollout.free_cache_engine is a vLLM setting, but worker.rollout.name = {r.name}: set "

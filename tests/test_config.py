@@ -530,6 +530,41 @@ def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
         assert expected in text, expected
 
 
+def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                "worker.rollout.name=vllm",
+                "worker.rollout.tensor_parallel_size=2",
+                "worker.rollout.max_model_len=100",
+                "data.max_prompt_length=100",
+                "data.max_response_length=28",
+                "worker.actor.rollout_correction=tis",
+                "worker.rollout.top_p=0.9",
+            ]
+        )
+    text = str(info.value)
+    for expected in (
+        "tensor_parallel_size = 2: not supported yet",
+        "max_model_len = 100 is less than data.max_prompt_length + data.max_response_length = 128",
+        "rollout_correction = tis with worker.rollout.name = vllm and worker.rollout.top_p = 0.9",
+    ):
+        assert expected in text, expected
+    # what it can: one GPU per engine, the whole context, untruncated sampling
+    cfg = load_config(
+        ["worker.rollout.name=vllm", "worker.actor.rollout_correction=tis", "worker.rollout.top_p=1.0"]
+    )
+    assert cfg.worker.rollout.max_model_len == cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
 def test_engine_defaults_resolve_at_load(monkeypatch):
     cfg = load_config([])
     assert cfg.worker.rollout.name == "hf" and cfg.worker.rollout.free_cache_engine is None

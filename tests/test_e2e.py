@@ -709,6 +709,54 @@ def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
         trainer.fit()
 
 
+class _SleepyEngine:
+    """The trainer's engine, but with memory that sleeps between rollouts (as vLLM's does on CUDA):
+    generating or scoring while asleep is an error."""
+
+    def __init__(self, engine):
+        self.inner, self.asleep, self.calls = engine, False, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def sleep(self):
+        self.asleep = True
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.asleep = False
+        self.calls.append("wake_up")
+
+    def generate(self, requests, sampling):
+        assert not self.asleep, "generated on a sleeping engine"
+        return self.inner.generate(requests, sampling)
+
+    def score(self, request, token_ids):
+        assert not self.asleep, "scored on a sleeping engine"
+        self.calls.append("score")
+        return self.inner.score(request, token_ids)
+
+
+def test_the_weight_sync_probe_wakes_an_engine_put_to_sleep_by_a_later_rollout(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """Asynchronous GRPO's producer can generate the next batch (and put the engine to sleep) between a
+    sync and its check: the probe must be scored awake, and the engine left asleep as it was."""
+    cfg = load_config(
+        _overrides(tiny_model_dir, tmp_path, "data.val_files=", "worker.rollout.check_weight_sync=true")
+    )
+    trainer = Trainer(cfg)
+    worker = trainer.rollout_workers.worker
+    engine = worker.engine = worker.loop.engine = _SleepyEngine(worker.engine)
+    trainer._collect_step(1)  # a rollout: the engine sleeps after it
+    assert engine.calls == ["wake_up", "sleep"]
+    assert trainer.check_weight_sync()["rollout/weight_sync_max_diff"] < 1e-5
+    assert engine.calls[2:] == ["wake_up", "score", "sleep"] and engine.asleep
+    trainer.sync_weights()  # wakes the engine for the rollout that follows, and it stays awake
+    trainer.check_weight_sync()
+    assert engine.calls[5:] == ["wake_up", "wake_up", "score"] and not engine.asleep
+
+
 def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir: Path, tmp_path: Path):
     runs = []
     for name, flag in (("plain", "false"), ("checkpointed", "true")):

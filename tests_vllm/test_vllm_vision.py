@@ -4,6 +4,8 @@ policy's forward pass."""
 
 from __future__ import annotations
 
+import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ from visual_agent import build_tool_vlm, visual_batch
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.models.loading import load_causal_lm, load_processor
-from rlstack.models.logprobs import forward_logprobs
-from rlstack.models.vision import position_ids
+from rlstack.models.logprobs import response_logits
+from rlstack.models.vision import position_ids, vision_token_ids
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.vllm import VLLMEngine
 from rlstack.tools.registry import build_toolset
@@ -40,9 +42,15 @@ def engine(tool_vlm: Path) -> VLLMEngine:
 
 
 def max_logprob_gap(model, out: Batch) -> float:
+    """Largest gap between the engine's behaviour log-probs and the policy's, over the distribution the
+    engine samples from: the policy's without the image / video / vision markers, which are never sampled
+    (vLLM's logit bias; for the tiny model they hold up to a few percent of the mass)."""
     grids = out["image_grid_thw"]
+    banned = vision_token_ids(
+        lambda key: getattr(model.config, key, None), model.config.text_config.vocab_size
+    )
     with torch.no_grad():
-        logp, _ = forward_logprobs(
+        scored = response_logits(
             model,
             out["input_ids"],
             out["attention_mask"],
@@ -51,6 +59,8 @@ def max_logprob_gap(model, out: Batch) -> float:
             pixel_values=out["pixel_values"],
             image_grid_thw=grids,
         )
+        logits = scored.logits.float().index_fill(-1, torch.tensor(banned), float("-inf"))
+        logp = scored.to_full(logits.log_softmax(-1).gather(-1, scored.labels[..., None]).squeeze(-1))
     mask = out["response_mask"].bool()
     return float((logp - out["rollout_logprobs"]).abs()[mask].max())
 
@@ -79,3 +89,30 @@ def test_multi_turn_python_tool_trajectories_with_images_on_vllm(engine, tool_vl
     assert observed.any()  # observations sit inside the responses, masked out
     assert (out["rollout_logprobs"][out["response_mask"] == 0] == 0).all()
     assert max_logprob_gap(model, out) < TOLERANCE
+
+
+def test_image_and_vision_markers_are_never_sampled(engine, tool_vlm):
+    """With the final norm zeroed every logit is 0: each step would sample one of the four image / video /
+    vision markers with probability 4/V. They are banned, as in the HF engine, and the log-probs are those
+    of the uniform distribution over the other tokens."""
+    processor, model = load_processor(str(tool_vlm)), load_causal_lm(str(tool_vlm)).eval()
+    banned = set(
+        vision_token_ids(lambda key: getattr(model.config, key, None), model.config.text_config.vocab_size)
+    )
+    vocab = model.config.text_config.vocab_size
+    assert len(banned) == 4 and 4 / vocab > 0.02, (banned, vocab)
+    flat = copy.deepcopy(model)
+    norm = next(p for n, p in flat.named_parameters() if n.endswith("language_model.norm.weight"))
+    with torch.no_grad():
+        norm.zero_()
+    engine.update_weights(((n, t.detach()) for n, t in flat.state_dict().items()), version=5)
+    try:
+        loop = AgentLoop(engine, processor, None, AgentConfig(), 24, multimodal=True)
+        out = loop.generate(visual_batch(processor, 3), 4, 1.0)
+        sampled = out["input_ids"][out["response_mask"].bool()]
+        assert len(sampled) >= 200  # ~5 markers expected at 4/V per token: a ban that leaked would show
+        assert not set(sampled.tolist()) & banned
+        logp = out["rollout_logprobs"][out["response_mask"].bool()]
+        assert torch.allclose(logp, torch.full_like(logp, -math.log(vocab - len(banned))), atol=1e-4)
+    finally:  # the warm-started weights back, for any test after this one
+        engine.update_weights(((n, t.detach()) for n, t in model.state_dict().items()), version=6)

@@ -22,6 +22,7 @@ and loads from any Qwen-VL model directory with transformers' PIL image processo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,18 @@ def init_vision_model(
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
+
+
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+"""The config keys of a Qwen-VL model's image / video / vision start and end tokens."""
+
+
+def vision_token_ids(config_value: Callable[[str], Any], vocab_size: int) -> list[int]:
+    """Ids of a Qwen-VL model's image / video / vision start and end tokens, read with `config_value`
+    (a key -> value lookup of its config, None when absent). A model must never sample them: each would
+    claim image features that do not exist."""
+    ids = (config_value(key) for key in VISION_TOKEN_KEYS)
+    return [i for i in ids if isinstance(i, int) and 0 <= i < vocab_size]
 
 
 def is_vision_model(model_or_config: Any) -> bool:

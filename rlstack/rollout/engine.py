@@ -93,8 +93,9 @@ def mix_seed(*parts: int) -> int:
 class Completion:
     token_ids: list[int]
     logprobs: list[float]
-    """The behaviour log-prob of each sampled token, under the temperature-scaled distribution before
-    top-k / top-p truncation (what the policy's forward pass scores)."""
+    """The behaviour log-prob of each sampled token, under the temperature-scaled distribution (what the
+    policy's forward pass scores): before top-k / top-p truncation with the HF engine, renormalised over
+    the kept tokens with vLLM (which the config refuses to combine with `rollout_correction`)."""
     finish_reason: FinishReason
     weight_version: int | None = None
     """The version of the weights that sampled its last token (it can be newer than the version the

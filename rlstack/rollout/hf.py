@@ -42,6 +42,7 @@ from rlstack.models.vision import (
     mrope_position_ids,
     multimodal_inputs,
     position_ids,
+    vision_token_ids,
 )
 from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
 
@@ -331,9 +332,8 @@ def _preallocated(cache: DynamicCache, capacity: int) -> DynamicCache:
 
 def _vision_token_ids(model: torch.nn.Module, device: torch.device) -> torch.Tensor | None:
     """Ids of the image / video / vision start and end tokens of a Qwen-VL config."""
-    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = [i for i in (getattr(model.config, k, None) for k in keys) if isinstance(i, int) and 0 <= i < vocab]
+    ids = vision_token_ids(lambda key: getattr(model.config, key, None), vocab)
     return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
 
 

@@ -5,7 +5,11 @@ weights can be handed to it as tensors): requests go in as token ids (with their
 Qwen-VL families), completions come back with the log-prob of each sampled token under the
 distribution it was drawn from (`logprobs_mode=processed_logprobs`): temperature-scaled, which
 is what the policy scores, so `rollout_correction` can use them. With top-k / top-p truncation
-vLLM renormalises over the kept tokens (the HF engine reports the untruncated log-probs).
+vLLM renormalises over the kept tokens (the HF engine reports the untruncated log-probs), so the
+config refuses `rollout_correction` with truncated vLLM sampling at load. A Qwen-VL model's image,
+video and vision markers get vLLM's strongest negative logit bias (-100): they are never sampled, as
+with the HF engine, and the log-probs are those of the distribution without them (for a trained
+model the two agree to within the markers' probability, about zero).
 
 Images: rlstack's prompts hold each image's pad token expanded to its patch count; vLLM expands
 pads itself, so each run of pads is given as one pad, and each image is resized to the exact size
@@ -24,12 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 
 from rlstack.errors import RLStackError
+from rlstack.models.vision import vision_token_ids
 from rlstack.rollout.engine import (
     Completion,
     EngineCapabilities,
@@ -58,15 +65,37 @@ def _check_cpu_head_size(model_path: str) -> None:
         )
 
 
-def _image_tokens(model_path: str) -> tuple[int, int]:
-    """The image pad token id and the vision patch size of a Qwen-VL model directory."""
+def _image_tokens(model_path: str) -> tuple[int, int, list[int]]:
+    """The image pad token id, the vision patch size and the ids a model must not sample (image / video /
+    vision markers) of a Qwen-VL model directory."""
     import json
     from pathlib import Path
 
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     pre = Path(model_path) / "preprocessor_config.json"
     patch = json.loads(pre.read_text()).get("patch_size", 14) if pre.is_file() else 14
-    return cfg["image_token_id"], patch
+    vocab = cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"]
+    return cfg["image_token_id"], patch, vision_token_ids(cfg.get, vocab)
+
+
+def _in_process_worker(llm):
+    """vLLM's worker in this process, checked to take weights as tensors (`reload_weights(weights_iterator=...)`)."""
+    import inspect
+
+    import vllm
+
+    executor = llm.llm_engine.model_executor
+    worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+    # the worker passes its arguments on to its model runner's reload_weights, whose signature says
+    reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    takes_tensors = reload is not None and "weights_iterator" in inspect.signature(reload).parameters
+    if not (takes_tensors and hasattr(worker, "reload_weights")):
+        raise RLStackError(
+            f"vLLM {vllm.__version__} ({type(executor).__name__}): no in-process worker that loads weights from "
+            "tensors (reload_weights(weights_iterator=...)), which is how rlstack sends the policy's weights "
+            "after each step; install the version rlstack is tested with: pip install 'rlstack[vllm]'"
+        )
+    return worker
 
 
 class VLLMEngine:
@@ -90,7 +119,12 @@ class VLLMEngine:
         image_limit: int = 1,
     ):
         # The engine core in this process: weights are passed as tensors, not pickled to a subprocess.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            raise RLStackError(
+                f"VLLM_ENABLE_V1_MULTIPROCESSING={os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']}: rlstack keeps "
+                "vLLM's engine core in its own process to hand it the policy's weights as tensors; unset it"
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         on_cuda = torch.cuda.is_available()
         if not on_cuda:
             _check_cpu_head_size(model_path)
@@ -106,7 +140,9 @@ class VLLMEngine:
             # vLLM's processor must take them as they are, not apply its own pixel bounds again.
             kwargs["limit_mm_per_prompt"] = {"image": image_limit, "video": 0}
             kwargs["mm_processor_kwargs"] = {"min_pixels": 28 * 28, "max_pixels": 2**30}
-        rng = torch.get_rng_state()  # LLM() reseeds torch's global generator; the trainer's stays as it was
+        # LLM() reseeds the global generators (Python's, NumPy's, torch's); the trainer's stay as they were
+        rngs = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        cuda_rngs = torch.cuda.get_rng_state_all() if on_cuda else None
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
@@ -123,8 +159,16 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
-        torch.set_rng_state(rng)
-        self.image_pad, self.patch_size = _image_tokens(model_path) if multimodal else (-1, 0)
+        random.setstate(rngs[0])
+        np.random.set_state(rngs[1])
+        torch.set_rng_state(rngs[2])
+        if cuda_rngs is not None:
+            torch.cuda.set_rng_state_all(cuda_rngs)
+        self.worker = _in_process_worker(self.llm)
+        self.image_pad, self.patch_size, banned = _image_tokens(model_path) if multimodal else (-1, 0, [])
+        # vLLM's strongest logit bias, -100: never sampled in practice (a sampled marker would claim image
+        # features that do not exist; the HF engine bans the same ids).
+        self.logit_bias = {i: -100.0 for i in banned} or None
         self.max_model_len = max_model_len
         self.free_cache_engine = free_cache_engine
         self.multimodal = multimodal
@@ -187,6 +231,7 @@ class VLLMEngine:
                     seed=r.seed if r.seed is not None else mix_seed(self.seed, self.calls, i),
                     detokenize=bool(sampling.stop),
                     skip_special_tokens=True,
+                    logit_bias=self.logit_bias,
                 )
             )
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -214,8 +259,7 @@ class VLLMEngine:
             raise ValueError(
                 "the vLLM engine keeps its own copy of the model: update_weights needs the tensors"
             )
-        worker = self.llm.llm_engine.model_executor.driver_worker.worker
-        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self.worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         # cached KV entries and image encodings were computed with the old weights
         self.llm.reset_prefix_cache()
         if self.multimodal:

@@ -99,6 +99,8 @@ class RolloutWorker:
                 f"{self.engine.capabilities.shares_policy_weights}) cannot take weights during a generation"
             )
         self.in_flight = in_flight
+        self.asleep = False
+        """The engine was put to sleep after the last generation (and no weight update has woken it since)."""
         self.lock = threading.Lock()
         """Held by generation and weight loading: unless `in_flight`, a weight update waits for the
         generation call in progress (asynchronous GRPO's producer thread) and never lands in the middle
@@ -139,6 +141,7 @@ class RolloutWorker:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
             finally:
                 self.engine.sleep()
+                self.asleep = True
         batch["weight_version"] = torch.full((len(batch),), first, dtype=torch.long)
         if "weight_version_last" not in batch:  # the engine does not say: no update lands during a call
             batch["weight_version_last"] = batch["weight_version"].clone()
@@ -163,6 +166,7 @@ class RolloutWorker:
             return loaded
         with self.lock:
             self.engine.wake_up()  # stays awake for the rollout that follows
+            self.asleep = False
             self.engine.update_weights(None if weights is None else counted(), version)
         return loaded
 
@@ -187,7 +191,14 @@ class RolloutWorker:
                 [], "the weight-sync probe"
             )
         with self.lock:
-            return self.engine.score(request, token_ids)
+            # Asynchronous GRPO's producer may have generated (and put the engine to sleep) since the sync:
+            # the probe is scored awake, and the engine goes back to sleep as it was.
+            self.engine.wake_up()
+            try:
+                return self.engine.score(request, token_ids)
+            finally:
+                if self.asleep:
+                    self.engine.sleep()
 
     def save_checkpoint(self, path: Path) -> None:
         """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""
