@@ -11,7 +11,7 @@ from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import VisionProcessor, position_ids
 from rlstack.rollout.agent import AgentLoop
-from rlstack.rollout.engine import Request, SamplingSettings, mix_seed
+from rlstack.rollout.engine import Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.rollout.hf import HFEngine, _inverse_cdf, _uniform, sample
 
 PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
@@ -316,6 +316,23 @@ def test_engine_completions_are_the_sampled_tokens_their_logprobs_and_why_they_e
             assert c.token_ids[-1] == tok.eos_token_id
         else:
             assert len(c.token_ids) == MAX_NEW and tok.eos_token_id not in c.token_ids
+
+
+def test_a_request_past_the_model_context_is_refused_with_its_row_and_completions_stop_at_it(model, tok):
+    engine = HFEngine(model, tok, seed=0, multimodal=False)
+    context = model.config.max_position_embeddings
+    assert engine.context == context == 512
+    short, long = prompt_ids(tok)[0], prompt_ids(tok)[1] * 200
+    with pytest.raises(
+        RequestTooLong, match=f"request 1 has {len(long)} prompt tokens.*at most 512 positions"
+    ) as e:
+        engine.generate([Request(short), Request(long)], SamplingSettings(max_tokens=4))
+    assert e.value.index == 1
+    near = (short * context)[: context - 3]  # room for 3 tokens
+    (c,) = engine.generate([Request(near)], SamplingSettings(max_tokens=8, temperature=0.0))
+    assert len(c.token_ids) <= 3
+    if tok.eos_token_id not in c.token_ids:
+        assert len(c.token_ids) == 3 and c.finish_reason == "length"
 
 
 def test_engine_shares_the_policy_weights_and_only_records_versions(model, tok):

@@ -44,7 +44,7 @@ from rlstack.models.vision import (
     position_ids,
     vision_token_ids,
 )
-from rlstack.rollout.engine import Completion, EngineCapabilities, Request, SamplingSettings
+from rlstack.rollout.engine import Completion, EngineCapabilities, Request, RequestTooLong, SamplingSettings
 
 
 def _cloned_out_of_inference_mode(fn):
@@ -352,6 +352,17 @@ def _same_images_as_previous(
     return torch.tensor(same, device=device)
 
 
+def context_length(config) -> int | None:
+    """A text model's `max_position_embeddings` when its RoPE is unscaled; None when the config does not
+    say, or when RoPE scaling extends the context past it."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return None
+    limit = getattr(text, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 def _request_seeds(requests: Sequence[Request]) -> torch.Tensor | None:
     seeds = [r.seed for r in requests]
     if all(s is None for s in seeds):
@@ -378,6 +389,9 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.generator = torch.Generator().manual_seed(seed)
         self.multimodal = multimodal
+        self.context = None if multimodal else context_length(model.config)
+        """Positions the model was built for (None: unknown, or extended by RoPE scaling, or M-RoPE, whose
+        position ids do not count tokens): no request may go past them."""
         self.capabilities = EngineCapabilities(
             name="hf",
             shares_policy_weights=shares_policy_weights,
@@ -400,6 +414,18 @@ class HFEngine:
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
         # positions are M-RoPE ids, with or without images.
+        max_tokens = sampling.max_tokens
+        if self.context is not None:
+            for i, r in enumerate(requests):
+                if len(r.prompt_ids) >= self.context:
+                    raise RequestTooLong(
+                        i,
+                        f"request {i} has {len(r.prompt_ids)} prompt tokens, but the model was built for at most "
+                        f"{self.context} positions (max_position_embeddings in its config); shorten the prompt "
+                        "(data.max_prompt_length) or use a model with a longer context",
+                    )
+            # past the last position the model knows, completions end as cut short ("length")
+            max_tokens = min(max_tokens, self.context - max(len(r.prompt_ids) for r in requests))
         was_training = self.model.training
         self.model.eval()
         with self._lock:
@@ -411,7 +437,7 @@ class HFEngine:
             out = sample(
                 self.model,
                 [r.prompt_ids for r in requests],
-                max_new_tokens=sampling.max_tokens,
+                max_new_tokens=max_tokens,
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 temperature=sampling.temperature,
