@@ -335,6 +335,29 @@ def test_a_request_past_the_model_context_is_refused_with_its_row_and_completion
         assert len(c.token_ids) == 3 and c.finish_reason == "length"
 
 
+def test_the_context_is_checked_only_where_rope_is_unscaled():
+    from types import SimpleNamespace as Config
+
+    from rlstack.rollout.hf import context_length
+
+    assert (
+        context_length(Config(max_position_embeddings=512, rope_parameters={"rope_type": "default"})) == 512
+    )
+    assert context_length(Config(max_position_embeddings=512, rope_scaling=None)) == 512
+    assert (
+        context_length(
+            Config(max_position_embeddings=512, rope_parameters={"rope_type": "yarn", "factor": 4})
+        )
+        is None
+    )
+    per_layer_type = {
+        "full_attention": {"rope_type": "linear"},
+        "sliding_attention": {"rope_type": "default"},
+    }
+    assert context_length(Config(max_position_embeddings=512, rope_parameters=per_layer_type)) is None
+    assert context_length(Config()) is None
+
+
 def test_engine_shares_the_policy_weights_and_only_records_versions(model, tok):
     engine = HFEngine(model, tok, seed=0, multimodal=False)
     assert engine.capabilities.shares_policy_weights and not engine.capabilities.sleep
