@@ -1206,6 +1206,12 @@ def _device_problems(cfg: Config) -> list[str]:
                 "would be emulated, many times slower than float32; use float32 on this machine"
             )
     if m.attn_implementation == "flash_attention_2":
+        if m.dtype == "float32":
+            p.append(
+                "worker.actor.model.attn_implementation = flash_attention_2 with worker.actor.model.dtype = float32: "
+                "FlashAttention computes only in bfloat16 or float16; set worker.actor.model.dtype=bfloat16 "
+                "(the trained weights keep float32 master copies), or use sdpa"
+            )
         if on_cpu:
             p.append("worker.actor.model.attn_implementation = flash_attention_2 needs a CUDA GPU; use sdpa")
         elif importlib.util.find_spec("flash_attn") is None:

@@ -33,13 +33,17 @@ from rlstack.tools.registry import build_toolset
 
 class Scripted:
     """A scripted engine: trajectory i's k-th turn is `turns[i][k]` (then EOS when the text ends with
-    `<eos>`), at log-prob -0.5 per token; a turn ends at EOS or a closing call tag."""
+    `<eos>`, `<|endoftext|>` with `<endoftext>`), at log-prob -0.5 per token; a turn ends at either, or
+    at a closing call tag."""
 
     capabilities = EngineCapabilities("scripted", True, False, True, False)
     weight_version = 0
 
     def __init__(self, tokenizer, prompts: list[list[int]], turns: list[list[str]]):
         self.tok, self.prompts, self.turns = tokenizer, prompts, turns
+        # as Qwen's chat models: `<|im_end|>` (the tokenizer's EOS) and `<|endoftext|>` end a completion
+        self.endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        self.eos_token_ids = frozenset([tokenizer.eos_token_id, self.endoftext])
         self.turn = [0] * len(turns)
         self.contexts: list[list[list[int]]] = []
         self.requests: list[list[list[Image.Image]]] = []
@@ -53,9 +57,15 @@ class Scripted:
             i = next(i for i, q in enumerate(self.prompts) if list(r.prompt_ids[: len(q)]) == q)
             text = self.turns[i][self.turn[i]]
             self.turn[i] += 1
-            ids = self.tok(text.removesuffix("<eos>"), add_special_tokens=False)["input_ids"]
+            ids = self.tok(text.removesuffix("<eos>").removesuffix("<endoftext>"), add_special_tokens=False)[
+                "input_ids"
+            ]
             ids += [self.tok.eos_token_id] if text.endswith("<eos>") else []
-            ended = text.endswith(("<eos>", "</code>", "</tool_call>")) and len(ids) <= sampling.max_tokens
+            ids += [self.endoftext] if text.endswith("<endoftext>") else []
+            ended = (
+                text.endswith(("<eos>", "<endoftext>", "</code>", "</tool_call>"))
+                and len(ids) <= sampling.max_tokens
+            )
             ids = ids[: sampling.max_tokens]
             out.append(Completion(ids, [-0.5] * len(ids), "stop" if ended else "length"))
         return out
@@ -162,6 +172,14 @@ def test_observation_tokens_get_no_gradient(tiny_model_dir):
     assert obs.any()
     assert (logp.grad[obs] == 0).all()
     assert (logp.grad[out["response_mask"] == 1] != 0).all()
+
+
+def test_a_turn_ending_at_any_end_token_of_the_engine_is_done(tiny_model_dir):
+    """Not only the tokenizer's EOS: a turn that ends at another of the engine's end tokens (Qwen's
+    `<|endoftext|>`) ends its trajectory, instead of being parsed for a tool call that is not there."""
+    out, _ = _loop(tiny_model_dir, [[_call("a"), "fine<endoftext>"], ["<answer>2</answer><eos>"]])
+    assert out["end_reason"] == ["done", "done"]
+    assert out["tool_calls"].tolist() == [1, 0] and out["tool_errors"].tolist() == [0, 0]
 
 
 def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir):

@@ -530,6 +530,11 @@ def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
         assert expected in text, expected
 
 
+def test_flash_attention_in_float32_is_refused_at_load():
+    problems = problems_of(["worker.actor.model.attn_implementation=flash_attention_2"])
+    assert any("FlashAttention computes only in bfloat16 or float16" in p for p in problems), problems
+
+
 def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
     import importlib.util
 

@@ -15,9 +15,10 @@ from rlstack.workers.group import gather_rows, split_mini_batches, split_rows
 ROWS, PROMPT, RESPONSE = 8, 6, 8
 
 
-def uneven_batch(vocab: int) -> Batch:
+def uneven_batch(vocab: int, second_half_shares: bool = True) -> Batch:
     """4 prompts x 2 samples, left-padded prompts of 3-6 tokens; the first half of the rows (rank 0's
-    share with 2 ranks) has long responses, the second half 1-2 tokens."""
+    share with 2 ranks) has long responses, the second half 1-2 tokens. Without `second_half_shares` the
+    rows of the second half have prompts of their own."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (ROWS, PROMPT + RESPONSE), generator=g)
     attn = torch.zeros(ROWS, PROMPT + RESPONSE, dtype=torch.long)
@@ -25,7 +26,8 @@ def uneven_batch(vocab: int) -> Batch:
     lengths = [8, 7, 8, 6, 1, 2, 1, 2]
     for i in range(ROWS):
         p = 3 + (i // 2) % 4
-        ids[i] = ids[i - 1] if i % 2 else ids[i]  # the two samples of a prompt share it ...
+        shares = i % 2 and (second_half_shares or i < ROWS // 2)
+        ids[i] = ids[i - 1] if shares else ids[i]  # the two samples of a prompt share it ...
         attn[i, PROMPT - p : PROMPT + lengths[i]] = 1
         resp[i, PROMPT : PROMPT + lengths[i]] = 1
     ids[1::2, PROMPT:] = torch.randint(3, vocab, (ROWS // 2, RESPONSE), generator=g)  # ... not the response
@@ -124,6 +126,27 @@ def test_two_rank_fsdp2_step_equals_one_process(
             torch.testing.assert_close(r["weights"][name], w, atol=1e-5, rtol=0)
             moved = max(moved, float((w - load_initial(tiny_model_dir)[name]).abs().max()))
         assert moved > 2.5e-4  # the step changed the weights by far more than the tolerance
+
+
+@pytest.mark.timeout(180)
+def test_ranks_make_the_same_passes_when_only_one_has_prompts_to_share(
+    tiny_model_dir: Path, tok, tmp_path: Path
+):
+    """Rank 0's micro-batches hold two samples of one prompt, rank 1's two prompts: rank 1 runs the prompt
+    and response passes too (FSDP2 gathers weights in every pass: a rank making fewer would hang the step)."""
+    batch = uneven_batch(len(tok), second_half_shares=False)
+    single = one_update(str(tiny_model_dir), "token-mean", batch, ROWS)
+    parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
+    ranks = run_ranks(
+        2, ranks_update, str(tiny_model_dir), "token-mean", parts, mini_per_rank, {}, tmp=tmp_path
+    )
+    for r in ranks:
+        assert r["metrics"]["actor/pg_loss"] == pytest.approx(single["metrics"]["actor/pg_loss"], abs=1e-5)
+        assert r["metrics"]["actor/grad_norm"] == pytest.approx(
+            single["metrics"]["actor/grad_norm"], abs=1e-5
+        )
+        for name, w in single["weights"].items():
+            torch.testing.assert_close(r["weights"][name], w, atol=1e-5, rtol=0)
 
 
 _INITIAL: dict[str, dict[str, torch.Tensor]] = {}

@@ -86,6 +86,25 @@ def test_merged_weights_score_as_the_adapter_model(tiny_model_dir, tok):
     assert (ours - logprobs_of(load_causal_lm(str(tiny_model_dir)).eval(), batch)).abs().max() > 1e-3
 
 
+def test_log_probs_are_computed_without_dropout(tiny_model_dir, tok):
+    """Old log-probs and the reference's come from the model in eval mode: with LoRA dropout they would
+    otherwise be random (and the update's importance ratios with them)."""
+    cfg = ActorConfig(
+        model=ModelConfig(model_path=str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8, dropout=0.5)),
+        micro_batch_size_per_device_for_update=4,
+        loss_agg_mode="token-mean",
+    )
+    cfg.optim.lr = 5e-2  # adapters start at zero, where dropout before them changes nothing
+    worker = PolicyWorker(cfg, AlgorithmConfig(), max_response_length=40, total_steps=10, seed=0)
+    batch = skewed_batch(tok, rows=8)
+    worker.update(Batch(dict(batch.columns), batch.meta), mini_batch_size=8)
+    assert any(isinstance(m, torch.nn.Dropout) and m.p == 0.5 for m in worker.model.modules())
+    worker.model.train()
+    first = worker.compute_logprobs(batch)["old_logprobs"]
+    again = worker.compute_logprobs(batch)["old_logprobs"]
+    assert torch.equal(first, again) and worker.model.training  # deterministic, and the mode restored
+
+
 def test_adapter_only_checkpoints_resume_and_merge(tiny_model_dir, tok, tmp_path: Path):
     worker, batch = trained(tiny_model_dir, tok)
     ckpt = tmp_path / "global_step_1"

@@ -358,6 +358,22 @@ def test_the_context_is_checked_only_where_rope_is_unscaled():
     assert context_length(Config()) is None
 
 
+def test_every_end_token_of_the_generation_config_ends_a_completion(tiny_model_dir, tok):
+    """Qwen's chat models end at `<|im_end|>` or `<|endoftext|>` (their generation config lists both, the
+    tokenizer names one): here every token is one, so each completion is one token, ended, and done."""
+    m = load_causal_lm(str(tiny_model_dir)).eval()
+    m.generation_config.eos_token_id = list(range(m.config.vocab_size))
+    engine = HFEngine(m, tok, seed=0, multimodal=False)
+    assert engine.eos_token_ids == frozenset(range(m.config.vocab_size))
+    completions = engine.generate([Request(p) for p in prompt_ids(tok)], SamplingSettings(max_tokens=MAX_NEW))
+    assert all(len(c.token_ids) == 1 and c.finish_reason == "stop" for c in completions)
+    assert any(c.token_ids[0] != tok.eos_token_id for c in completions)
+    loop = AgentLoop(engine, VisionProcessor(tok, None), None, AgentConfig(), MAX_NEW, multimodal=False)
+    out = loop.generate(prompt_batch(tok, ["1+2=", "ab"]), n=4, temperature=1.0)
+    assert out["end_reason"] == ["done"] * 8 and not out["truncated"].any()
+    assert (out["response_mask"].sum(-1) == 1).all()
+
+
 def test_engine_shares_the_policy_weights_and_only_records_versions(model, tok):
     engine = HFEngine(model, tok, seed=0, multimodal=False)
     assert engine.capabilities.shares_policy_weights and not engine.capabilities.sleep

@@ -118,3 +118,15 @@ def test_weights_pushed_from_the_policy_are_sampled_from_and_scored_with(engine,
     # back to the original weights, for any test after this one
     engine.update_weights(((n, t.detach()) for n, t in model.state_dict().items()), version=4)
     assert max(abs(a - b) for a, b in zip(engine.score(Request(prompt), probe), before)) < TOLERANCE
+
+
+def test_completions_end_at_the_tokens_the_hf_engine_ends_at(engine, tiny_dir):
+    """The tokenizer's EOS and the generation config's (vLLM stops at both; the rollout loop reads the set)."""
+    from rlstack.rollout.hf import HFEngine
+
+    tok, model = load_tokenizer(str(tiny_dir)), load_causal_lm(str(tiny_dir)).eval()
+    assert engine.eos_token_ids == HFEngine(model, tok, seed=0, multimodal=False).eos_token_ids
+    assert tok.eos_token_id in engine.eos_token_ids
+    completions = engine.generate([Request(p) for p in prompts(tok)] * 4, SamplingSettings(max_tokens=12))
+    for c in completions:
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in engine.eos_token_ids)

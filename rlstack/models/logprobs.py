@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import DynamicCache
 
@@ -132,8 +133,14 @@ def response_logits(
     start = max(first_scored_column(response_mask), 1)
     logits = None
     images = _images(model, input_ids, pixel_values, image_grid_thw)
-    if start < T and position_ids.dim() == 2 and not images:
-        logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start)
+    share = start < T and position_ids.dim() == 2 and not images
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if several:
+        # FSDP2 runs collectives in every forward pass: all ranks must make as many passes, so they share
+        # prompts together (each in two passes, with or without neighbours to share with) or not at all.
+        share = _on_every_rank(share and start < T - 1, input_ids.device)
+    if share:
+        logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start, always=several)
     if logits is None:
         keep = T - start + 1  # logits at columns start-1 .. T-1 predict tokens start .. T
         out = model(
@@ -215,12 +222,20 @@ def to_full_width(values: torch.Tensor, width: int, start: int) -> torch.Tensor:
     return full
 
 
+def _on_every_rank(flag: bool, device: torch.device) -> bool:
+    """Whether `flag` holds on every rank of the process group (a collective: every rank calls it)."""
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def _shared_prompt_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     start: int,
+    always: bool = False,
 ) -> torch.Tensor | None:
     """Logits at columns start-1 .. T-2 ([B, T-start, V]) computed with one prompt pass per run of
     rows with identical columns `:start`; None when no two neighbouring rows share them.
@@ -231,7 +246,8 @@ def _shared_prompt_logits(
     and the response columns are run against it with their own position ids and the full
     `[B, T]` attention mask, exactly as a decoding step would. The logits of the last prompt
     column come from the prompt pass. With `n` samples per prompt this runs the prompt
-    tokens once instead of `n` times in both the forward and the backward pass.
+    tokens once instead of `n` times in both the forward and the backward pass. `always`: the two passes
+    even where no rows share a prompt (every rank of a sharded model makes the same passes).
     """
     B, T = input_ids.shape
     training = model.training and torch.is_grad_enabled()
@@ -239,7 +255,7 @@ def _shared_prompt_logits(
         return None  # activation-checkpointed layers drop the cache in training
     prompt = (input_ids[:, :start], attention_mask[:, :start], position_ids[:, :start])
     starts = run_starts(*prompt)
-    if bool(starts.all()):
+    if bool(starts.all()) and not always:
         return None
     rows = starts.nonzero().squeeze(-1)  # first row of each run
     run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index

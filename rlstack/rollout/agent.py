@@ -194,7 +194,7 @@ class AgentLoop:
                 f"{t.where}, turn {t.num_turns + 1}: {e} (the trajectory's context so far is too long)",
             ) from e
         self.timing["gen"] += time.perf_counter() - began
-        eos = self.tokenizer.eos_token_id
+        eos = self.engine.eos_token_ids
         for t, c in zip(active, completions):
             room = self.max_response_length - len(t.tokens)
             cut = len(c.token_ids) > room
@@ -208,7 +208,7 @@ class AgentLoop:
                 t.turns.append(
                     {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}
                 )
-            if not cut and new and new[-1] == eos:
+            if not cut and new and new[-1] in eos:
                 t.finish("done")
             elif cut or c.finish_reason == "length" or len(t.tokens) >= self.max_response_length:
                 t.finish("over_length")

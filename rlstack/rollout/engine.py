@@ -89,6 +89,13 @@ def mix_seed(*parts: int) -> int:
     return x >> 1
 
 
+def end_token_ids(tokenizer_eos: int | None, generation_eos: int | Sequence[int] | None) -> frozenset[int]:
+    """The tokens that end a completion: the tokenizer's EOS and the model's generation config's (Qwen's
+    chat models list both `<|im_end|>` and `<|endoftext|>`), as `generate` and vLLM stop at."""
+    ids = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    return frozenset(i for i in [tokenizer_eos, *ids] if isinstance(i, int) and i >= 0)
+
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -122,6 +129,8 @@ class EngineCapabilities:
 
 class Engine(Protocol):
     capabilities: EngineCapabilities
+    eos_token_ids: frozenset[int]
+    """The tokens that end a completion (`end_token_ids`): a completion that ends with one is done."""
     weight_version: int
     """The version of the weights it samples from (the trainer's step at the last `update_weights` that
     has landed)."""

@@ -44,7 +44,14 @@ from rlstack.models.vision import (
     position_ids,
     vision_token_ids,
 )
-from rlstack.rollout.engine import Completion, EngineCapabilities, Request, RequestTooLong, SamplingSettings
+from rlstack.rollout.engine import (
+    Completion,
+    EngineCapabilities,
+    Request,
+    RequestTooLong,
+    SamplingSettings,
+    end_token_ids,
+)
 
 
 def _cloned_out_of_inference_mode(fn):
@@ -99,7 +106,7 @@ def sample(
     model: torch.nn.Module,
     prompts: list[list[int]],
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     temperature: float,
     top_p: float = 1.0,
@@ -129,6 +136,7 @@ def sample(
     `truncated` [B] (neither EOS nor a stop string within `max_new_tokens`).
     """
     device = next(model.parameters()).device
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
     B, P = len(prompts), max(len(p) for p in prompts)
     prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((B, P), dtype=torch.long)
@@ -218,7 +226,7 @@ def sample(
         logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
         newly_valid = ~done
         lengths += newly_valid.long()
-        ended = tok == eos_token_id
+        ended = torch.isin(tok, eos)
         if stop is not None:
             ended |= stop.hit(tokens, newly_valid & ~ended)
         done = done | ended
@@ -392,6 +400,9 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.generator = torch.Generator().manual_seed(seed)
         self.multimodal = multimodal
+        self.eos_token_ids = end_token_ids(
+            tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        )
         self.context = None if multimodal else context_length(model.config)
         """Positions the model was built for (None: unknown, or extended by RoPE scaling, or M-RoPE, whose
         position ids do not count tokens): no request may go past them."""
@@ -441,7 +452,7 @@ class HFEngine:
                 self.model,
                 [r.prompt_ids for r in requests],
                 max_new_tokens=max_tokens,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=sorted(self.eos_token_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,

@@ -43,6 +43,7 @@ from rlstack.rollout.engine import (
     Request,
     RequestTooLong,
     SamplingSettings,
+    end_token_ids,
     mix_seed,
 )
 
@@ -76,6 +77,15 @@ def _image_tokens(model_path: str) -> tuple[int, int, list[int]]:
     patch = json.loads(pre.read_text()).get("patch_size", 14) if pre.is_file() else 14
     vocab = cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"]
     return cfg["image_token_id"], patch, vision_token_ids(cfg.get, vocab)
+
+
+def _generation_eos(model_path: str) -> int | list[int] | None:
+    """The `eos_token_id` of a model directory's generation config (None without one)."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_path) / "generation_config.json"
+    return json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
 
 
 def _in_process_worker(llm):
@@ -165,6 +175,8 @@ class VLLMEngine:
         if cuda_rngs is not None:
             torch.cuda.set_rng_state_all(cuda_rngs)
         self.worker = _in_process_worker(self.llm)
+        # vLLM stops at the tokenizer's EOS and at the generation config's (its default generation_config="auto")
+        self.eos_token_ids = end_token_ids(self.llm.get_tokenizer().eos_token_id, _generation_eos(model_path))
         self.image_pad, self.patch_size, banned = _image_tokens(model_path) if multimodal else (-1, 0, [])
         # vLLM's strongest logit bias, -100: never sampled in practice (a sampled marker would claim image
         # features that do not exist; the HF engine bans the same ids).

@@ -34,11 +34,12 @@ class Rank:
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
-    """Join the group of `world_size` ranks (gloo on CPU, NCCL on CUDA) as `rank`."""
+    """Join the group of `world_size` ranks (gloo on CPU; on CUDA NCCL for GPU tensors and gloo for host
+    tensors, which FSDP2's CPU offload reduces) as `rank`."""
     os.environ.update(
         MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
@@ -102,9 +103,18 @@ def shard_model(
     `param_dtype` (e.g. bfloat16) is the compute dtype of parameters in forward/backward (gradients are
     reduced in float32); None computes in the parameters' own dtype. `offload`: FSDP2's CPU offload, the
     sharded parameters, their gradients and so the optimizer's state and step live in host memory, each
-    block's parameters are copied to the device for its forward and backward."""
+    block's parameters are copied to the device for its forward and backward.
+
+    A trained model loaded in bfloat16 / float16 is sharded in float32 and computes in its own dtype
+    (mixed precision): AdamW's steps at RL learning rates are far below bfloat16's spacing and would
+    round away on bfloat16 shards (`training.MasterAdamW` does the same for one process)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    low = {p.dtype for p in model.parameters() if p.requires_grad} & {torch.bfloat16, torch.float16}
+    if low:
+        param_dtype = param_dtype or str(low.pop()).removeprefix("torch.")
+        model.float()
 
     mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(

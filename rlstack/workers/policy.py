@@ -41,10 +41,10 @@ LossFn = Callable[
 ]
 
 
-def _model_inputs(model: torch.nn.Module, b: Batch) -> dict[str, torch.Tensor]:
-    """Forward inputs of a (micro-)batch on the model's device: token columns with the model's position
+def _model_inputs(model: torch.nn.Module, b: Batch, device: str) -> dict[str, torch.Tensor]:
+    """Forward inputs of a (micro-)batch on the device the model computes on (the worker's: with FSDP2's
+    CPU offload the parameters themselves live in host memory): token columns with the model's position
     ids, plus each row's images for a vision model."""
-    device = model.device
     inputs = {k: b[k].to(device) for k in ("input_ids", "attention_mask", "response_mask")}
     grids = b.get("image_grid_thw")
     if grids is not None:
@@ -128,10 +128,11 @@ class PolicyWorker:
 
     @dispatch(Dispatch.ALL)
     def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The whole weights on rank 0 (every rank joins the gathering; the others return nothing): what
-        is sent to rollout workers placed apart from the policy."""
-        weights = list(self.named_weights())
-        return weights if distributed.current().rank == 0 else []
+        """The whole weights on rank 0, in host memory (every rank joins the gathering; the others return
+        nothing): what is sent to rollout workers placed apart from the policy, through the driver, which
+        may have no GPU."""
+        keep = distributed.current().rank == 0
+        return [(name, t.cpu()) for name, t in self.named_weights() if keep]  # every rank iterates (gathers)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's whole weights under their Hugging Face names (what a rollout engine loads; with LoRA
@@ -161,7 +162,7 @@ class PolicyWorker:
         try:
             with self._reference_model() as base:
                 logp, _ = _batched_logprobs(
-                    base, batch, self.experience_micro_batching, False, self.cfg.padding_free
+                    base, batch, self.experience_micro_batching, False, self.cfg.padding_free, self.device
                 )
         finally:
             self.model.train(was_training)
@@ -182,7 +183,7 @@ class PolicyWorker:
         was_training = self.model.training
         self.model.eval()
         try:
-            logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, padding_free=False)
+            logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, False, self.device)
         finally:
             self.model.train(was_training)
         return logp[0, len(prompt_ids) :].tolist()
@@ -192,7 +193,7 @@ class PolicyWorker:
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Adds `old_logprobs` and `entropy` [B, T] under the current weights."""
         logp, ent = _batched_logprobs(
-            self.model, batch, self.experience_micro_batching, True, self.cfg.padding_free
+            self.model, batch, self.experience_micro_batching, True, self.cfg.padding_free, self.device
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
 
@@ -213,7 +214,7 @@ class PolicyWorker:
         ]
         perturbed = Batch({**batch.columns, "pixel_values": masked}, batch.meta)  # the originals stay
         logp, _ = _batched_logprobs(
-            self.model, perturbed, self.experience_micro_batching, False, self.cfg.padding_free
+            self.model, perturbed, self.experience_micro_batching, False, self.cfg.padding_free, self.device
         )
         return batch.update({"masked_logprobs": logp})
 
@@ -295,13 +296,15 @@ class PolicyWorker:
         forward = packed_response_logits if self.cfg.padding_free else response_logits
 
         def micro_loss(micro: Batch, totals: MiniBatchTotals):
-            micro = micro.to(self.model.device)
-            scored = forward(self.model, **_model_inputs(self.model, micro)).scaled(temperature)
+            micro = micro.to(self.device)
+            scored = forward(self.model, **_model_inputs(self.model, micro, self.device)).scaled(temperature)
             logp, ent = scored.logprobs(True, entropy_grad)
             exact_kl = None
             if self.exact_kl:  # KL over whole next-token distributions (kl_penalty=full)
                 with torch.no_grad(), self._reference_model() as ref_model:
-                    ref = forward(ref_model, **_model_inputs(ref_model, micro)).scaled(temperature)
+                    ref = forward(ref_model, **_model_inputs(ref_model, micro, self.device)).scaled(
+                        temperature
+                    )
                 exact_kl = scored.to_full(kl_full(scored.logits, ref.logits))
             return loss_fn(micro, totals, logp, ent, exact_kl)
 
@@ -399,6 +402,7 @@ class RefWorker:
 
     def __init__(self, actor: ActorConfig, ref: RefConfig, device: str = "cpu"):
         path = resolve_model_path(actor.model.model_path)
+        self.device = device
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
         if distributed.sharded():
@@ -414,27 +418,35 @@ class RefWorker:
     @dispatch(Dispatch.ROWS)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        logp, _ = _batched_logprobs(self.model, batch, self.micro_batching, False, self.padding_free)
+        logp, _ = _batched_logprobs(
+            self.model, batch, self.micro_batching, False, self.padding_free, self.device
+        )
         return batch.update({"ref_logprobs": logp})
 
 
 def _batched_logprobs(
-    model, batch: Batch, micro: MicroBatching, with_entropy: bool, padding_free: bool
+    model, batch: Batch, micro: MicroBatching, with_entropy: bool, padding_free: bool, device: str
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) `[B, T]` of a batch, computed micro-batch by micro-batch."""
+    """Log-probs (and entropies) `[B, T]` of a batch, computed micro-batch by micro-batch, in eval mode (no
+    dropout: LoRA's would make them random)."""
     temperature = batch.meta.get("temperature", 1.0)
 
     def run(mb: Batch) -> torch.Tensor:
         lp, ent = forward_logprobs(
             model,
-            **_model_inputs(model, mb),
+            **_model_inputs(model, mb, device),
             temperature=temperature,
             with_entropy=with_entropy,
             padding_free=padding_free,
         )
         return torch.stack([lp, ent] if with_entropy else [lp], dim=1).cpu()  # [rows, 1 or 2, T]
 
-    out = micro.map(batch, run)
+    was_training = model.training
+    model.eval()
+    try:
+        out = micro.map(batch, run)
+    finally:
+        model.train(was_training)
     return out[:, 0], (out[:, 1] if with_entropy else None)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -135,7 +136,7 @@ class RolloutWorker:
 
     def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
         with self.lock:
-            self.engine.wake_up()
+            self._wake_up()
             first = self.engine.weight_version
             try:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
@@ -165,8 +166,7 @@ class RolloutWorker:
             self.engine.update_weights(None if weights is None else counted(), version, private=private)
             return loaded
         with self.lock:
-            self.engine.wake_up()  # stays awake for the rollout that follows
-            self.asleep = False
+            self._wake_up()  # stays awake for the rollout that follows
             self.engine.update_weights(None if weights is None else counted(), version)
         return loaded
 
@@ -193,12 +193,23 @@ class RolloutWorker:
         with self.lock:
             # Asynchronous GRPO's producer may have generated (and put the engine to sleep) since the sync:
             # the probe is scored awake, and the engine goes back to sleep as it was.
-            self.engine.wake_up()
+            asleep = self.asleep
+            self._wake_up()
             try:
                 return self.engine.score(request, token_ids)
             finally:
-                if self.asleep:
+                if asleep:
                     self.engine.sleep()
+                    self.asleep = True
+
+    def _wake_up(self) -> None:
+        """Wake the engine; one that really sleeps (vLLM on CUDA) first gets the memory PyTorch's caching
+        allocator still holds from the update back (its own allocator cannot reuse those blocks)."""
+        if self.asleep and self.engine.capabilities.sleep and torch.cuda.is_available():
+            gc.collect()
+            torch.cuda.empty_cache()
+        self.engine.wake_up()
+        self.asleep = False
 
     def save_checkpoint(self, path: Path) -> None:
         """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
 from rlstack.batch import Batch, token_budget_groups
@@ -77,11 +78,59 @@ class MicroBatching:
         return out[torch.argsort(order)]
 
 
+class MasterAdamW(torch.optim.AdamW):
+    """AdamW over float32 master copies of low-precision (bfloat16 / float16) parameters, as mixed-precision
+    training keeps them: each step reads the parameters' gradients into the masters, steps the masters and
+    writes them back rounded. Stepping bfloat16 weights directly loses the update: at RL learning rates
+    (~1e-6) a step is far below bfloat16's spacing (about 1e-4 for a weight of 0.02) and rounds away for
+    all but the weights nearest zero. The masters are saved with the optimizer's state (resuming gives
+    the same weights). For plain tensors; FSDP2's shards keep float32 storage instead
+    (`distributed.shard_model`)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], **kwargs):
+        self.model_params = params
+        masters = [p.detach().float().clone() for p in params]
+        super().__init__(masters, **kwargs)
+
+    @property
+    def masters(self) -> list[torch.Tensor]:
+        return self.param_groups[0]["params"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for p, m in zip(self.model_params, self.masters):
+            m.grad = None if p.grad is None else p.grad.float()
+        loss = super().step(closure)
+        for p, m in zip(self.model_params, self.masters):
+            p.copy_(m)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for p in self.model_params:
+            p.grad = None
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "master_weights": [m.detach().clone() for m in self.masters]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The saved masters, or (a state without them) the parameters as they are now."""
+        state = dict(state_dict)
+        saved = state.pop("master_weights", None)
+        super().load_state_dict(state)
+        for i, (p, m) in enumerate(zip(self.model_params, self.masters)):
+            m.copy_(saved[i] if saved is not None else p.float())
+
+
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
     trainable = [p for p in model.parameters() if p.requires_grad]  # a frozen vision tower stays out
-    optimizer = torch.optim.AdamW(
-        trainable, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=_fusable(trainable)
-    )
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=_fusable(trainable))
+    low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in trainable)
+    if low_precision and not any(isinstance(p, DTensor) for p in trainable):
+        optimizer: torch.optim.Optimizer = MasterAdamW(trainable, **kwargs)
+    else:
+        optimizer = torch.optim.AdamW(trainable, **kwargs)
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * total_steps)
     if o.lr_scheduler_type == "cosine":
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(
@@ -96,8 +145,6 @@ def _fusable(params: list[torch.nn.Parameter]) -> bool:
     """Whether AdamW can take one fused kernel over all parameters (what Hugging Face's Trainer uses by
     default): plain floating-point tensors on CPU or CUDA. FSDP2's sharded parameters (DTensors) take the
     default implementation."""
-    from torch.distributed.tensor import DTensor
-
     return bool(params) and all(
         p.device.type in ("cpu", "cuda") and p.is_floating_point() and not isinstance(p, DTensor)
         for p in params

@@ -1,0 +1,71 @@
+"""The optimizer of low-precision weights: AdamW steps float32 master copies (mixed precision)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlstack.config import OptimConfig
+from rlstack.workers.training import MasterAdamW, build_optimizer
+
+START = float(torch.tensor(0.02, dtype=torch.bfloat16))
+"""0.02 as bfloat16 holds it (0.0200195...)."""
+
+
+def _steps(model: torch.nn.Module, n: int, lr: float = 1e-6) -> torch.optim.Optimizer:
+    optimizer, _ = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0), total_steps=n)
+    for _ in range(n):
+        model.weight.grad = torch.ones_like(model.weight)  # Adam's step is then lr per step
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return optimizer
+
+
+def _layer(dtype: torch.dtype) -> torch.nn.Linear:
+    layer = torch.nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(0.02)
+    return layer.to(dtype)
+
+
+def test_bfloat16_weights_follow_updates_far_below_their_spacing():
+    """200 steps of 1e-6 move a weight of 0.02 by 2e-4, while one step is far below bfloat16's spacing
+    there (~1.2e-4): stepped directly, the weight would never move."""
+    direct = _layer(torch.bfloat16)
+    plain = torch.optim.AdamW(direct.parameters(), lr=1e-6, weight_decay=0.0)
+    for _ in range(200):
+        direct.weight.grad = torch.ones_like(direct.weight)
+        plain.step()
+    assert (direct.weight == torch.tensor(0.02, dtype=torch.bfloat16)).all()  # what this optimizer avoids
+
+    layer = _layer(torch.bfloat16)
+    optimizer = _steps(layer, 200)
+    assert isinstance(optimizer, MasterAdamW) and layer.weight.grad is None
+    (master,) = optimizer.masters
+    assert master.dtype == torch.float32
+    assert torch.allclose(master, torch.full_like(master, START - 200e-6), atol=1e-6)
+    assert torch.equal(layer.weight, master.to(torch.bfloat16))  # the weights are the masters, rounded
+    assert float(layer.weight.detach()[0, 0]) < START
+
+
+def test_float32_weights_keep_the_plain_optimizer():
+    optimizer = _steps(_layer(torch.float32), 3)
+    assert type(optimizer) is torch.optim.AdamW
+
+
+@pytest.mark.parametrize("with_masters", [True, False])
+def test_a_resumed_optimizer_continues_from_the_saved_masters(with_masters):
+    layer = _layer(torch.bfloat16)
+    state = _steps(layer, 50).state_dict()
+    assert len(state["master_weights"]) == 1
+    resumed_layer = _layer(torch.bfloat16)
+    with torch.no_grad():
+        resumed_layer.weight.copy_(layer.weight)  # the checkpoint's (rounded) weights
+    resumed, _ = build_optimizer(resumed_layer, OptimConfig(lr=1e-6, weight_decay=0.0), total_steps=50)
+    if not with_masters:  # a state written without them: the masters start from the weights as loaded
+        state = {k: v for k, v in state.items() if k != "master_weights"}
+    resumed.load_state_dict(state)
+    expected = START - 50e-6 if with_masters else float(layer.weight.detach()[0, 0])
+    assert torch.allclose(resumed.masters[0], torch.full((4, 4), expected), atol=1e-6)
+    if with_masters:  # the 50 steps that the rounded weights do not show are kept
+        assert not torch.allclose(resumed.masters[0], torch.full((4, 4), START), atol=1e-5)
