@@ -501,8 +501,15 @@ class Trainer:
 
 @contextmanager
 def _timer(timing: dict[str, float], name: str):
+    """Adds the phase's wall time to `timing[name]`; on a GPU after the work it queued has run (else it
+    would be counted in whichever phase waits for it next)."""
+    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if gpu:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     yield
+    if gpu:
+        torch.cuda.synchronize()
     timing[name] += time.perf_counter() - start
 
 
