@@ -365,9 +365,7 @@ def context_length(config) -> int | None:
     say, or when RoPE scaling extends the context past it."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    nested = [
-        v for v in rope.values() if isinstance(v, dict)
-    ]  # per layer type (e.g. full / sliding attention)
+    nested = [v for v in rope.values() if isinstance(v, dict)]  # per layer type (full / sliding)
     if any(r.get("rope_type", r.get("type", "default")) != "default" for r in [rope, *nested]):
         return None
     limit = getattr(text, "max_position_embeddings", None)

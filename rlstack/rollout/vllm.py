@@ -27,9 +27,11 @@ KV cache dropped) and wakes before the next; on the CPU vLLM has no sleep mode a
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -52,9 +54,6 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _check_cpu_head_size(model_path: str) -> None:
-    import json
-    from pathlib import Path
-
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     text = cfg.get("text_config", cfg)
     head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
@@ -69,9 +68,6 @@ def _check_cpu_head_size(model_path: str) -> None:
 def _image_tokens(model_path: str) -> tuple[int, int, list[int]]:
     """The image pad token id, the vision patch size and the ids a model must not sample (image / video /
     vision markers) of a Qwen-VL model directory."""
-    import json
-    from pathlib import Path
-
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     pre = Path(model_path) / "preprocessor_config.json"
     patch = json.loads(pre.read_text()).get("patch_size", 14) if pre.is_file() else 14
@@ -81,9 +77,6 @@ def _image_tokens(model_path: str) -> tuple[int, int, list[int]]:
 
 def _generation_eos(model_path: str) -> int | list[int] | None:
     """The `eos_token_id` of a model directory's generation config (None without one)."""
-    import json
-    from pathlib import Path
-
     path = Path(model_path) / "generation_config.json"
     return json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
 

@@ -157,15 +157,10 @@ class PolicyWorker:
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """LoRA: adds `ref_logprobs` [B, T], those of the base model (the adapters switched off)."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._reference_model() as base:
-                logp, _ = _batched_logprobs(
-                    base, batch, self.experience_micro_batching, False, self.cfg.padding_free, self.device
-                )
-        finally:
-            self.model.train(was_training)
+        with self._reference_model() as base:  # in eval mode, as every log-prob pass (`_batched_logprobs`)
+            logp, _ = _batched_logprobs(
+                base, batch, self.experience_micro_batching, False, self.cfg.padding_free, self.device
+            )
         return batch.update({"ref_logprobs": logp})
 
     # ----------------------------------------------------------------------------- log-probs
@@ -180,12 +175,7 @@ class PolicyWorker:
         if self.processor is not None:
             pixel_values, grid = self.processor.process_images([], "the weight-sync probe")
             row.update({"pixel_values": [pixel_values], "image_grid_thw": [grid]})
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, False, self.device)
-        finally:
-            self.model.train(was_training)
+        logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, False, self.device)
         return logp[0, len(prompt_ids) :].tolist()
 
     @dispatch(Dispatch.ROWS)
