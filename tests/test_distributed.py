@@ -227,3 +227,66 @@ def test_bucketed_gather_gives_the_whole_tensors(tmp_path: Path, bucket_bytes: i
         assert r["gathered"].keys() == r["whole"].keys()
         for name, w in r["whole"].items():  # rows 5, 3, 1, 7: uneven and empty shards on rank 1
             assert torch.equal(r["gathered"][name], w), name
+
+
+def vision_batch(vl_dir: str) -> Batch:
+    """4 rows of the tiny Qwen2.5-VL: two prompts with an image (rank 0's half with 2 ranks), then two
+    without (rank 1's), each with a 4-token response."""
+    from PIL import Image
+
+    from rlstack.models.loading import load_processor
+    from rlstack.models.vision import encode_prompt
+
+    proc = load_processor(vl_dir)
+    g = torch.Generator().manual_seed(0)
+    image = Image.fromarray(torch.randint(0, 256, (56, 56, 3), generator=g, dtype=torch.uint8).numpy())
+    prompts = [
+        encode_prompt(proc, [{"role": "user", "content": "<image>What is 1+1?"}], [image], "row 0"),
+        encode_prompt(proc, [{"role": "user", "content": "<image>What is 2+2?"}], [image], "row 1"),
+        encode_prompt(proc, [{"role": "user", "content": "What is 3+3?"}], [], "row 2"),
+        encode_prompt(proc, [{"role": "user", "content": "What is 4+4?"}], [], "row 3"),
+    ]
+    P, R = max(len(p.input_ids) for p in prompts), 4
+    ids = torch.full((4, P + R), proc.tokenizer.pad_token_id)
+    attn = torch.zeros(4, P + R, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p.input_ids) : P] = p.input_ids
+        ids[i, P:] = torch.randint(3, 40, (R,), generator=g)  # characters: never a vision token
+        attn[i, P - len(p.input_ids) :] = 1
+    resp = torch.zeros_like(attn)
+    resp[:, P:] = 1
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": attn,
+            "response_mask": resp,
+            "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * resp,
+            "old_logprobs": -4.0 * resp.float(),
+            "pixel_values": [p.pixel_values for p in prompts],
+            "image_grid_thw": [p.image_grid_thw for p in prompts],
+        }
+    )
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_without_images_runs_the_vision_tower_with_the_others(tmp_path: Path):
+    """Rank 0's rows have images, rank 1's none: FSDP2 gathers and reduces the vision blocks' weights in
+    each pass, so rank 1 runs the tower too (on a blank image, adding nothing); the step is the
+    one-process step (without this, rank 1's collectives paired with the wrong blocks')."""
+    from rlstack.models.loading import BUILTIN_VISION_MODEL, resolve_model_path
+
+    vl_dir = str(resolve_model_path(BUILTIN_VISION_MODEL))
+    batch = vision_batch(vl_dir)
+    single = one_update(vl_dir, "token-mean", batch, 4)
+    parts, mini_per_rank = split_mini_batches(batch, 4, world_size=2)
+    assert [sum(len(g) for g in p["image_grid_thw"]) for p in parts] == [2, 0]
+    ranks = run_ranks(2, ranks_update, vl_dir, "token-mean", parts, mini_per_rank, {}, tmp=tmp_path)
+    for r in ranks:
+        assert r["sharded"]
+        assert r["metrics"]["actor/pg_loss"] == pytest.approx(single["metrics"]["actor/pg_loss"], abs=1e-5)
+        for name, w in single["weights"].items():
+            torch.testing.assert_close(r["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+    visual = [n for n in single["weights"] if ".visual." in n]
+    assert visual and any(
+        not torch.equal(single["weights"][n], load_initial(Path(vl_dir))[n]) for n in visual
+    )  # the image rows trained the tower: its update is compared too

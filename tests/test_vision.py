@@ -35,11 +35,14 @@ from rlstack.models.vision import (
     EncodedPrompt,
     ImageInputError,
     VisionProcessor,
+    as_model_positions,
     build_vision_tokenizer,
     encode_observation,
     encode_prompt,
     is_vision_model,
     position_ids,
+    run_vision_tower_in_every_pass,
+    vision_tower,
     vision_tower_parameters,
 )
 from rlstack.rollout.engine import Request, SamplingSettings
@@ -532,6 +535,34 @@ def test_gradients_reach_the_language_model_and_the_vision_tower_unless_frozen(v
     backward()
     assert all(p.grad is None for p in vision)
     assert model.model.language_model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_a_pass_without_images_can_run_the_vision_tower_and_change_nothing(family):
+    """`run_vision_tower_in_every_pass` (what FSDP2 sharding installs): a text-only pass runs the tower on a
+    blank image, with the same logits, and every tower weight gets a gradient (zero); a pass with images
+    runs the tower once, as before."""
+    import copy
+
+    model, proc, _ = family
+    model = copy.deepcopy(model).train()
+    ids = proc.tokenizer("What is 3+3? 6", return_tensors="pt").input_ids
+    before = model(input_ids=ids).logits.detach()
+    run_vision_tower_in_every_pass(model)
+    tower = vision_tower_parameters(model)
+    calls = []
+    vision_tower(model).register_forward_hook(lambda *_: calls.append(1))
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits
+    assert torch.equal(logits, before) and len(calls) == 1
+    logits.sum().backward()
+    assert all(p.grad is not None and not p.grad.any() for p in tower)
+
+    encoded = next(e for e in encode_rows(proc) if len(e.image_grid_thw))
+    row = encoded.input_ids[None]
+    images = {"pixel_values": encoded.pixel_values, "image_grid_thw": encoded.image_grid_thw}
+    positions = position_ids(model, row, torch.ones_like(row), [encoded.image_grid_thw])
+    model(input_ids=row, position_ids=as_model_positions(positions), **images)
+    assert len(calls) == 2  # one more pass, one more run of the tower: no blank image
 
 
 # ------------------------------------------------------------------------------------ stop strings

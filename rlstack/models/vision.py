@@ -261,6 +261,56 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(f"{type(model).__name__} has no vision tower (`model.visual`)")
 
 
+def run_vision_tower_in_every_pass(model: torch.nn.Module) -> None:
+    """Make every forward pass of `model` run its vision tower: a pass without images runs it on one
+    blank image, whose features enter the pass times zero (the outputs and gradients are those of the
+    pass without it; the tower's weights get zero gradients).
+
+    For a model sharded with FSDP2 over several ranks: each rank all-gathers a block's weights when the
+    block runs and reduce-scatters its gradients after, and ranks must make the same collectives in the
+    same order. A rank whose micro-batch has no image would otherwise skip the tower's, and pair its next
+    collectives with another rank's vision blocks (a mismatch error with gloo, a hang or garbage with NCCL).
+    The blank image runs before the language model, where a pass with images runs the tower."""
+    tower = vision_tower(model)
+    language = getattr(getattr(model, "model", None), "language_model", None)
+    if not isinstance(language, torch.nn.Module):
+        raise ValueError(f"{type(model).__name__} has no language model (`model.language_model`)")
+    vision = model.config.vision_config
+    merge = vision.spatial_merge_size
+    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    ran = [False]
+
+    def new_pass(module, args, kwargs):
+        ran[0] = False
+
+    def tower_ran(module, args, output):
+        ran[0] = True
+
+    def blank_image_first(module, args, kwargs):
+        if ran[0] or kwargs.get("inputs_embeds") is None:
+            return None
+        embeds = kwargs["inputs_embeds"]
+        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
+        out = tower(torch.zeros(merge * merge, patch_dim, device=embeds.device), grid_thw=grid)
+        nothing = sum(t.float().sum() for t in _tensors(out)) * 0.0
+        return args, {**kwargs, "inputs_embeds": embeds + nothing.to(embeds.dtype)}
+
+    model.register_forward_pre_hook(new_pass, with_kwargs=True)
+    tower.register_forward_hook(tower_ran)
+    language.register_forward_pre_hook(blank_image_first, with_kwargs=True)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor in a module's output (model outputs, tuples, lists)."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, dict):  # ModelOutput is an ordered dict of its set fields
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for item in out for t in _tensors(item)]
+    return []
+
+
 def vision_tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Parameters of the vision tower, e.g. to freeze them (`worker.actor.freeze_vision_tower`)."""
     return list(vision_tower(model).parameters())

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlstack.models.vision import is_vision_model, run_vision_tower_in_every_pass
+
 
 @dataclass(frozen=True)
 class Rank:
@@ -131,6 +133,8 @@ def shard_model(
     for m in units:
         fully_shard(m, mesh=mesh, mp_policy=mp, offload_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy)
+    if is_vision_model(model):  # a rank without images must still make the vision blocks' collectives
+        run_vision_tower_in_every_pass(model)
     return model
 
 
