@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
@@ -99,15 +100,65 @@ class ResponseLogits:
     def logprobs(
         self, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`)."""
-        log_softmax = F.log_softmax(self.logits.float(), dim=-1)  # one pass over the vocabulary for both
-        logp = self.to_full(log_softmax.gather(-1, self.labels.unsqueeze(-1)).squeeze(-1))
-        if not with_entropy:
-            return logp, None
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ls = log_softmax if entropy_grad else log_softmax.detach()
-            ent = -(ls.exp() * ls).sum(-1)
-        return logp, self.to_full(ent)
+        """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`).
+
+        Logits of more than `VOCAB_BLOCK` elements go through the vocabulary in blocks of positions, each
+        recomputed in the backward pass instead of keeping its float32 log-softmax (with a 152k vocabulary,
+        4 rows of 2048 response tokens would otherwise hold 5 GB of it per micro-batch, and as much again
+        for the entropy). The values and gradients are the same as in one pass."""
+        blocks = _vocab_blocks(self.logits)
+        if len(blocks) == 1:
+            logp, ent = _token_logprobs(self.logits, self.labels, with_entropy, entropy_grad)
+        else:
+            dim = self.logits.dim() - 2  # [N, V]: rows; [B, T, V]: columns
+            size = blocks[0].shape[dim]
+            recompute = torch.is_grad_enabled() and self.logits.requires_grad
+            parts = [
+                checkpoint(
+                    _token_logprobs,
+                    block,
+                    labels,
+                    with_entropy,
+                    entropy_grad,
+                    use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+                if recompute
+                else _token_logprobs(block, labels, with_entropy, entropy_grad)
+                for block, labels in zip(blocks, self.labels.split(size, dim=dim))
+            ]
+            logp = torch.cat([p[0] for p in parts], dim=dim)
+            ent = torch.cat([p[1] for p in parts], dim=dim) if with_entropy else None
+        return self.to_full(logp), (self.to_full(ent) if with_entropy else None)
+
+
+VOCAB_BLOCK = 1 << 26
+"""Most logits (positions x vocabulary) one float32 pass over the vocabulary takes at a time (256 MB)."""
+
+
+def _vocab_blocks(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`logits` ([N, V] or [B, T, V]) split into views of at most `VOCAB_BLOCK` elements, along the rows of
+    [N, V] or the columns of [B, T, V] (a block holds at least one row / column); one `split`, whose
+    backward assembles the blocks' gradients in one tensor."""
+    if logits.numel() <= VOCAB_BLOCK:
+        return (logits,)
+    dim = logits.dim() - 2
+    per_position = logits.numel() // logits.shape[dim]
+    return logits.split(max(1, VOCAB_BLOCK // per_position), dim=dim)
+
+
+def _token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `labels` under `logits` (`[..., V]` -> `[...]`), and entropies."""
+    log_softmax = F.log_softmax(logits.float(), dim=-1)  # one pass over the vocabulary for both
+    logp = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ls = log_softmax if entropy_grad else log_softmax.detach()
+        ent = -(ls.exp() * ls).sum(-1)
+    return logp, ent
 
 
 def response_logits(
