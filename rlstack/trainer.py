@@ -61,9 +61,10 @@ class Trainer:
             w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
         )
         system = agent_system_prompt(w.rollout.agent)
-        self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system)
+        images = w.rollout.agent.max_images
+        self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system, images)
         self.val_set = (
-            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, processor, system)
+            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, processor, system, images)
             if d.val_files
             else None
         )

@@ -287,6 +287,28 @@ def test_a_bad_image_names_the_row_and_the_fix(value, match):
     assert str(info.value).startswith("train.jsonl:12 images[0]: ")
 
 
+def test_a_row_with_more_images_than_a_trajectory_may_hold_is_refused_at_load(tmp_path: Path, proc):
+    """`worker.rollout.agent.max_images` counts the prompt's images (vLLM is started with it as its limit
+    per prompt): a row with more is named when the data loads, not refused by an engine mid-rollout."""
+    import json
+
+    from rlstack.data.dataset import DataError, PromptDataset
+
+    image = base64.b64encode(png_bytes(picture(28, 28))).decode()
+    rows = [
+        {"problem": "<image>one", "answer": "1", "images": [image]},
+        {"problem": "<image><image><image>three", "answer": "3", "images": [image] * 3},
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kwargs = {"processor": proc, "min_pixels": TINY_MIN_PIXELS, "max_pixels": TINY_MAX_PIXELS}
+    assert len(PromptDataset(str(path), proc.tokenizer, max_images=3, **kwargs)) == 2
+    with pytest.raises(
+        DataError, match=r"train.jsonl:2: row has 3 images, more than worker.rollout.agent.max_images=2"
+    ):
+        PromptDataset(str(path), proc.tokenizer, max_images=2, **kwargs)
+
+
 def test_min_and_max_pixels_bound_the_image_and_its_grid(proc):
     big, small = picture(640, 480), picture(20, 10)
     fitted = fit_pixels(big, TINY_MIN_PIXELS, TINY_MAX_PIXELS)

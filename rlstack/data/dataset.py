@@ -51,6 +51,7 @@ class PromptDataset:
         image_dir: str | None = None,
         min_pixels: int = 262144,
         max_pixels: int = 4194304,
+        max_images: int | None = None,
     ):
         rows, where = read_rows(spec)
         rows = normalize_rows(rows, where, data_format)
@@ -80,6 +81,12 @@ class PromptDataset:
                 load_image(v, f"{loc} images[{k}]", image_root) for k, v in enumerate(row.get("images") or [])
             ]
             vision = {}
+            if processor is not None and max_images is not None and len(images) > max_images:
+                raise DataError(
+                    f"{loc}: row has {len(images)} images, more than worker.rollout.agent.max_images={max_images} "
+                    "(the images a trajectory may hold, its prompt's included; rollout engines are sized for it). "
+                    "Raise worker.rollout.agent.max_images or drop the row."
+                )
             if processor is not None:
                 fitted = [fit_pixels(im, min_pixels, max_pixels, factor, loc) for im in images]
                 encoded = encode_prompt(processor, messages, fitted, loc)
@@ -132,6 +139,7 @@ class PromptDataset:
         max_samples: int = -1,
         processor: VisionProcessor | None = None,
         system_prompt: str | None = None,
+        max_images: int | None = None,
     ) -> PromptDataset:
         return cls(
             spec,
@@ -150,6 +158,7 @@ class PromptDataset:
             image_dir=d.image_dir,
             min_pixels=d.min_pixels,
             max_pixels=d.max_pixels,
+            max_images=max_images,
         )
 
     def __len__(self) -> int:
