@@ -194,7 +194,7 @@ class AgentConfig:
     max_turns: int = 4
     """Assistant turns per trajectory; a trajectory still calling tools after this many ends with end_reason max_turns."""
     max_images: int = 8
-    """Images per trajectory (input images included); a tool result that would exceed it ends the trajectory (max_images)."""
+    """Images per trajectory (input images included): a data row with more is refused at load; a tool result that would exceed it ends the trajectory (max_images)."""
     system_prompt: str | None = None
     """File holding the system prompt (Hermes format: the tools' JSON schemas are appended in a <tools> block)."""
     max_tool_workers: int = 8
