@@ -7,3 +7,7 @@ class RLStackError(Exception):
 
 class TrainingDiverged(RLStackError, RuntimeError):
     """A loss, gradient, weight or logit that is NaN or infinite; nothing after it is applied or saved."""
+
+
+class OutOfMemory(RLStackError, RuntimeError):
+    """A device ran out of memory; the message names the pass, its size and the settings that bound it."""

@@ -935,3 +935,25 @@ def test_phase_timers_wait_for_the_gpu_work_they_queued(monkeypatch):
     with _timer(timing, "gen"):
         time.sleep(0.01)
     assert len(synced) == 2 and timing["gen"] >= 0.01  # before (earlier work is not counted) and after
+
+
+def test_running_out_of_memory_while_generating_names_the_settings_to_lower(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    from rlstack.errors import OutOfMemory
+    from rlstack.rollout import hf
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    trainer = Trainer(
+        load_config(
+            _overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1", "trainer.val_before_train=false")
+        )
+    )
+    monkeypatch.setattr(hf, "sample", out_of_memory)
+    with pytest.raises(OutOfMemory) as e:
+        trainer.fit()
+    assert str(e.value).startswith("out of memory generating 4 prompts x 4 with the hf engine: ")
+    assert "lower data.rollout_batch_size, worker.rollout.n or data.max_response_length" in str(e.value)
+    assert str(e.value).endswith("The device said: CUDA out of memory. Tried to allocate 9.00 GiB")

@@ -35,12 +35,14 @@ class CriticWorker:
             cfg.max_token_len_per_device_for_experience,
             dynamic,
             "worker.critic.max_token_len_per_device_for_experience",
+            "worker.critic.micro_batch_size_per_device_for_experience",
         )
         self.update_micro_batching = MicroBatching.of(
             cfg.micro_batch_size_per_device_for_update,
             cfg.max_token_len_per_device_for_update,
             dynamic,
             "worker.critic.max_token_len_per_device_for_update",
+            "worker.critic.micro_batch_size_per_device_for_update",
         )
 
     def _load(self, path: str) -> torch.nn.Module:
@@ -91,7 +93,7 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
-        values = self.experience_micro_batching.map(batch, lambda mb: self._values(mb).cpu())
+        values = self.experience_micro_batching.map(batch, lambda mb: self._values(mb).cpu(), "value pass")
         return batch.update({"values": values})
 
     @dispatch(Dispatch.MINI_BATCHES)

@@ -39,3 +39,12 @@ def _peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # since the process started
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
+
+
+def device_memory_in_use() -> str:
+    """`, with X of Y GiB in use on cuda:N` where a GPU is in use (for out-of-memory messages), else nothing."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return ""
+    device = torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(device)
+    return f", with {(total - free) / GIB:.1f} of {total / GIB:.1f} GiB in use on cuda:{device}"

@@ -118,12 +118,14 @@ class PolicyWorker:
             actor.max_token_len_per_device_for_experience,
             dynamic,
             "worker.actor.max_token_len_per_device_for_experience",
+            "worker.actor.micro_batch_size_per_device_for_experience",
         )
         self.update_micro_batching = MicroBatching.of(
             actor.micro_batch_size_per_device_for_update,
             actor.max_token_len_per_device_for_update,
             dynamic,
             "worker.actor.max_token_len_per_device_for_update",
+            "worker.actor.micro_batch_size_per_device_for_update",
         )
 
     @dispatch(Dispatch.ALL)
@@ -403,6 +405,7 @@ class RefWorker:
             ref.max_token_len_per_device_for_experience,
             actor.dynamic_batching,
             "worker.ref.max_token_len_per_device_for_experience",
+            "worker.ref.micro_batch_size_per_device_for_experience",
         )
 
     @dispatch(Dispatch.ROWS)
@@ -434,7 +437,7 @@ def _batched_logprobs(
     was_training = model.training
     model.eval()
     try:
-        out = micro.map(batch, run)
+        out = micro.map(batch, run, "log-prob pass")
     finally:
         model.train(was_training)
     return out[:, 0], (out[:, 1] if with_entropy else None)

@@ -11,6 +11,7 @@ import torch
 
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
+from rlstack.errors import OutOfMemory
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
@@ -19,6 +20,7 @@ from rlstack.rollout.hf import HFEngine
 from rlstack.tools.registry import build_toolset
 from rlstack.workers import distributed
 from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.memory import device_memory_in_use
 from rlstack.workers.policy import PolicyWorker, load_trained_model
 
 
@@ -140,6 +142,8 @@ class RolloutWorker:
             first = self.engine.weight_version
             try:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
+            except torch.OutOfMemoryError as e:
+                raise OutOfMemory(self._out_of_memory(len(prompts), n, e)) from e
             finally:
                 self.engine.sleep()
                 self.asleep = True
@@ -147,6 +151,21 @@ class RolloutWorker:
         if "weight_version_last" not in batch:  # the engine does not say: no update lands during a call
             batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
+
+    def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError) -> str:
+        where = f"out of memory generating {prompts} prompts x {n} with the {self.engine.capabilities.name} engine{device_memory_in_use()}"
+        if self.engine.capabilities.name == "hf":
+            fix = (
+                "the HF engine samples every trajectory of a call at once, with a KV cache of rows x (prompt + "
+                "response) positions in every layer: lower data.rollout_batch_size, worker.rollout.n or "
+                "data.max_response_length, or generate with vLLM (worker.rollout.name=vllm), which pages its cache"
+            )
+        else:
+            fix = (
+                "the engine's weights and KV cache share the device with the policy: lower "
+                "worker.rollout.gpu_memory_utilization, or free the cache between rollouts (worker.rollout.free_cache_engine=true)"
+            )
+        return f"{where}: {fix}. The device said: {str(e).splitlines()[0]}"
 
     def update_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = True

@@ -14,7 +14,8 @@ mini-batch, in order: local mini-batch i is this rank's part of global mini-batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -23,9 +24,10 @@ from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_
 
 from rlstack.batch import Batch, token_budget_groups
 from rlstack.config import OptimConfig
-from rlstack.errors import TrainingDiverged
+from rlstack.errors import OutOfMemory, TrainingDiverged
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
+from rlstack.workers.memory import device_memory_in_use
 
 # micro_loss(micro_batch, mini_batch_totals) -> (loss, {metric: contribution summed over the mini-batch}); the
 # loss is normalized by the mini-batch (its tokens or sequences), so micro-batch losses add up to its loss.
@@ -42,11 +44,46 @@ class MicroBatching:
     max_tokens: int | None = None
     key: str = ""
     """The config key of the token budget, for messages."""
+    rows_key: str = ""
+    """The config key of the row count, for messages."""
 
     @classmethod
-    def of(cls, rows: int, budget: int, dynamic: bool, key: str) -> MicroBatching:
-        """`rows` per micro-batch, or with `dynamic` (dynamic batching) the token `budget` of config key `key`."""
-        return cls(rows, budget if dynamic else None, key)
+    def of(cls, rows: int, budget: int, dynamic: bool, key: str, rows_key: str = "") -> MicroBatching:
+        """`rows` per micro-batch (config key `rows_key`), or with `dynamic` (dynamic batching) the token
+        `budget` of config key `key`."""
+        return cls(rows, budget if dynamic else None, key, rows_key)
+
+    @contextmanager
+    def out_of_memory_named(self, micro: Batch, what: str) -> Iterator[None]:
+        """Turn a device's out-of-memory error in the pass over `micro` into `OutOfMemory` naming the pass,
+        its size, the device's memory and the settings to lower."""
+        try:
+            yield
+        except torch.OutOfMemoryError as e:
+            attended = micro["attention_mask"].sum(-1)
+            size = (
+                f"{len(micro)} trajectories of up to {int(attended.max())} tokens "
+                f"({int(attended.sum())} attended, {micro['attention_mask'].shape[1]} columns padded)"
+            )
+            role = "worker.critic" if self.rows_key.startswith("worker.critic") else "worker.actor"
+            if self.max_tokens is not None and self.key:
+                knob = f"lower {self.key}={self.max_tokens} (the tokens of a micro-batch)"
+            elif self.rows_key:
+                knob = f"lower {self.rows_key}={self.rows} (or set {role}.dynamic_batching=true with a token budget)"
+            else:
+                knob = "shorten the trajectories"
+            if role == "worker.critic":
+                others = "bfloat16 weights (worker.critic.model.dtype)"
+            else:
+                others = (
+                    "worker.actor.model.enable_gradient_checkpointing=true, worker.actor.fsdp.offload_params=true "
+                    "(several ranks), bfloat16 weights (worker.actor.model.dtype); a policy's pass also makes logits "
+                    "of rows x positions x vocabulary in the model's dtype"
+                )
+            raise OutOfMemory(
+                f"out of memory in the {what} of a micro-batch of {size}{device_memory_in_use()}: {knob}. Other ways to "
+                f"fit: {others}. The device said: {str(e).splitlines()[0]}"
+            ) from e
 
     def split(self, batch: Batch) -> list[tuple[list[int], Batch]]:
         """(row indices, rows) of each micro-batch, every row in one. With several ranks each gets as
@@ -70,10 +107,16 @@ class MicroBatching:
                 groups = token_budget_groups(lengths, self.max_tokens, min_groups=most)
         return [(g, batch.select(g)) for g in groups]
 
-    def map(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+    def map(
+        self, batch: Batch, fn: Callable[[Batch], torch.Tensor], what: str = "forward pass"
+    ) -> torch.Tensor:
         """`fn` over the micro-batches, its `[rows, ...]` results put back in the batch's row order."""
         parts = self.split(batch)
-        out = torch.cat([fn(mb) for _, mb in parts])
+        results = []
+        for _, mb in parts:
+            with self.out_of_memory_named(mb, what):
+                results.append(fn(mb))
+        out = torch.cat(results)
         order = torch.tensor([i for rows, _ in parts for i in rows])
         return out[torch.argsort(order)]
 
@@ -179,13 +222,14 @@ def optimizer_steps(
             totals = MiniBatchTotals.of(mb["response_mask"])
             bad_loss = None
             for _, micro in micro_batching.split(mb):
-                loss, stats = micro_loss(micro, totals)
-                if not torch.isfinite(loss) and bad_loss is None:
-                    bad_loss = loss.item()
-                    if dp.world_size == 1:
-                        break
-                # FSDP2 averages gradients over ranks; each rank's loss is its share of the sum.
-                (loss * dp.world_size if dp.world_size > 1 else loss).backward()
+                with micro_batching.out_of_memory_named(micro, f"{role} update"):
+                    loss, stats = micro_loss(micro, totals)
+                    if not torch.isfinite(loss) and bad_loss is None:
+                        bad_loss = loss.item()
+                        if dp.world_size == 1:
+                            break
+                    # FSDP2 averages gradients over ranks; each rank's loss is its share of the sum.
+                    (loss * dp.world_size if dp.world_size > 1 else loss).backward()
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v.detach().double().cpu()
             bad = [(r, v) for r, v in enumerate(distributed.gather_objects(bad_loss)) if v is not None]
