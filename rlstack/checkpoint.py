@@ -7,6 +7,7 @@ interrupted save are removed at the next save.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -70,7 +71,16 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, full_determinism: bool = False) -> None:
+    """Seed Python's, NumPy's and torch's generators; with `full_determinism`, also make this process's GPU
+    kernels deterministic (before its first cuBLAS call: the workspace setting is read when cuBLAS starts).
+    Kernels without a deterministic version then raise an error naming themselves."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if full_determinism:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        os.environ.setdefault("FLASH_ATTENTION_DETERMINISTIC", "1")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False

@@ -549,6 +549,8 @@ class TrainerConfig:
     """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
     seed: int = 1
     """Seed of torch, numpy and random."""
+    full_determinism: bool = False
+    """Deterministic GPU kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN, flash-attn) in every process, as TRL's full_determinism: slower; CPU runs are deterministic without it."""
     num_threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

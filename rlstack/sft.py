@@ -27,7 +27,7 @@ def run_sft(cfg: Config) -> Path:
         import torch
 
         torch.set_num_threads(t.num_threads)
-    checkpoint.seed_everything(t.seed)
+    checkpoint.seed_everything(t.seed, t.full_determinism)
     path = a.model.tokenizer_path or resolve_model_path(a.model.model_path)
     tok = load_tokenizer(path, a.model.trust_remote_code)
     processor = load_processor(path, a.model.trust_remote_code)

@@ -47,7 +47,7 @@ class Trainer:
         d, w, t = cfg.data, cfg.worker, cfg.trainer
         if t.num_threads > 0:
             torch.set_num_threads(t.num_threads)
-        checkpoint.seed_everything(t.seed)
+        checkpoint.seed_everything(t.seed, t.full_determinism)
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         model_path = resolve_model_path(w.actor.model.model_path)

@@ -224,23 +224,36 @@ def test_a_nan_loss_stops_the_run_with_a_message_and_keeps_the_last_good_checkpo
     assert ckpts == ["global_step_1"]
 
 
-def test_same_config_and_seed_give_the_same_metrics(tiny_model_dir: Path, tmp_path: Path):
+def test_same_config_and_seed_give_the_same_metrics(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
+    """Twice the same seeded run, then once more with `trainer.full_determinism` (deterministic kernels
+    only, which the CPU path already is): the same metrics every time."""
+    for name in ("CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"):  # unset again afterwards
+        monkeypatch.delenv(name, raising=False)
     runs = []
-    for name in ("a", "b"):
-        cfg = load_config(
-            _overrides(
-                tiny_model_dir,
-                tmp_path / name,
-                "trainer.max_steps=2",
-                "trainer.val_before_train=false",
-                "data.val_files=",
-                "trainer.logger=[file]",
-                "trainer.save_model_only=true",
+    try:
+        for name, extra in (("a", ()), ("b", ()), ("c", ("trainer.full_determinism=true",))):
+            cfg = load_config(
+                _overrides(
+                    tiny_model_dir,
+                    tmp_path / name,
+                    "trainer.max_steps=2",
+                    "trainer.val_before_train=false",
+                    "data.val_files=",
+                    "trainer.logger=[file]",
+                    "trainer.save_model_only=true",
+                    *extra,
+                )
             )
-        )
-        Trainer(cfg).fit()
-        runs.append(_metrics(cfg.run_dir))
-    assert [_deterministic(r) for r in runs[0].values()] == [_deterministic(r) for r in runs[1].values()]
+            Trainer(cfg).fit()
+            assert torch.are_deterministic_algorithms_enabled() == bool(extra)
+            runs.append(_metrics(cfg.run_dir))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    first = [_deterministic(r) for r in runs[0].values()]
+    assert first == [_deterministic(r) for r in runs[1].values()]
+    assert first == [_deterministic(r) for r in runs[2].values()]
 
 
 def test_the_example_config_and_reward_function_load_and_score(monkeypatch):

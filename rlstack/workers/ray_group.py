@@ -81,7 +81,7 @@ class RankHost:
         if device.startswith("cuda"):
             device = "cuda:0"  # Ray makes the rank's GPU the only visible one
         distributed.init_process_group(self.rank, self.world_size, master_addr, master_port, device)
-        checkpoint.seed_everything(cfg.trainer.seed)
+        checkpoint.seed_everything(cfg.trainer.seed, cfg.trainer.full_determinism)
         self.roles = build_roles(cfg, total_steps, device)
         return sorted(self.roles)
 
@@ -104,7 +104,7 @@ class RankHost:
 
         if device.startswith("cuda"):
             device = "cuda:0"
-        checkpoint.seed_everything(cfg.trainer.seed)
+        checkpoint.seed_everything(cfg.trainer.seed, cfg.trainer.full_determinism)
         w = cfg.worker
         self.roles = {
             "rollout": RolloutWorker(
