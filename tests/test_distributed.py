@@ -290,3 +290,55 @@ def test_a_rank_without_images_runs_the_vision_tower_with_the_others(tmp_path: P
     assert visual and any(
         not torch.equal(single["weights"][n], load_initial(Path(vl_dir))[n]) for n in visual
     )  # the image rows trained the tower: its update is compared too
+
+
+def bf16_update(model_dir: str, parts: list[Batch] | None, batch: Batch | None, mini_batch_size: int) -> dict:
+    """One step at lr 1e-6 of a policy loaded in bfloat16 (this rank's part, or the whole `batch` in one
+    process): its metrics, parameter dtypes and how many weights the step changed."""
+    from rlstack.workers import distributed
+    from rlstack.workers.policy import PolicyWorker
+
+    torch.manual_seed(0)
+    actor = ActorConfig(micro_batch_size_per_device_for_update=2, loss_agg_mode="token-mean")
+    actor.model.model_path = model_dir
+    actor.model.dtype = "bfloat16"
+    actor.optim.lr = 1e-6
+    worker = PolicyWorker(actor, AlgorithmConfig(), RESPONSE, total_steps=1, seed=1)
+    # one process: the float32 masters of MasterAdamW; several ranks: FSDP2's float32 shards
+    masters = getattr(worker.optimizer, "masters", None)
+    weights = masters if masters is not None else [distributed.local(p) for p in worker.model.parameters()]
+    before = [w.detach().clone() for w in weights]
+    own = parts[distributed.current().rank] if parts is not None else batch
+    metrics = worker.update(own, mini_batch_size)
+    moved = distributed.all_reduce_sum(
+        torch.tensor([sum(int((w != b).sum()) for w, b in zip(weights, before))])
+    )
+    total = distributed.all_reduce_sum(torch.tensor([sum(w.numel() for w in weights)]))
+    return {
+        "metrics": metrics,
+        "dtypes": {str(w.dtype) for w in weights} | {str(p.dtype) for p in worker.model.parameters()},
+        "moved": int(moved),
+        "weights": int(total),
+    }
+
+
+@pytest.mark.timeout(180)
+def test_a_bfloat16_policy_on_two_ranks_keeps_float32_shards_and_takes_small_steps(
+    tiny_model_dir: Path, tok, tmp_path: Path
+):
+    """FSDP2 shards a model loaded in bfloat16 in float32 and computes in bfloat16: a step at lr 1e-6 (far
+    below bfloat16's spacing) moves the shards, as MasterAdamW's float32 masters in one process, with the
+    one-process loss (both compute in bfloat16)."""
+    batch = uneven_batch(len(tok))
+    single = bf16_update(str(tiny_model_dir), None, batch, ROWS)
+    parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
+    ranks = run_ranks(2, bf16_update, str(tiny_model_dir), parts, None, mini_per_rank, tmp=tmp_path)
+    assert single["dtypes"] == {"torch.bfloat16", "torch.float32"}  # parameters, masters
+    for r in ranks + [single]:
+        assert r["moved"] > 0.99 * r["weights"], (r["moved"], r["weights"])
+    for r in ranks:
+        assert r["dtypes"] == {"torch.float32"}  # the shards; FSDP2 casts them to bfloat16 for compute
+        assert r["metrics"]["actor/pg_loss"] == pytest.approx(single["metrics"]["actor/pg_loss"], abs=1e-3)
+        assert r["metrics"]["actor/grad_norm"] == pytest.approx(
+            single["metrics"]["actor/grad_norm"], rel=2e-2
+        )
