@@ -232,21 +232,8 @@ def test_same_config_and_seed_give_the_same_metrics(tiny_model_dir: Path, tmp_pa
     runs = []
     try:
         for name, extra in (("a", ()), ("b", ()), ("c", ("trainer.full_determinism=true",))):
-            cfg = load_config(
-                _overrides(
-                    tiny_model_dir,
-                    tmp_path / name,
-                    "trainer.max_steps=2",
-                    "trainer.val_before_train=false",
-                    "data.val_files=",
-                    "trainer.logger=[file]",
-                    "trainer.save_model_only=true",
-                    *extra,
-                )
-            )
-            Trainer(cfg).fit()
+            runs.append(_two_steps(tiny_model_dir, tmp_path / name, *extra))
             assert torch.are_deterministic_algorithms_enabled() == bool(extra)
-            runs.append(_metrics(cfg.run_dir))
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(False)
