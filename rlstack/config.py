@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from omegaconf import OmegaConf
 
+from rlstack import foreign_keys
 from rlstack.errors import RLStackError
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
@@ -58,7 +59,7 @@ class DataConfig:
     rollout_batch_size: int = 32
     """Prompts per training step (each is sampled `worker.rollout.n` times)."""
     val_batch_size: int = 256
-    """Prompts per generation call during validation."""
+    """Prompts per generation call during validation (-1: all of them in one call, as EasyR1)."""
     val_max_samples: int = -1
     """Use at most this many validation rows (-1: all)."""
     shuffle: bool = True
@@ -67,6 +68,8 @@ class DataConfig:
     """Seed of the shuffling."""
     filter_overlong_prompts: bool = True
     """Drop rows whose prompt is longer than `max_prompt_length` (otherwise such a row is an error)."""
+    image_key: str = "images"
+    """Field of a row holding its images (a list; EasyR1's image_key)."""
     image_dir: str | None = None
     """Folder that relative image paths in the rows are relative to (default: the data file's folder)."""
     min_pixels: int = 262144
@@ -679,6 +682,7 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
         _deep_merge(merged, values)
         sources.update(where)
 
+    foreign_keys.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
     cfg = _build(Config, merged, "", sources, problems)
     problems += validate(cfg)
     if problems:
@@ -830,7 +834,6 @@ def validate(cfg: Config) -> list[str]:
         ("data.rollout_batch_size", d.rollout_batch_size),
         ("data.max_prompt_length", d.max_prompt_length),
         ("data.max_response_length", d.max_response_length),
-        ("data.val_batch_size", d.val_batch_size),
         ("worker.rollout.n", r.n),
         ("worker.rollout.val_n", r.val_n),
         ("worker.actor.global_batch_size", a.global_batch_size),
@@ -859,6 +862,10 @@ def validate(cfg: Config) -> list[str]:
     ]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
+    if d.val_batch_size < 1 and d.val_batch_size != -1:
+        p.append(
+            f"data.val_batch_size = {d.val_batch_size}: must be at least 1, or -1 (every prompt in one call)"
+        )
     sizes_ok = not p  # the divisibility rules below need positive sizes
     if sizes_ok and d.rollout_batch_size % a.global_batch_size:
         p.append(

@@ -426,7 +426,8 @@ class Trainer:
         """Generate for every validation prompt with the `val_*` sampling settings and score it."""
         assert self.val_set is not None
         scored = []
-        for idx in _chunks(range(len(self.val_set)), self.cfg.data.val_batch_size):
+        size = self.cfg.data.val_batch_size
+        for idx in _chunks(range(len(self.val_set)), size if size > 0 else max(1, len(self.val_set))):
             prompts = self._seed_prompts(self.val_set.batch(idx), -1, idx)
             batch = self.rollout_workers.call("generate", prompts, validate=True)
             scored.append(self.rewards.score(batch))

@@ -593,3 +593,121 @@ def test_engine_defaults_resolve_at_load(monkeypatch):
 def test_cpu_offload_needs_several_ranks():
     (problem,) = problems_of(["worker.actor.fsdp.offload_params=true"])
     assert "only several ranks have" in problem
+
+
+# ------------------------------------------------------------------------------------ EasyR1's keys
+
+EASYR1 = """\
+data:
+  train_files: builtin:addition@train
+  val_files: builtin:addition@test
+  image_key: pictures
+  video_key: videos
+  video_fps: 2.0
+  mini_rollout_batch_size: null
+  override_chat_template: null
+  val_batch_size: -1
+algorithm:
+  disable_kl: true
+  use_kl_loss: true
+worker:
+  actor:
+    ulysses_size: 1
+    model:
+      freeze_vision_tower: true
+    optim:
+      strategy: adamw
+    fsdp:
+      enable_full_shard: true
+      enable_cpu_offload: false
+      enable_rank0_init: true
+    offload:
+      offload_params: false
+      offload_optimizer: true
+  rollout:
+    limit_images: 3
+    enable_chunked_prefill: false
+    disable_tqdm: true
+    val_override_config:
+      temperature: 0.6
+      top_p: 0.95
+      n: 2
+  ref:
+    fsdp:
+      enable_cpu_offload: true
+    offload:
+      offload_params: false
+  reward:
+    reward_type: batch
+trainer:
+  max_try_make_batch: 7
+  save_checkpoint_path: null
+  backend: ray
+  n_gpus_per_node: 2
+"""
+
+
+def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog):
+    path = tmp_path / "easyr1.yaml"
+    path.write_text(EASYR1)
+    cfg = load_config([f"config={path}"])
+    d, a, r = cfg.data, cfg.worker.actor, cfg.worker.rollout
+    assert (d.image_key, d.val_batch_size) == ("pictures", -1)  # rlstack keys of the same name
+    assert not cfg.algorithm.use_kl_loss and not cfg.algorithm.use_kl_in_reward  # disable_kl wins
+    assert a.freeze_vision_tower and a.fsdp.offload_params  # offload_optimizer: true turns it on
+    assert (r.agent.max_images, r.val_temperature, r.val_top_p, r.val_n) == (3, 0.6, 0.95, 2)
+    assert cfg.algorithm.max_try_make_batch == 7
+    notes = [rec.getMessage() for rec in caplog.records if rec.name == "rlstack.foreign_keys"]
+    assert (
+        f"config: worker.actor.model.freeze_vision_tower ({path}, line 17): EasyR1's key, read as "
+        "worker.actor.freeze_vision_tower=True" in notes
+    )
+    assert any(
+        n.startswith("config: worker.actor.fsdp.enable_full_shard") and "FSDP2 always shards" in n
+        for n in notes
+    )
+    assert len(notes) == 24  # every EasyR1 key above, each said once
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "worker.actor.ulysses_size=2",
+            "worker.actor.ulysses_size=2 (command-line override 'worker.actor.ulysses_size=2'): Ulysses sequence parallelism is not built",
+        ),
+        (
+            "worker.actor.optim.strategy=adamw_bf16",
+            "worker.actor.optim.strategy='adamw_bf16' (command-line override 'worker.actor.optim.strategy=adamw_bf16'): rlstack's AdamW keeps its state in float32",
+        ),
+        ("worker.actor.fsdp.enable_full_shard=false", "replicated training is not built"),
+        ("data.mini_rollout_batch_size=64", "set algorithm.oversample_factor instead"),
+        ("worker.reward.reward_type=sequential", "rlstack reads a reward function's type from its file"),
+        (
+            "worker.rollout.val_override_config.seed=3",
+            "worker.rollout.val_override_config.seed (command-line override",
+        ),
+        ("trainer.save_checkpoint_path=/ckpt", "set trainer.output_dir"),
+    ],
+)
+def test_an_easyr1_key_rlstack_does_without_is_a_problem_at_other_values(override: str, message: str):
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert message in str(e.value)
+
+
+def test_an_easyr1_key_and_its_rlstack_name_together_are_a_problem(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("trainer:\n  total_episodes: 3\n  total_epochs: 4\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"trainer.total_episodes \({path}, line 2\) is EasyR1's name for "
+        r"trainer.total_epochs, which is set too: keep trainer.total_epochs only",
+    ):
+        load_config([f"config={path}"])
+
+
+def test_val_batch_size_minus_one_means_every_prompt_and_zero_is_refused():
+    assert load_config(["data.val_batch_size=-1"]).data.val_batch_size == -1
+    with pytest.raises(ConfigError, match=r"data.val_batch_size = 0: must be at least 1, or -1"):
+        load_config(["data.val_batch_size=0"])

@@ -309,6 +309,20 @@ def test_a_row_with_more_images_than_a_trajectory_may_hold_is_refused_at_load(tm
         PromptDataset(str(path), proc.tokenizer, max_images=2, **kwargs)
 
 
+def test_image_key_names_the_field_that_holds_a_rows_images(tmp_path: Path, proc):
+    import json
+
+    from rlstack.data.dataset import PromptDataset
+
+    image = base64.b64encode(png_bytes(picture(28, 28))).decode()
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"problem": "<image>one", "answer": "1", "pictures": [image]}) + "\n")
+    kwargs = {"processor": proc, "min_pixels": TINY_MIN_PIXELS, "max_pixels": TINY_MAX_PIXELS}
+    (item,) = PromptDataset(str(path), proc.tokenizer, image_key="pictures", **kwargs).items
+    assert len(item["images"]) == 1 and len(item["image_grid_thw"]) == 1
+    assert "pictures" not in item["extra"]
+
+
 def test_min_and_max_pixels_bound_the_image_and_its_grid(proc):
     big, small = picture(640, 480), picture(20, 10)
     fitted = fit_pixels(big, TINY_MIN_PIXELS, TINY_MAX_PIXELS)

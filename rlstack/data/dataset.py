@@ -52,6 +52,7 @@ class PromptDataset:
         min_pixels: int = 262144,
         max_pixels: int = 4194304,
         max_images: int | None = None,
+        image_key: str = "images",
     ):
         rows, where = read_rows(spec)
         rows = normalize_rows(rows, where, data_format)
@@ -77,8 +78,9 @@ class PromptDataset:
             messages = _messages(row[prompt_key], row, template, loc, format_prompt)
             if system_prompt and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": system_prompt}, *messages]
+            field = image_key if image_key in row else "images"  # known formats are read into `images`
             images = [
-                load_image(v, f"{loc} images[{k}]", image_root) for k, v in enumerate(row.get("images") or [])
+                load_image(v, f"{loc} {field}[{k}]", image_root) for k, v in enumerate(row.get(field) or [])
             ]
             vision = {}
             if processor is not None and max_images is not None and len(images) > max_images:
@@ -111,7 +113,7 @@ class PromptDataset:
                 )
             # a known format's row keeps its metadata under `extra`; other fields join it
             nested = row.get("extra") if isinstance(row.get("extra"), dict) else {}
-            skip = (prompt_key, answer_key, data_source_key, "extra", "images")
+            skip = (prompt_key, answer_key, data_source_key, "extra", "images", image_key)
             extra = {**nested, **{k: v for k, v in row.items() if k not in skip}}
             self.items.append(
                 {
@@ -159,6 +161,7 @@ class PromptDataset:
             min_pixels=d.min_pixels,
             max_pixels=d.max_pixels,
             max_images=max_images,
+            image_key=d.image_key,
         )
 
     def __len__(self) -> int:
