@@ -3,12 +3,13 @@
 rlstack's config follows EasyR1's layout, so an EasyR1 config mostly loads as it is. Its remaining keys
 are handled here, before the config is built, each one way:
 
-- `Moved`: the same setting under rlstack's name; the value is read there (a note says so). Setting
-  both names is a problem.
+- `Moved`: the same setting under rlstack's name, read there (a note says so); values EasyR1 spells
+  differently are translated (`bf16` -> `bfloat16`). Setting both names is a problem.
 - `Inert`: nothing to do at the values listed (`ANY`: at every value), e.g. `enable_full_shard: true`,
   which FSDP2 always does; a note says why. At another value it is a problem saying what rlstack does
   instead.
-- a few keys with their own rule (`disable_kl`, `limit_images`, `val_override_config`).
+- a few keys with their own rule (`disable_kl`, `limit_images`, `val_override_config`), and rlstack keys
+  whose EasyR1 values are spelled differently (`VALUE_ALIASES`, LoRA's comma-separated module list).
 
 Notes are logged as warnings; problems join the config's other problems.
 """
@@ -30,8 +31,8 @@ ANY = object()
 class Moved:
     to: str
     """rlstack's key."""
-    combine: bool = False
-    """Several EasyR1 keys feed `to` (booleans): it is on when any of them is."""
+    values: dict | None = None
+    """EasyR1's values -> rlstack's, where they are spelled differently (others pass as they are)."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,31 @@ class Inert:
     why: str
 
 
-OFFLOAD = Moved("worker.actor.fsdp.offload_params", combine=True)
-REF_FOLLOWS = Inert(ANY, "the reference model follows worker.actor.fsdp (sharding and offload)")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""EasyR1's dtype names -> rlstack's (torch's)."""
+OFFLOAD = Inert(
+    ANY,
+    "EasyR1 moves the weights / optimizer state to host memory between phases; rlstack keeps them on the "
+    "device (worker.actor.fsdp.offload_params is FSDP2's CPU offload during every pass: less GPU memory, "
+    "slower steps)",
+)
+REF_FOLLOWS = Inert(
+    ANY, "the reference model follows the actor (worker.actor.model.dtype, worker.actor.fsdp)"
+)
+FSDP2 = Inert(("fsdp",), "rlstack shards with FSDP2 (fully_shard)")
 FULL_SHARD = Inert((True,), "FSDP2 always shards fully over the ranks; replicated training is not built")
-RANK0_INIT = Inert(ANY, "every rank loads the model and FSDP2 shards it")
 ULYSSES = Inert((1,), "Ulysses sequence parallelism is not built in rlstack; remove the key")
+EASYR1_FSDP_KEYS = (
+    "enable_full_shard",
+    "enable_cpu_offload",
+    "enable_rank0_init",
+    "use_orig_params",
+    "torch_dtype",
+    "fsdp_size",
+    "mp_param_dtype",
+    "mp_reduce_dtype",
+    "mp_buffer_dtype",
+)
 
 FOREIGN: dict[str, Moved | Inert] = {
     "data.video_key": Inert(("videos",), "rlstack reads no videos; remove the key"),
@@ -57,25 +78,39 @@ FOREIGN: dict[str, Moved | Inert] = {
     ),
     "data.override_chat_template": Inert(
         (None,),
-        "rlstack renders prompts with the tokenizer's chat template: put yours in the model's tokenizer_config.json "
-        "(chat_template), or shape the prompt with data.format_prompt",
+        "rlstack renders prompts with the tokenizer's chat template: put yours in the model's "
+        "tokenizer_config.json (chat_template), or shape the prompt with data.format_prompt",
     ),
+    "worker.actor.strategy": FSDP2,
+    "worker.actor.use_torch_compile": Inert(ANY, "rlstack runs the model eagerly"),
     "worker.actor.ulysses_size": ULYSSES,
     "worker.actor.ulysses_sequence_parallel_size": ULYSSES,
+    "worker.actor.loss_avg_mode": Moved(
+        "worker.actor.loss_agg_mode", {"token": "token-mean", "seq": "seq-mean-token-mean"}
+    ),
     "worker.actor.model.freeze_vision_tower": Moved("worker.actor.freeze_vision_tower"),
+    "worker.actor.model.override_config": Inert(({},), "rlstack loads the model's config as saved"),
     "worker.actor.optim.strategy": Inert(
         ("adamw",),
         "rlstack's AdamW keeps its state in float32; worker.actor.model.dtype=bfloat16 trains bfloat16 weights "
         "with float32 master copies",
     ),
     "worker.actor.fsdp.enable_full_shard": FULL_SHARD,
-    "worker.actor.fsdp.enable_rank0_init": RANK0_INIT,
-    "worker.actor.fsdp.enable_cpu_offload": OFFLOAD,
+    "worker.actor.fsdp.enable_rank0_init": Inert(ANY, "every rank loads the model and FSDP2 shards it"),
+    "worker.actor.fsdp.enable_cpu_offload": Moved("worker.actor.fsdp.offload_params"),
+    "worker.actor.fsdp.use_orig_params": Inert(
+        ANY, "FSDP2 shards each parameter as it is (no flat parameters)"
+    ),
+    "worker.actor.fsdp.torch_dtype": Moved("worker.actor.model.dtype", DTYPES),
+    "worker.actor.fsdp.fsdp_size": Inert(
+        (-1,), "FSDP2 shards over every rank of the policy (no hybrid sharding)"
+    ),
+    "worker.actor.fsdp.mp_reduce_dtype": Inert(("fp32", "float32"), "FSDP2 reduces gradients in float32"),
+    "worker.actor.fsdp.mp_buffer_dtype": Inert(("fp32", "float32"), "buffers stay in float32"),
     "worker.actor.offload.offload_params": OFFLOAD,
     "worker.actor.offload.offload_optimizer": OFFLOAD,
-    "worker.ref.fsdp.enable_full_shard": FULL_SHARD,
-    "worker.ref.fsdp.enable_rank0_init": RANK0_INIT,
-    "worker.ref.fsdp.enable_cpu_offload": REF_FOLLOWS,
+    "worker.ref.strategy": FSDP2,
+    **{f"worker.ref.fsdp.{k}": REF_FOLLOWS for k in EASYR1_FSDP_KEYS},
     "worker.ref.offload.offload_params": REF_FOLLOWS,
     "worker.ref.offload.offload_optimizer": REF_FOLLOWS,
     "worker.rollout.enable_chunked_prefill": Inert(
@@ -97,8 +132,18 @@ FOREIGN: dict[str, Moved | Inert] = {
     ),
 }
 
+VALUE_ALIASES: dict[str, dict] = {
+    "worker.actor.model.dtype": DTYPES,
+    "worker.critic.model.dtype": DTYPES,
+    "worker.actor.fsdp.mp_param_dtype": DTYPES,
+    "worker.actor.loss_type": {"default": "vanilla"},
+}
+"""rlstack's keys whose EasyR1 values are spelled differently (EasyR1's -> rlstack's)."""
+
 VAL_OVERRIDES = {"temperature": "val_temperature", "top_p": "val_top_p", "top_k": "val_top_k", "n": "val_n"}
 """EasyR1's worker.rollout.val_override_config keys -> rlstack's worker.rollout keys."""
+
+LORA_MODULES = "worker.actor.model.lora.target_modules"
 
 
 def translate(values: dict, sources: dict[str, str], problems: list[str]) -> list[str]:
@@ -110,15 +155,15 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
         return f" ({where})" if where else ""
 
-    def move(key: str, to: str, value: Any, combine: bool = False) -> None:
-        if _get(values, to) is not _MISSING and not combine:
+    def move(key: str, to: str, value: Any, spellings: dict | None = None) -> None:
+        if _get(values, to) is not _MISSING:
             problems.append(f"{key}{at(key)} is EasyR1's name for {to}, which is set too: keep {to} only")
-            return
-        if combine:
-            previous = _get(values, to)
-            value = bool(value) or (previous is not _MISSING and bool(previous))
-        _set(values, to, value)
-        notes.append(f"{key}{at(key)}: EasyR1's key, read as {to}={value}")
+        elif value is None:  # EasyR1's "unset"
+            notes.append(f"{key}{at(key)}: EasyR1's key, unset: {to} keeps rlstack's default")
+        else:
+            value = spellings.get(value, value) if spellings and isinstance(value, str) else value
+            _set(values, to, value)
+            notes.append(f"{key}{at(key)}: EasyR1's key, read as {to}={value}")
 
     handlers: dict[str, Callable[[str, Any], None]] = {
         "algorithm.disable_kl": lambda key, value: _disable_kl(key, value, values, notes, at),
@@ -127,7 +172,6 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             key, value, move, problems, at
         ),
     }
-    # the keys set in the explicit combine order first, so `combine` sees every source
     for key in [*FOREIGN, *handlers]:
         value = _pop(values, key)
         if value is _MISSING:
@@ -137,30 +181,42 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             continue
         rule = FOREIGN[key]
         if isinstance(rule, Moved):
-            move(key, rule.to, value, rule.combine)
+            move(key, rule.to, value, rule.values)
         elif rule.ok is ANY or value in rule.ok:
             notes.append(f"{key}{at(key)}: EasyR1's key, not used: {rule.why}")
         else:
             problems.append(f"{key}={value!r}{at(key)}: {rule.why}")
     for section in ("worker.actor.offload", "worker.ref.offload", "worker.ref.fsdp"):
-        if _get(values, section) == {}:  # emptied by the moves above
+        if _get(values, section) == {}:  # emptied above
             _pop(values, section)
+    for key, spellings in VALUE_ALIASES.items():
+        value = _get(values, key)
+        if isinstance(value, str) and value in spellings:
+            _set(values, key, spellings[value])
+            notes.append(f"{key}={value}{at(key)}: EasyR1's spelling, read as {spellings[value]}")
+    modules = _get(values, LORA_MODULES)
+    if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
+        _set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
+        notes.append(f"{LORA_MODULES}={modules!r}{at(LORA_MODULES)}: EasyR1's spelling, read as a list")
     for note in notes:
         log.warning("config: %s", note)
     return notes
 
 
 def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callable[[str], str]) -> None:
-    if value:
-        for off in ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward"):
-            _set(values, off, False)
-        notes.append(
-            f"{key}{at(key)}=true: EasyR1's key, read as algorithm.use_kl_loss=false, use_kl_in_reward=false"
-        )
-    else:
+    if not value:
         notes.append(
             f"{key}{at(key)}=false: EasyR1's key, not used: algorithm.use_kl_loss / use_kl_in_reward decide"
         )
+        return
+    kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")
+    overridden = [f"{k}=true{at(k)}" for k in kl_keys if _get(values, k) is True]
+    for k in kl_keys:
+        _set(values, k, False)
+    over = f", over {' and '.join(overridden)} (as EasyR1 does)" if overridden else ""
+    notes.append(
+        f"{key}{at(key)}=true: EasyR1's key, read as algorithm.use_kl_loss=false, use_kl_in_reward=false{over}"
+    )
 
 
 def _limit_images(key: str, value: Any, move: Callable, notes: list[str], at: Callable[[str], str]) -> None:

@@ -615,14 +615,21 @@ worker:
     ulysses_size: 1
     model:
       freeze_vision_tower: true
+      lora:
+        target_modules: q_proj,v_proj
     optim:
       strategy: adamw
+    loss_avg_mode: seq
+    loss_type: default
     fsdp:
       enable_full_shard: true
-      enable_cpu_offload: false
+      enable_cpu_offload: true
       enable_rank0_init: true
+      torch_dtype: bf16
+      mp_param_dtype: bf16
+      mp_reduce_dtype: fp32
     offload:
-      offload_params: false
+      offload_params: true
       offload_optimizer: true
   rollout:
     limit_images: 3
@@ -654,7 +661,10 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     d, a, r = cfg.data, cfg.worker.actor, cfg.worker.rollout
     assert (d.image_key, d.val_batch_size) == ("pictures", -1)  # rlstack keys of the same name
     assert not cfg.algorithm.use_kl_loss and not cfg.algorithm.use_kl_in_reward  # disable_kl wins
-    assert a.freeze_vision_tower and a.fsdp.offload_params  # offload_optimizer: true turns it on
+    assert a.freeze_vision_tower and a.fsdp.offload_params  # enable_cpu_offload (offload.*: a note only)
+    assert (a.model.dtype, a.fsdp.mp_param_dtype) == ("bfloat16", "bfloat16")  # EasyR1's "bf16"
+    assert (a.loss_agg_mode, a.loss_type) == ("seq-mean-token-mean", "vanilla")
+    assert a.model.lora.target_modules == ["q_proj", "v_proj"]
     assert (r.agent.max_images, r.val_temperature, r.val_top_p, r.val_n) == (3, 0.6, 0.95, 2)
     assert cfg.algorithm.max_try_make_batch == 7
     notes = [rec.getMessage() for rec in caplog.records if rec.name == "rlstack.foreign_keys"]
@@ -666,7 +676,8 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
         n.startswith("config: worker.actor.fsdp.enable_full_shard") and "FSDP2 always shards" in n
         for n in notes
     )
-    assert len(notes) == 24  # every EasyR1 key above, each said once
+    assert any("disable_kl" in n and f"over algorithm.use_kl_loss=true ({path}, line 12)" in n for n in notes)
+    assert len(notes) == 30  # every EasyR1 key or spelling above, each said once
 
 
 @pytest.mark.parametrize(
@@ -688,6 +699,8 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
             "worker.rollout.val_override_config.seed (command-line override",
         ),
         ("trainer.save_checkpoint_path=/ckpt", "set trainer.output_dir"),
+        ("worker.actor.fsdp.fsdp_size=4", "no hybrid sharding"),
+        ("worker.actor.strategy=megatron", "rlstack shards with FSDP2"),
     ],
 )
 def test_an_easyr1_key_rlstack_does_without_is_a_problem_at_other_values(override: str, message: str):
