@@ -261,10 +261,35 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(f"{type(model).__name__} has no vision tower (`model.visual`)")
 
 
-def run_vision_tower_in_every_pass(model: torch.nn.Module) -> None:
+class BlankImages:
+    """What `run_vision_tower_in_every_pass` installed on a model: whether a pass with gradients since the
+    last optimizer step had real images, and the tower whose gradients the blank images made zeros."""
+
+    ATTR = "_rlstack_blank_images"
+
+    def __init__(self, tower: torch.nn.Module):
+        self.tower = tower
+        self.saw_images = False
+        """A pass computing gradients ran the tower on real images (since `step_done`)."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> BlankImages | None:
+        return getattr(model, cls.ATTR, None)
+
+    def step_done(self, any_rank_saw_images: bool) -> None:
+        """Before an optimizer step. Where no rank's mini-batch had an image, the tower's gradients are the
+        blank images' zeros: they become None, as in one process, where AdamW then leaves the tower alone
+        (with zeros it would still apply weight decay and momentum)."""
+        if not any_rank_saw_images:
+            for p in self.tower.parameters():
+                p.grad = None
+        self.saw_images = False
+
+
+def run_vision_tower_in_every_pass(model: torch.nn.Module) -> BlankImages:
     """Make every forward pass of `model` run its vision tower: a pass without images runs it on one
     blank image, whose features enter the pass times zero (the outputs and gradients are those of the
-    pass without it; the tower's weights get zero gradients).
+    pass without it; the tower's weights get zero gradients, see `BlankImages.step_done`).
 
     For a model sharded with FSDP2 over several ranks: each rank all-gathers a block's weights when the
     block runs and reduce-scatters its gradients after, and ranks must make the same collectives in the
@@ -278,26 +303,35 @@ def run_vision_tower_in_every_pass(model: torch.nn.Module) -> None:
     vision = model.config.vision_config
     merge = vision.spatial_merge_size
     patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-    ran = [False]
+    state = BlankImages(tower)
+    ran, blank = [False], [False]
 
     def new_pass(module, args, kwargs):
         ran[0] = False
 
     def tower_ran(module, args, output):
         ran[0] = True
+        if not blank[0] and torch.is_grad_enabled():
+            state.saw_images = True
 
     def blank_image_first(module, args, kwargs):
         if ran[0] or kwargs.get("inputs_embeds") is None:
             return None
         embeds = kwargs["inputs_embeds"]
         grid = torch.tensor([[1, merge, merge]], device=embeds.device)
-        out = tower(torch.zeros(merge * merge, patch_dim, device=embeds.device), grid_thw=grid)
+        blank[0] = True
+        try:
+            out = tower(torch.zeros(merge * merge, patch_dim, device=embeds.device), grid_thw=grid)
+        finally:
+            blank[0] = False
         nothing = sum(t.float().sum() for t in _tensors(out)) * 0.0
         return args, {**kwargs, "inputs_embeds": embeds + nothing.to(embeds.dtype)}
 
     model.register_forward_pre_hook(new_pass, with_kwargs=True)
     tower.register_forward_hook(tower_ran)
     language.register_forward_pre_hook(blank_image_first, with_kwargs=True)
+    setattr(model, BlankImages.ATTR, state)
+    return state
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -25,6 +25,7 @@ from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_
 from rlstack.batch import Batch, token_budget_groups
 from rlstack.config import OptimConfig
 from rlstack.errors import OutOfMemory, TrainingDiverged
+from rlstack.models.vision import BlankImages
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.memory import device_memory_in_use
@@ -210,6 +211,7 @@ def optimizer_steps(
     """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`."""
     step = scheduler.last_epoch + 1
     dp = distributed.current()
+    blank = BlankImages.of(model)
     model.train()
     sums: dict[str, torch.Tensor] = {}
     grad_norms: list[float] = []
@@ -237,6 +239,8 @@ def optimizer_steps(
                 optimizer.zero_grad(set_to_none=True)
                 ranks = [r for r, _ in bad]
                 raise TrainingDiverged(f"the {role} loss became {bad[0][1]} at step {step}{_on(ranks, dp)}")
+            if blank is not None:  # a sharded vision model: tower gradients of blank images only are not kept
+                blank.step_done(any_rank_saw_images=len(distributed.all_ranks(not blank.saw_images)) > 0)
             grad_norm = distributed.full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
