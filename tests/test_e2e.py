@@ -937,8 +937,9 @@ def test_phase_timers_wait_for_the_gpu_work_they_queued(monkeypatch):
     assert len(synced) == 2 and timing["gen"] >= 0.01  # before (earlier work is not counted) and after
 
 
+@pytest.mark.parametrize("validate", [False, True])
 def test_running_out_of_memory_while_generating_names_the_settings_to_lower(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch, validate: bool
 ):
     from rlstack.errors import OutOfMemory
     from rlstack.rollout import hf
@@ -946,14 +947,21 @@ def test_running_out_of_memory_while_generating_names_the_settings_to_lower(
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
 
-    trainer = Trainer(
-        load_config(
-            _overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1", "trainer.val_before_train=false")
-        )
-    )
+    overrides = ["trainer.max_steps=1", f"trainer.val_before_train={validate}", "data.val_batch_size=-1"]
+    trainer = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, *overrides)))
     monkeypatch.setattr(hf, "sample", out_of_memory)
     with pytest.raises(OutOfMemory) as e:
         trainer.fit()
-    assert str(e.value).startswith("out of memory generating 4 prompts x 4 with the hf engine: ")
-    assert "lower data.rollout_batch_size, worker.rollout.n or data.max_response_length" in str(e.value)
-    assert str(e.value).endswith("The device said: CUDA out of memory. Tried to allocate 9.00 GiB")
+    message = str(e.value)
+    if validate:  # every validation prompt in one call (val_batch_size=-1), one response each
+        assert message.startswith(
+            f"out of memory generating {len(trainer.val_set)} prompts x 1 with the hf engine: "
+        )
+        assert (
+            "lower data.val_batch_size (a positive number of prompts per call, not -1) or worker.rollout.val_n"
+            in message
+        )
+    else:
+        assert message.startswith("out of memory generating 4 prompts x 4 with the hf engine: ")
+        assert "lower data.rollout_batch_size, worker.rollout.n or data.max_response_length" in message
+    assert message.endswith("The device said: CUDA out of memory. Tried to allocate 9.00 GiB")

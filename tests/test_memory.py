@@ -52,7 +52,7 @@ def test_running_out_of_memory_names_the_pass_its_size_and_the_setting_to_lower(
         worker().update(batch, 8)
     message = str(e.value)
     assert (
-        "out of memory in the actor update of a micro-batch of 2 trajectories of up to 11 tokens (21 attended, 14 columns"
+        "out of memory in the actor update of a micro-batch of 2 trajectories of up to 11 tokens (21 attended, padded to 14 columns)"
         in message
     )
     assert "lower worker.actor.micro_batch_size_per_device_for_update=2" in message
@@ -66,3 +66,5 @@ def test_running_out_of_memory_names_the_pass_its_size_and_the_setting_to_lower(
     ) as e:
         dynamic.compute_logprobs(batch)
     assert "lower worker.actor.max_token_len_per_device_for_experience=40 (the tokens" in str(e.value)
+    assert "gradient_checkpointing" not in str(e.value)  # no backward pass to save memory in
+    assert "gradient_checkpointing" not in str(e.value)  # no backward pass to save memory in

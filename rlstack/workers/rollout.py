@@ -128,7 +128,7 @@ class RolloutWorker:
         """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`)."""
         r = self.cfg
         if validate:
-            return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k)
+            return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k, validate=True)
         return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
     @dispatch(Dispatch.ROWS)
@@ -136,14 +136,16 @@ class RolloutWorker:
         """One greedy trajectory per prompt, tools included (ReMax's baseline)."""
         return self._run(prompts, 1, 0.0, 1.0, -1)
 
-    def _run(self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int) -> Batch:
+    def _run(
+        self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int, validate: bool = False
+    ) -> Batch:
         with self.lock:
             self._wake_up()
             first = self.engine.weight_version
             try:
                 batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
             except torch.OutOfMemoryError as e:
-                raise OutOfMemory(self._out_of_memory(len(prompts), n, e)) from e
+                raise OutOfMemory(self._out_of_memory(len(prompts), n, e, validate)) from e
             finally:
                 self.engine.sleep()
                 self.asleep = True
@@ -152,18 +154,26 @@ class RolloutWorker:
             batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
 
-    def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError) -> str:
-        where = f"out of memory generating {prompts} prompts x {n} with the {self.engine.capabilities.name} engine{device_memory_in_use()}"
-        if self.engine.capabilities.name == "hf":
+    def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, validate: bool) -> str:
+        engine = self.engine.capabilities.name
+        where = f"out of memory generating {prompts} prompts x {n} with the {engine} engine{device_memory_in_use()}"
+        if validate:
+            sizes = (
+                "data.val_batch_size (a positive number of prompts per call, not -1) or worker.rollout.val_n"
+            )
+        else:
+            sizes = "data.rollout_batch_size, worker.rollout.n"
+        if engine == "hf":
             fix = (
                 "the HF engine samples every trajectory of a call at once, with a KV cache of rows x (prompt + "
-                "response) positions in every layer: lower data.rollout_batch_size, worker.rollout.n or "
-                "data.max_response_length, or generate with vLLM (worker.rollout.name=vllm), which pages its cache"
+                f"response) positions in every layer: lower {sizes} or data.max_response_length, or generate with "
+                "vLLM (worker.rollout.name=vllm), which pages its cache"
             )
         else:
             fix = (
                 "the engine's weights and KV cache share the device with the policy: lower "
-                "worker.rollout.gpu_memory_utilization, or free the cache between rollouts (worker.rollout.free_cache_engine=true)"
+                "worker.rollout.gpu_memory_utilization, or free the cache between rollouts "
+                "(worker.rollout.free_cache_engine=true)"
             )
         return f"{where}: {fix}. The device said: {str(e).splitlines()[0]}"
 

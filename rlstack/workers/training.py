@@ -55,16 +55,16 @@ class MicroBatching:
         return cls(rows, budget if dynamic else None, key, rows_key)
 
     @contextmanager
-    def out_of_memory_named(self, micro: Batch, what: str) -> Iterator[None]:
-        """Turn a device's out-of-memory error in the pass over `micro` into `OutOfMemory` naming the pass,
-        its size, the device's memory and the settings to lower."""
+    def out_of_memory_named(self, micro: Batch, what: str, backward: bool = False) -> Iterator[None]:
+        """Turn a device's out-of-memory error in the pass over `micro` (with a `backward` pass: an update)
+        into `OutOfMemory` naming the pass, its size, the device's memory and the settings to lower."""
         try:
             yield
         except torch.OutOfMemoryError as e:
             attended = micro["attention_mask"].sum(-1)
             size = (
                 f"{len(micro)} trajectories of up to {int(attended.max())} tokens "
-                f"({int(attended.sum())} attended, {micro['attention_mask'].shape[1]} columns padded)"
+                f"({int(attended.sum())} attended, padded to {micro['attention_mask'].shape[1]} columns)"
             )
             role = "worker.critic" if self.rows_key.startswith("worker.critic") else "worker.actor"
             if self.max_tokens is not None and self.key:
@@ -73,17 +73,19 @@ class MicroBatching:
                 knob = f"lower {self.rows_key}={self.rows} (or set {role}.dynamic_batching=true with a token budget)"
             else:
                 knob = "shorten the trajectories"
-            if role == "worker.critic":
-                others = "bfloat16 weights (worker.critic.model.dtype)"
-            else:
-                others = (
-                    "worker.actor.model.enable_gradient_checkpointing=true, worker.actor.fsdp.offload_params=true "
-                    "(several ranks), bfloat16 weights (worker.actor.model.dtype); a policy's pass also makes logits "
-                    "of rows x positions x vocabulary in the model's dtype"
-                )
+            others = [f"bfloat16 weights ({role}.model.dtype)"]
+            if role == "worker.actor":
+                others.insert(0, "worker.actor.fsdp.offload_params=true (several ranks)")
+                if backward:
+                    others.insert(0, "worker.actor.model.enable_gradient_checkpointing=true")
+            logits = (
+                "; a policy's pass also makes logits of rows x positions x vocabulary"
+                if role != "worker.critic"
+                else ""
+            )
             raise OutOfMemory(
-                f"out of memory in the {what} of a micro-batch of {size}{device_memory_in_use()}: {knob}. Other ways to "
-                f"fit: {others}. The device said: {str(e).splitlines()[0]}"
+                f"out of memory in the {what} of a micro-batch of {size}{device_memory_in_use()}: {knob}. Other ways "
+                f"to fit: {', '.join(others)}{logits}. The device said: {str(e).splitlines()[0]}"
             ) from e
 
     def split(self, batch: Batch) -> list[tuple[list[int], Batch]]:
@@ -224,7 +226,7 @@ def optimizer_steps(
             totals = MiniBatchTotals.of(mb["response_mask"])
             bad_loss = None
             for _, micro in micro_batching.split(mb):
-                with micro_batching.out_of_memory_named(micro, f"{role} update"):
+                with micro_batching.out_of_memory_named(micro, f"{role} update", backward=True):
                     loss, stats = micro_loss(micro, totals)
                     if not torch.isfinite(loss) and bad_loss is None:
                         bad_loss = loss.item()
