@@ -28,14 +28,23 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: t
     try:
         torch.save(fn(*args), out / f"rank{rank}.pt")
         dist.barrier()  # no rank tears the group down while another still talks to it
+        (out / f"rank{rank}.done").touch()  # every rank's collectives are over
     finally:
         dist.destroy_process_group()
 
 
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any, tmp: Path) -> list[Any]:
-    """`fn(*args)` on each of `world` ranks (gloo, CPU); their results, by rank. `fn` must be importable."""
+    """`fn(*args)` on each of `world` ranks (gloo, CPU); their results, by rank. `fn` must be importable.
+
+    A rank that aborts after every rank passed the final barrier (seen once here: gloo's threads
+    at teardown, "terminate called without an active exception") has done all its work: its result
+    stands. An abort any earlier fails the call."""
     tmp.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(
-        _rank_main, args=(world, free_port(), fn, args, tmp), nprocs=world, start_method="spawn"
-    )
+    try:
+        mp.start_processes(
+            _rank_main, args=(world, free_port(), fn, args, tmp), nprocs=world, start_method="spawn"
+        )
+    except mp.ProcessExitedException:
+        if not all((tmp / f"rank{r}.done").exists() for r in range(world)):
+            raise
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
