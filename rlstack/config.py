@@ -93,7 +93,7 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     model_path: str = BUILTIN_MODEL
-    """Local Hugging Face model directory (or `builtin:tiny-qwen2`)."""
+    """Hugging Face model: a local directory, a Hub name (org/name[@revision], fetched into the Hub cache), or `builtin:tiny-qwen2`."""
     tokenizer_path: str | None = None
     """Tokenizer directory when it differs from `model_path`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -44,3 +44,38 @@ def test_train_with_a_folder_that_is_not_a_model_exits_with_a_message(tmp_path: 
     code = main(["train", f"worker.actor.model.model_path={tmp_path}", f"trainer.output_dir={tmp_path}/out"])
     err = capsys.readouterr().err
     assert code == 1 and "ModelLoadError" in err and "config.json" in err
+
+
+def test_a_hub_name_loads_from_the_hub_cache_and_a_missing_one_is_a_clear_error(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """`model_path: org/name` (EasyR1's and every seed recipe's form) resolves to the model's snapshot in the
+    Hugging Face cache, downloading it where the Hub is reachable (offline here: a cache laid out as the Hub
+    client writes it)."""
+    import shutil
+
+    import huggingface_hub.constants as hub
+
+    from rlstack.models.loading import resolve_model_path
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-qwen2"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+
+    assert resolve_model_path("acme/tiny-qwen2") == str(repo / "snapshots" / revision)
+    assert (
+        load_causal_lm("acme/tiny-qwen2").config.hidden_size
+        == load_causal_lm(str(tiny_model_dir)).config.hidden_size
+    )
+    assert len(load_tokenizer("acme/tiny-qwen2")) == len(load_tokenizer(str(tiny_model_dir)))
+    assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)  # local paths pass through
+    with pytest.raises(
+        ModelLoadError,
+        match=r"'acme/missing' is not a local directory, and fetching it from the "
+        r"Hugging Face Hub failed: .*huggingface-cli download acme/missing",
+    ):
+        load_causal_lm("acme/missing")

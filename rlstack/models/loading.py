@@ -1,10 +1,11 @@
 """Loading Hugging Face causal LMs, vision-language models, tokenizers and processors from local
-paths, with clear errors; the `builtin:` tiny models are built on first use and cached."""
+paths or Hub names, with clear errors; the `builtin:` tiny models are built on first use and cached."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -27,6 +28,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 GENERIC_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 BUILTIN_VISION_MODEL = "builtin:tiny-qwen2.5-vl"
 BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+"""A Hugging Face Hub repository name, `org/name`."""
 
 
 class ModelLoadError(RLStackError, RuntimeError):
@@ -38,14 +41,29 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(model_path: str) -> str:
-    """`builtin:tiny-qwen2` and `builtin:tiny-qwen2.5-vl` become cached directories (built on first
-    use); other paths pass through."""
-    if model_path not in BUILTIN_DIRS:
+    """A local directory for `model_path`: `builtin:tiny-qwen2` and `builtin:tiny-qwen2.5-vl` become
+    cached directories (built on first use); a Hugging Face Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally
+    `@revision`) that is not a local path becomes its snapshot in the Hub cache, downloaded if it is not
+    there (`HF_HOME`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply); local paths pass through."""
+    if model_path in BUILTIN_DIRS:
+        out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
+        if not (out / "config.json").is_file():
+            write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
+        return str(out)
+    name, _, revision = model_path.partition("@")
+    if Path(os.path.expanduser(model_path)).exists() or not HUB_NAME.fullmatch(name):
         return model_path
-    out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
-    if not (out / "config.json").is_file():
-        write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
-    return str(out)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, revision=revision or None)
+    except Exception as e:  # offline, unknown name, gated model, network errors: all end here
+        reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"{model_path!r} is not a local directory, and fetching it from the Hugging Face Hub failed: {reason}. "
+            f"Download it where the run can reach it (`huggingface-cli download {name}`, HF_ENDPOINT for a "
+            "mirror, HF_TOKEN for a gated model) or point the key at a local model directory."
+        ) from e
 
 
 def write_model_dir(out: Path, vision: bool = False, **sizes: int) -> Path:
@@ -83,6 +101,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
     swap in the architecture's own class (e.g. Qwen2Tokenizer), which rebuilds a different
     pre-tokenizer and ignores the saved one.
     """
+    path = resolve_model_path(path)
     _require_dir(path, "tokenizer", "tokenizer_config.json")
     declared = json.loads((Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class")
     if declared in GENERIC_TOKENIZER_CLASSES:
@@ -97,6 +116,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
 
 def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcessor | None:
     """The tokenizer and image processor of the vision-language model at `path`; None for a text-only model."""
+    path = resolve_model_path(path)
     _require_dir(path, "model", "config.json")
     if not is_vision_model(path):
         return None
@@ -121,6 +141,7 @@ def load_causal_lm(
     (decoding steps; `rlstack.models.attention`) in the language model; a vision tower and a model
     with its own code (`trust_remote_code`) get plain `sdpa`.
     """
+    path = resolve_model_path(path)
     _require_dir(path, "model", "config.json")
     vision = is_vision_model(path)
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
@@ -149,8 +170,7 @@ def _require_dir(path: str, what: str, marker: str) -> None:
     if not p.is_dir():
         raise ModelLoadError(
             f"{what} path {path!r} is not a directory. Point worker.actor.model.model_path at a local "
-            "Hugging Face model directory, or build one with `rlstack init-model DIR` "
-            "(nothing is downloaded from model hubs)."
+            "Hugging Face model directory or a Hub name (org/name), or build one with `rlstack init-model DIR`."
         )
     if not (p / marker).is_file():
         raise ModelLoadError(
