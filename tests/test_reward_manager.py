@@ -104,3 +104,16 @@ def test_no_thread_is_used_without_workers_or_timeout(module: Path):
     fn.fn = lambda x: seen.append(threading.get_ident()) or original(x)
     RewardManager(fn).score(make_batch(["a", "b"], ["", ""]))
     assert set(seen) == {threading.get_ident()}  # math-verify needs the main thread
+
+
+def test_a_rows_dataset_fields_reach_the_reward_function_at_the_top_level_too():
+    """EasyR1 hands a row's own fields to the reward function as keys of its input; they are also under
+    `extra`, and never replace the keys rlstack sets."""
+    from rlstack.rewards.manager import reward_inputs
+
+    batch = make_batch(["4", "5"], ["4", "4"])
+    batch["extra"] = [{"difficulty": "easy", "response": "not the response"}, {"difficulty": "hard"}]
+    first, second = reward_inputs(batch)
+    assert (first["difficulty"], second["difficulty"]) == ("easy", "hard")
+    assert first["extra"] == {"difficulty": "easy", "response": "not the response"}
+    assert (first["response"], first["response_length"], first["ground_truth"]) == ("4", 1, "4")

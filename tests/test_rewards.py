@@ -146,6 +146,7 @@ def test_reward_inputs_from_batch():
         "prompt": "prompt 1",
         "data_source": "addition",
         "extra": {"i": 1},
+        "i": 1,  # the row's own fields, at the top level too (EasyR1)
     }
 
 

@@ -269,9 +269,13 @@ REWARD_COLUMNS = (
 
 
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
+    """One dict per row for the reward function: the response and its length, the ground truth, prompt and
+    data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
+    them; never over a key above), and the agent's tool-call counts."""
     lengths = batch["response_mask"].sum(-1).tolist()
     return [
         {
+            **(batch["extra"][i] if isinstance(batch["extra"][i], dict) else {}),
             "response": batch["response_text"][i],
             "response_length": int(lengths[i]),
             "ground_truth": batch["ground_truth"][i],
