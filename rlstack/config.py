@@ -558,8 +558,8 @@ class TrainerConfig:
     """torch CPU threads (0: leave torch's default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""
-    backend: Literal["local", "ray"] = "local"
-    """local: every worker in this process; ray: one Ray actor per rank, models sharded with FSDP2."""
+    backend: Literal["auto", "local", "ray"] = "auto"
+    """local: every worker in this process; ray: one Ray actor per rank, models sharded with FSDP2; auto: ray for several ranks (nnodes x n_gpus_per_node) or rollout actors apart, else local."""
     nnodes: int = 1
     """Nodes of the Ray cluster the run uses (`backend=ray`)."""
     n_gpus_per_node: int = 1
@@ -684,11 +684,21 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
 
     foreign_keys.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
     cfg = _build(Config, merged, "", sources, problems)
+    _resolve_backend(cfg)
     problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
     _fill_derived_defaults(cfg)
     return cfg
+
+
+def _resolve_backend(cfg: Config) -> None:
+    """`trainer.backend=auto`: Ray where the run needs more than this process (several ranks, or rollout
+    engines in actors of their own), else local. Resolved before validation, which checks the result."""
+    t = cfg.trainer
+    if t.backend == "auto":
+        apart = not cfg.worker.rollout.colocated
+        t.backend = "ray" if t.nnodes * t.n_gpus_per_node > 1 or apart else "local"
 
 
 def _fill_derived_defaults(cfg: Config) -> None:

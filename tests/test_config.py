@@ -724,3 +724,11 @@ def test_val_batch_size_minus_one_means_every_prompt_and_zero_is_refused():
     assert load_config(["data.val_batch_size=-1"]).data.val_batch_size == -1
     with pytest.raises(ConfigError, match=r"data.val_batch_size = 0: must be at least 1, or -1"):
         load_config(["data.val_batch_size=0"])
+
+
+def test_the_backend_is_ray_for_several_ranks_or_rollout_actors_apart_and_local_otherwise():
+    assert load_config([]).trainer.backend == "local"
+    assert load_config(["trainer.n_gpus_per_node=2"]).trainer.backend == "ray"  # EasyR1's plain override
+    assert load_config(["worker.rollout.colocated=false"]).trainer.backend == "ray"
+    with pytest.raises(ConfigError, match="but trainer.backend = local runs one process"):
+        load_config(["trainer.n_gpus_per_node=2", "trainer.backend=local"])  # asked for explicitly
