@@ -248,6 +248,14 @@ def test_format_prompt_renders_row_fields(tmp_path, tok):
     assert ds.items[0]["prompt"] == chat("Solve (easy): 1+2=")
 
 
+def test_format_prompt_reads_the_prompt_as_prompt_too_unless_the_row_has_that_field(tmp_path, tok):
+    template = tmp_path / "prompt.jinja"
+    template.write_text("Q: {{ prompt }}")
+    path = write_jsonl(tmp_path / "train.jsonl", [ROWS[0], {**ROWS[1], "prompt": "its own field"}])
+    ds = PromptDataset(str(path), tok, format_prompt=str(template), apply_chat_template=False)
+    assert [it["prompt"] for it in ds.items] == ["Q: 1+2=", "Q: its own field"]
+
+
 def test_format_prompt_field_missing_names_the_row(tmp_path, tok):
     template = tmp_path / "prompt.jinja"
     template.write_text("{{ content }} [{{ hint }}]")

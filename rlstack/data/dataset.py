@@ -197,7 +197,8 @@ def _messages(
         )
     if template is not None:
         try:
-            value = template.render(**{**row, "content": value})
+            # EasyR1's templates read the prompt as `content`; `prompt` too, unless the row has a field of that name
+            value = template.render(**{"prompt": value, **row, "content": value})
         except jinja2.UndefinedError as e:
             raise DataError(
                 f"{loc}: data.format_prompt {tpl_path!r} uses a field the row lacks: {e.message}"
