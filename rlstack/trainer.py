@@ -442,6 +442,11 @@ class Trainer:
             if isinstance(info.get("status"), str)
         )
         metrics |= {f"val/{s}/status/{st}": n / len(per_source[s]) for (s, st), n in statuses.items()}
+        components: dict[str, list[float]] = defaultdict(list)
+        for comp in val["reward_components"]:
+            for k, v in comp.items():
+                components[k].append(float(v))
+        metrics |= {f"val/reward/{k}": sum(v) / len(v) for k, v in components.items()}
         metrics["val/reward_score"] = float(val["scores"].mean())
         metrics["val/response_length/mean"] = float(val["response_mask"].sum(-1).float().mean())
         metrics |= {f"val/{k}": v for k, v in self.rewards.pop_metrics().items()}

@@ -84,6 +84,8 @@ def test_three_step_run_writes_the_whole_run_directory(tiny_model_dir: Path, tmp
     for name in REQUIRED_METRICS:
         assert name in metrics[3], name
     assert "val/addition/accuracy" in metrics[0] and "val/reward_score" in metrics[0]
+    # the exact-match reward's one component, averaged as the score is (no penalties here)
+    assert metrics[0]["val/reward/overall"] == pytest.approx(metrics[0]["val/reward_score"])
     assert "val/addition/accuracy" in metrics[2] and "val/addition/accuracy" not in metrics[1]
     assert last["actor/lr"] == pytest.approx(1e-3)
     assert 0 < metrics[3]["response_length/mean"] <= 6
