@@ -140,8 +140,9 @@ def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluste
 def test_ranks_that_do_not_split_a_mini_batch_are_refused_at_load(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="do not split evenly over 3 ranks"):
         _cfg(tiny_model_dir, tmp_path, "bad", "trainer.backend=ray", "trainer.n_gpus_per_node=3")
-    with pytest.raises(ConfigError, match="set trainer.backend=ray"):
-        _cfg(tiny_model_dir, tmp_path, "bad", "trainer.n_gpus_per_node=2")
+    with pytest.raises(ConfigError, match="set trainer.backend=ray"):  # asked for one process explicitly
+        _cfg(tiny_model_dir, tmp_path, "bad", "trainer.backend=local", "trainer.n_gpus_per_node=2")
+    assert _cfg(tiny_model_dir, tmp_path, "auto", "trainer.n_gpus_per_node=2").trainer.backend == "ray"
 
 
 class KillRankOne(Trainer):
@@ -234,7 +235,8 @@ def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
 
 def test_rollout_placed_apart_needs_ray(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="colocated = false .* set trainer.backend=ray"):
-        _cfg(tiny_model_dir, tmp_path, "bad", "worker.rollout.colocated=false")
+        _cfg(tiny_model_dir, tmp_path, "bad", "trainer.backend=local", "worker.rollout.colocated=false")
+    assert _cfg(tiny_model_dir, tmp_path, "auto", "worker.rollout.colocated=false").trainer.backend == "ray"
 
 
 def test_async_grpo_with_rollouts_in_their_own_actor_gives_the_local_async_metrics(
