@@ -47,7 +47,7 @@ class DataConfig:
     answer_key: str = "answer"
     """Row field holding the ground truth passed to the reward function."""
     data_source_key: str = "data_source"
-    """Row field naming the source; validation accuracy is reported per source."""
+    """Row field naming the source (for a known format, also one of its own fields, e.g. Nemotron's source or dataset); validation accuracy is reported per source."""
     format_prompt: str | None = None
     """Optional Jinja2 file rendered with the row (`content` = the prompt) to build the user message."""
     apply_chat_template: bool = True

@@ -330,3 +330,18 @@ def test_content_parts_are_joined():
 )
 def test_gsm8k_final_answer(solution, final):
     assert gsm8k_final_answer(solution) == final
+
+
+def test_a_known_formats_own_source_field_can_name_the_data_source(tok):
+    """Nemotron rows keep `source` / `dataset` under `extra`; data.data_source_key reads them there, so
+    validation reports per contest site (or dataset) instead of one `nemotron_code` bucket."""
+    from rlstack.data.dataset import PromptDataset
+
+    path = str(FIX / "nemotron_code.jsonl")
+    by_default = PromptDataset(path, tok, max_prompt_length=4096)
+    by_site = PromptDataset(path, tok, max_prompt_length=4096, data_source_key="source")
+    assert {it["data_source"] for it in by_default.items} == {"nemotron_code"}
+    assert [it["data_source"] for it in by_site.items] == [
+        r["source"] for r in map(json.loads, Path(path).read_text().splitlines())
+    ]
+    assert by_site.items[0]["data_source"] == "codeforces"

@@ -120,7 +120,8 @@ class PromptDataset:
                     "prompt_ids": list(ids),
                     "prompt": text,
                     "ground_truth": row[answer_key],
-                    "data_source": str(row.get(data_source_key, default_source)),
+                    # a known format's own source fields (Nemotron's `source`, `dataset`) sit under `extra`
+                    "data_source": str(row.get(data_source_key, nested.get(data_source_key, default_source))),
                     "extra": extra,
                     "images": images,
                     "where": loc,
