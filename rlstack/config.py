@@ -40,6 +40,8 @@ class DataConfig:
     """Training rows: a JSONL/JSON/parquet file, a directory of them, an HF dataset `name@split`, or `builtin:<task>@<split>`."""
     val_files: str = "builtin:addition@test"
     """Validation rows, in any form `train_files` accepts; empty string disables validation."""
+    val_split: float = 0.0
+    """With val_files empty: this fraction of the training rows is held out for validation instead (NeMo RL's split_validation_size), picked with data.seed."""
     format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl"] = "auto"
     """Known row layout to convert to problem/answer/data_source/images/extra (auto: detect per file; none: as is)."""
     prompt_key: str = "problem"
@@ -872,6 +874,13 @@ def validate(cfg: Config) -> list[str]:
     ]:
         if value < 1:
             p.append(f"{key} = {value}: must be at least 1")
+    if not 0.0 <= d.val_split < 1.0:
+        p.append(f"data.val_split = {d.val_split}: must be in [0, 1) (a fraction of the training rows)")
+    elif d.val_split > 0 and d.val_files:
+        p.append(
+            f"data.val_split = {d.val_split} holds out training rows for validation, but data.val_files = "
+            f"{d.val_files!r} names validation rows already: set data.val_files='' or data.val_split=0"
+        )
     if d.val_batch_size < 1 and d.val_batch_size != -1:
         p.append(
             f"data.val_batch_size = {d.val_batch_size}: must be at least 1, or -1 (every prompt in one call)"

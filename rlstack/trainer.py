@@ -66,6 +66,8 @@ class Trainer:
         self.val_set = (
             PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, processor, system, images)
             if d.val_files
+            else self.train_set.held_out(d.val_split, d.seed, d.val_max_samples)
+            if d.val_split > 0
             else None
         )
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)

@@ -441,3 +441,37 @@ def test_local_dataset_folder_with_split_loads_only_that_split(tmp_path):
     assert where == [f"{folder}@test[0]"]
     rows, _ = read_rows(f"{folder}@train")
     assert [r["answer"] for r in rows] == ["2", "4"]
+
+
+def test_val_split_holds_out_training_rows_for_validation(tmp_path):
+    """data.val_split (NeMo RL's split_validation_size) moves a seeded fraction of the training rows into the
+    validation set: disjoint, the same rows for the same seed (a resumed run trains on the same rows)."""
+    from rlstack.config import ConfigError, load_config
+    from rlstack.trainer import Trainer
+
+    def sets(seed: int):
+        cfg = load_config(
+            [
+                "data.val_files=",
+                "data.val_split=0.25",
+                f"data.seed={seed}",
+                f"trainer.output_dir={tmp_path}",
+                "trainer.logger=[file]",
+            ]
+        )
+        trainer = Trainer(cfg)
+        return [it["prompt"] for it in trainer.train_set.items], [
+            it["prompt"] for it in trainer.val_set.items
+        ]
+
+    train, val = sets(1)
+    whole = train + val
+    assert len(val) == round(0.25 * len(whole)) and not set(train) & set(val)
+    assert sets(1) == (train, val)
+    assert sets(2)[1] != val
+    with pytest.raises(
+        ConfigError, match="data.val_files = 'builtin:addition@test' names validation rows already"
+    ):
+        load_config(["data.val_split=0.1"])
+    with pytest.raises(ConfigError, match=r"data.val_split = 1.0: must be in \[0, 1\)"):
+        load_config(["data.val_files=", "data.val_split=1.0"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import random
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,24 @@ class PromptDataset:
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def held_out(self, fraction: float, seed: int, max_samples: int = -1) -> PromptDataset:
+        """Move a `fraction` of the rows (at least one, picked with `seed`) out of this dataset into a new
+        one, for validation (at most `max_samples` of them kept there, -1: all). This keeps the rest, in
+        their order."""
+        if len(self.items) < 2:
+            raise DataError(
+                "data.val_split needs at least 2 training rows (one to train on, one to hold out)"
+            )
+        k = min(len(self.items) - 1, max(1, round(fraction * len(self.items))))
+        picked = set(random.Random(seed).sample(range(len(self.items)), k))
+        held = copy.copy(self)
+        held.items = [it for i, it in enumerate(self.items) if i in picked]
+        if max_samples >= 0:
+            held.items = held.items[:max_samples]
+        held.num_filtered = 0
+        self.items = [it for i, it in enumerate(self.items) if i not in picked]
+        return held
 
     def batch(self, indices: list[int], uid_prefix: str = "") -> Batch:
         """The rows at `indices` as a Batch, one `uid` per prompt."""
