@@ -74,6 +74,31 @@ def test_default_reward_type_is_batch(tmp_path):
     assert load_reward_function(f"{path}:f").reward_type == "batch"
 
 
+VERL_FN = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str.strip() == ground_truth
+    return {"score": float(right) + 0.1 * extra_info["i"], "acc": float(right)} if data_source else 0.0
+"""
+
+DEEPEYES_FN = """
+def compute_score(predict_str, ground_truth, extra_info=None):
+    return float(predict_str == ground_truth)
+"""
+
+
+def test_a_verl_style_reward_function_scores_each_sample(tmp_path):
+    """veRL's signature (data_source, solution_str, ground_truth, extra_info; a number, or a dict with
+    `score`) and DeepEyes' (predict_str, ...) are called per sample, with `score` as the reward."""
+    verl = load_reward_function(f"{write_module(tmp_path / 'verl_reward.py', VERL_FN)}:compute_score")
+    assert verl.reward_type == "sequential"
+    out = RewardManager(verl).score(make_batch(["4", "5"], ["4", "4"]))
+    assert out["reward_components"] == [{"overall": 1.0, "acc": 1.0}, {"overall": 0.1, "acc": 0.0}]
+    assert out["scores"].tolist() == pytest.approx([1.0, 0.1])
+    deepeyes = load_reward_function(f"{write_module(tmp_path / 'de_reward.py', DEEPEYES_FN)}:compute_score")
+    out = RewardManager(deepeyes).score(make_batch(["4", "5"], ["4", "4"]))
+    assert out["scores"].tolist() == [1.0, 0.0]
+
+
 def test_load_from_module_path(tmp_path, monkeypatch):
     write_module(tmp_path / "rlstack_test_user_rewards.py", SEQUENTIAL_FN)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -42,7 +42,43 @@ def load_reward_function(ref: str) -> RewardFunction:
     if fn is None or not callable(fn):
         names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
         raise RewardLoadError(f"{target!r} has no function {fn_name!r}; functions there: {names}")
-    reward_type = getattr(module, "REWARD_TYPE", "batch")
+    reward_type = getattr(module, "REWARD_TYPE", None)
+    if reward_type is None and VERL_RESPONSE_NAMES & set(inspect.signature(fn).parameters):
+        return RewardFunction(_from_verl(fn, ref), "sequential", ref)
+    reward_type = reward_type or "batch"
     if reward_type not in ("batch", "sequential"):
         raise RewardLoadError(f"{target}: REWARD_TYPE must be 'batch' or 'sequential', got {reward_type!r}")
     return RewardFunction(fn, reward_type, ref)
+
+
+VERL_RESPONSE_NAMES = {"solution_str", "predict_str"}
+"""The response's parameter name in veRL's reward functions (`compute_score(data_source, solution_str,
+ground_truth, extra_info)`) and in forks of it (DeepEyes: `compute_score(predict_str, ground_truth, extra_info)`)."""
+
+
+def _from_verl(fn: Callable, ref: str) -> Callable[..., dict]:
+    """A veRL-style reward function (called with the keyword arguments of veRL's it names: data_source,
+    solution_str / predict_str, ground_truth, extra_info; returns a number, or a dict whose `score` is the
+    reward) as a sequential one: `fn(reward_input) -> {"overall": ..., ...}`."""
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def per_sample(x: dict, **kwargs) -> dict:
+        given = {
+            "data_source": x["data_source"],
+            "solution_str": x["response"],
+            "predict_str": x["response"],
+            "ground_truth": x["ground_truth"],
+            "extra_info": x["extra"],
+        }
+        value = fn(**{k: v for k, v in given.items() if k in params or takes_any}, **kwargs)
+        if isinstance(value, dict):
+            if "score" not in value:
+                raise RewardLoadError(
+                    f"{ref} returned a dict without 'score' ({sorted(value)}): a veRL-style reward function "
+                    "returns a number or a dict whose 'score' is the reward"
+                )
+            return {"overall": value["score"], **{k: v for k, v in value.items() if k != "score"}}
+        return {"overall": float(value)}
+
+    return per_sample
