@@ -1336,6 +1336,10 @@ def _divisors_hint(n: int) -> str:
     return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
 
 
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+"""A Hugging Face Hub repository name, `org/name` (model paths and datasets may be given as one)."""
+
+
 def _check_path(key: str, path: str | None) -> str | None:
     """Local paths must exist; hub names (`org/name@split`) and built-ins are checked at load."""
     if not path or path.startswith("builtin:"):
@@ -1348,7 +1352,7 @@ def _check_path(key: str, path: str | None) -> str | None:
         ".jinja",
         ".yaml",
     }
-    hub_name = re.fullmatch(r"[\w.-]+/[\w.-]+", local) is not None and not Path(local).exists()
+    hub_name = HUB_NAME.fullmatch(local) is not None and not Path(local).exists()
     must_exist = key in (
         "data.format_prompt",
         "trainer.load_checkpoint_path",

@@ -352,10 +352,14 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         m["critic/values/mean"] = batch["values"][resp_mask].mean()
         m["critic/returns/mean"] = batch["returns"][resp_mask].mean()
     m |= agent_metrics(batch)
-    components = batch["reward_components"]
-    for key in components[0]:
-        m[f"reward/{key}"] = sum(c[key] for c in components) / len(components)
+    m |= reward_component_means(batch)
     return {k: float(v) for k, v in m.items()}
+
+
+def reward_component_means(batch: Batch) -> dict[str, float]:
+    """`reward/<key>`: the mean of each component the reward function returned, over the batch's rows."""
+    components = batch["reward_components"]
+    return {f"reward/{key}": sum(c[key] for c in components) / len(components) for key in components[0]}
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:

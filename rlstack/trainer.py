@@ -36,7 +36,14 @@ from rlstack.producer import RolloutProducer, staleness
 from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.rollout.engine import mix_seed
-from rlstack.tracking import Tracker, agent_metrics, batch_metrics, generation_rows, total_tokens
+from rlstack.tracking import (
+    Tracker,
+    agent_metrics,
+    batch_metrics,
+    generation_rows,
+    reward_component_means,
+    total_tokens,
+)
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup
 from rlstack.workers.roles import build_roles
 
@@ -444,11 +451,7 @@ class Trainer:
             if isinstance(info.get("status"), str)
         )
         metrics |= {f"val/{s}/status/{st}": n / len(per_source[s]) for (s, st), n in statuses.items()}
-        components: dict[str, list[float]] = defaultdict(list)
-        for comp in val["reward_components"]:
-            for k, v in comp.items():
-                components[k].append(float(v))
-        metrics |= {f"val/reward/{k}": sum(v) / len(v) for k, v in components.items()}
+        metrics |= {f"val/{k}": v for k, v in reward_component_means(val).items()}
         metrics["val/reward_score"] = float(val["scores"].mean())
         metrics["val/response_length/mean"] = float(val["response_mask"].sum(-1).float().mean())
         metrics |= {f"val/{k}": v for k, v in self.rewards.pop_metrics().items()}

@@ -137,13 +137,17 @@ def test_micro_batching_by_tokens_puts_results_back_in_row_order():
     for row, n in enumerate([9, 2, 8, 3, 1, 10]):
         mask[row, :n] = 1
     batch = Batch({"attention_mask": mask, "row": torch.arange(6)})
-    parts = MicroBatching(rows=2, max_tokens=12, key="k").split(batch)
+    parts = MicroBatching(rows=2, max_tokens=12, section="worker.actor", phase="update").split(batch)
     assert all(int(mb["attention_mask"].sum()) <= 12 for _, mb in parts)
     assert len(parts) < 6
-    out = MicroBatching(rows=2, max_tokens=12, key="k").map(batch, lambda mb: mb["row"] * 10)
+    out = MicroBatching(rows=2, max_tokens=12, section="worker.actor", phase="update").map(
+        batch, lambda mb: mb["row"] * 10
+    )
     assert out.tolist() == [0, 10, 20, 30, 40, 50]
-    with pytest.raises(ValueError, match="10 tokens does not fit in k=9"):
-        MicroBatching(rows=2, max_tokens=9, key="k").split(batch)
+    with pytest.raises(
+        ValueError, match="10 tokens does not fit in worker.actor.max_token_len_per_device_for_update=9"
+    ):
+        MicroBatching(rows=2, max_tokens=9, section="worker.actor", phase="update").split(batch)
 
 
 def skewed_batch(tok, rows: int = 16, seed: int = 0) -> Batch:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -18,7 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from rlstack.config import BUILTIN_MODEL
+from rlstack.config import BUILTIN_MODEL, HUB_NAME
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.tiny import init_model
@@ -28,8 +27,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 GENERIC_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 BUILTIN_VISION_MODEL = "builtin:tiny-qwen2.5-vl"
 BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
-HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
-"""A Hugging Face Hub repository name, `org/name`."""
 
 
 class ModelLoadError(RLStackError, RuntimeError):

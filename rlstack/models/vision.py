@@ -262,13 +262,22 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class BlankImages:
-    """What `run_vision_tower_in_every_pass` installed on a model: whether a pass with gradients since the
-    last optimizer step had real images, and the tower whose gradients the blank images made zeros."""
+    """The hooks `run_vision_tower_in_every_pass` installs on a model, and what they track: whether the
+    tower ran in the current pass, and whether a pass with gradients since the last optimizer step had
+    real images (the blank images only give the tower zero gradients)."""
 
     ATTR = "_rlstack_blank_images"
 
-    def __init__(self, tower: torch.nn.Module):
+    def __init__(self, tower: torch.nn.Module, vision_config: Any):
         self.tower = tower
+        self.merge = vision_config.spatial_merge_size
+        self.patch_dim = (
+            vision_config.in_channels * vision_config.temporal_patch_size * vision_config.patch_size**2
+        )
+        self.ran = False
+        """The tower ran in the current forward pass."""
+        self.blank = False
+        """The tower is running on the blank image."""
         self.saw_images = False
         """A pass computing gradients ran the tower on real images (since `step_done`)."""
 
@@ -285,6 +294,29 @@ class BlankImages:
                 p.grad = None
         self.saw_images = False
 
+    def new_pass(self, module, args, kwargs) -> None:
+        self.ran = False
+
+    def tower_ran(self, module, args, output) -> None:
+        self.ran = True
+        if not self.blank and torch.is_grad_enabled():
+            self.saw_images = True
+
+    def blank_image_first(self, module, args, kwargs):
+        """Before the language model: where the tower has not run in this pass, run it on a blank image
+        and add its features times zero to the input embeddings."""
+        if self.ran or kwargs.get("inputs_embeds") is None:
+            return None
+        embeds = kwargs["inputs_embeds"]
+        grid = torch.tensor([[1, self.merge, self.merge]], device=embeds.device)
+        self.blank = True
+        try:
+            out = self.tower(torch.zeros(self.merge**2, self.patch_dim, device=embeds.device), grid_thw=grid)
+        finally:
+            self.blank = False
+        nothing = sum(t.float().sum() for t in _tensors(out)) * 0.0
+        return args, {**kwargs, "inputs_embeds": embeds + nothing.to(embeds.dtype)}
+
 
 def run_vision_tower_in_every_pass(model: torch.nn.Module) -> BlankImages:
     """Make every forward pass of `model` run its vision tower: a pass without images runs it on one
@@ -296,40 +328,13 @@ def run_vision_tower_in_every_pass(model: torch.nn.Module) -> BlankImages:
     same order. A rank whose micro-batch has no image would otherwise skip the tower's, and pair its next
     collectives with another rank's vision blocks (a mismatch error with gloo, a hang or garbage with NCCL).
     The blank image runs before the language model, where a pass with images runs the tower."""
-    tower = vision_tower(model)
     language = getattr(getattr(model, "model", None), "language_model", None)
     if not isinstance(language, torch.nn.Module):
         raise ValueError(f"{type(model).__name__} has no language model (`model.language_model`)")
-    vision = model.config.vision_config
-    merge = vision.spatial_merge_size
-    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-    state = BlankImages(tower)
-    ran, blank = [False], [False]
-
-    def new_pass(module, args, kwargs):
-        ran[0] = False
-
-    def tower_ran(module, args, output):
-        ran[0] = True
-        if not blank[0] and torch.is_grad_enabled():
-            state.saw_images = True
-
-    def blank_image_first(module, args, kwargs):
-        if ran[0] or kwargs.get("inputs_embeds") is None:
-            return None
-        embeds = kwargs["inputs_embeds"]
-        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
-        blank[0] = True
-        try:
-            out = tower(torch.zeros(merge * merge, patch_dim, device=embeds.device), grid_thw=grid)
-        finally:
-            blank[0] = False
-        nothing = sum(t.float().sum() for t in _tensors(out)) * 0.0
-        return args, {**kwargs, "inputs_embeds": embeds + nothing.to(embeds.dtype)}
-
-    model.register_forward_pre_hook(new_pass, with_kwargs=True)
-    tower.register_forward_hook(tower_ran)
-    language.register_forward_pre_hook(blank_image_first, with_kwargs=True)
+    state = BlankImages(vision_tower(model), model.config.vision_config)
+    model.register_forward_pre_hook(state.new_pass, with_kwargs=True)
+    state.tower.register_forward_hook(state.tower_ran)
+    language.register_forward_pre_hook(state.blank_image_first, with_kwargs=True)
     setattr(model, BlankImages.ATTR, state)
     return state
 

@@ -34,15 +34,15 @@ class CriticWorker:
             cfg.micro_batch_size_per_device_for_experience,
             cfg.max_token_len_per_device_for_experience,
             dynamic,
-            "worker.critic.max_token_len_per_device_for_experience",
-            "worker.critic.micro_batch_size_per_device_for_experience",
+            "worker.critic",
+            "experience",
         )
         self.update_micro_batching = MicroBatching.of(
             cfg.micro_batch_size_per_device_for_update,
             cfg.max_token_len_per_device_for_update,
             dynamic,
-            "worker.critic.max_token_len_per_device_for_update",
-            "worker.critic.micro_batch_size_per_device_for_update",
+            "worker.critic",
+            "update",
         )
 
     def _load(self, path: str) -> torch.nn.Module:

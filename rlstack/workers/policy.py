@@ -117,15 +117,15 @@ class PolicyWorker:
             actor.micro_batch_size_per_device_for_experience,
             actor.max_token_len_per_device_for_experience,
             dynamic,
-            "worker.actor.max_token_len_per_device_for_experience",
-            "worker.actor.micro_batch_size_per_device_for_experience",
+            "worker.actor",
+            "experience",
         )
         self.update_micro_batching = MicroBatching.of(
             actor.micro_batch_size_per_device_for_update,
             actor.max_token_len_per_device_for_update,
             dynamic,
-            "worker.actor.max_token_len_per_device_for_update",
-            "worker.actor.micro_batch_size_per_device_for_update",
+            "worker.actor",
+            "update",
         )
 
     @dispatch(Dispatch.ALL)
@@ -404,8 +404,8 @@ class RefWorker:
             ref.micro_batch_size_per_device_for_experience,
             ref.max_token_len_per_device_for_experience,
             actor.dynamic_batching,
-            "worker.ref.max_token_len_per_device_for_experience",
-            "worker.ref.micro_batch_size_per_device_for_experience",
+            "worker.ref",
+            "experience",
         )
 
     @dispatch(Dispatch.ROWS)

@@ -43,16 +43,26 @@ class MicroBatching:
 
     rows: int
     max_tokens: int | None = None
-    key: str = ""
-    """The config key of the token budget, for messages."""
-    rows_key: str = ""
-    """The config key of the row count, for messages."""
+    section: str = ""
+    """The config section whose keys set it (`worker.actor`, `worker.ref`, `worker.critic`), for messages."""
+    phase: str = ""
+    """`update` or `experience`: which of the section's keys."""
 
     @classmethod
-    def of(cls, rows: int, budget: int, dynamic: bool, key: str, rows_key: str = "") -> MicroBatching:
-        """`rows` per micro-batch (config key `rows_key`), or with `dynamic` (dynamic batching) the token
-        `budget` of config key `key`."""
-        return cls(rows, budget if dynamic else None, key, rows_key)
+    def of(cls, rows: int, budget: int, dynamic: bool, section: str, phase: str) -> MicroBatching:
+        """`rows` per micro-batch, or with `dynamic` (dynamic batching) the token `budget`: the `phase` keys of
+        config `section` (`<section>.micro_batch_size_per_device_for_<phase>`, `...max_token_len...`)."""
+        return cls(rows, budget if dynamic else None, section, phase)
+
+    @property
+    def key(self) -> str:
+        """The config key of the token budget."""
+        return f"{self.section}.max_token_len_per_device_for_{self.phase}" if self.section else ""
+
+    @property
+    def rows_key(self) -> str:
+        """The config key of the row count."""
+        return f"{self.section}.micro_batch_size_per_device_for_{self.phase}" if self.section else ""
 
     @contextmanager
     def out_of_memory_named(self, micro: Batch, what: str, backward: bool = False) -> Iterator[None]:
@@ -66,7 +76,9 @@ class MicroBatching:
                 f"{len(micro)} trajectories of up to {int(attended.max())} tokens "
                 f"({int(attended.sum())} attended, padded to {micro['attention_mask'].shape[1]} columns)"
             )
-            role = "worker.critic" if self.rows_key.startswith("worker.critic") else "worker.actor"
+            role = (
+                "worker.critic" if self.section == "worker.critic" else "worker.actor"
+            )  # the reference: the actor's
             if self.max_tokens is not None and self.key:
                 knob = f"lower {self.key}={self.max_tokens} (the tokens of a micro-batch)"
             elif self.rows_key:
