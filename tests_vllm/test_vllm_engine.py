@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from engines import make_engine
@@ -21,9 +22,26 @@ TOLERANCE = 1e-4
 """|vLLM log-prob - policy log-prob| on the same tokens, float32 on both sides (measured: ~5e-7)."""
 
 
+GLOBAL_RNGS: dict[str, dict] = {}
+"""The trainer's global generators (`checkpoint.rng_state`) before and after the engine was built."""
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_dir: Path) -> VLLMEngine:
-    return make_engine(tiny_dir, multimodal=False, max_model_len=256)
+    from rlstack.checkpoint import rng_state
+
+    GLOBAL_RNGS["before"] = rng_state()
+    built = make_engine(tiny_dir, multimodal=False, max_model_len=256)
+    GLOBAL_RNGS["after"] = rng_state()
+    return built
+
+
+def test_building_the_engine_leaves_the_trainers_generators_as_they_were(engine):
+    """`LLM()` reseeds Python's, NumPy's and torch's global generators; the engine puts them back."""
+    before, after = GLOBAL_RNGS["before"], GLOBAL_RNGS["after"]
+    assert after.keys() == before.keys() and after["python"] == before["python"]
+    assert all(np.array_equal(a, b) for a, b in zip(after["numpy"], before["numpy"]))
+    assert torch.equal(after["torch"], before["torch"])
 
 
 def prompts(tok, texts=("1+2=", "12+34=", "99+1=")) -> list[list[int]]:

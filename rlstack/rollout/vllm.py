@@ -29,14 +29,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
+from rlstack.checkpoint import rng_state, set_rng_state
 from rlstack.errors import RLStackError
 from rlstack.models.vision import vision_token_ids
 from rlstack.rollout.engine import (
@@ -145,9 +144,11 @@ class VLLMEngine:
             # vLLM's processor must take them as they are, not apply its own pixel bounds again.
             kwargs["limit_mm_per_prompt"] = {"image": image_limit, "video": 0}
             kwargs["mm_processor_kwargs"] = {"min_pixels": 28 * 28, "max_pixels": 2**30}
-        # LLM() reseeds the global generators (Python's, NumPy's, torch's); the trainer's stay as they were
-        rngs = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        cuda_rngs = torch.cuda.get_rng_state_all() if on_cuda else None
+        # LLM() reseeds the global generators (Python's, NumPy's, torch's, the GPUs'); the trainer's stay as
+        # they were (CUDA started first, so that its generators' states are among those kept)
+        if on_cuda:
+            torch.cuda.init()
+        rngs = rng_state()
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
@@ -164,11 +165,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
-        random.setstate(rngs[0])
-        np.random.set_state(rngs[1])
-        torch.set_rng_state(rngs[2])
-        if cuda_rngs is not None:
-            torch.cuda.set_rng_state_all(cuda_rngs)
+        set_rng_state(rngs)
         self.worker = _in_process_worker(self.llm)
         # vLLM stops at the tokenizer's EOS and at the generation config's (its default generation_config="auto")
         self.eos_token_ids = end_token_ids(self.llm.get_tokenizer().eos_token_id, _generation_eos(model_path))
