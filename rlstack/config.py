@@ -1211,6 +1211,33 @@ def cpu_supports_bfloat16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def _tensor_parallel_problems(cfg: Config, gpus: int, on_cpu: bool) -> list[str]:
+    """A vLLM engine split over `tensor_parallel_size` ranks: the ranks of one node, colocated with the policy."""
+    t, r = cfg.trainer, cfg.worker.rollout
+    size, per_node = r.tensor_parallel_size, t.n_gpus_per_node
+    key = f"worker.rollout.tensor_parallel_size = {size}"
+    if per_node % size:
+        what = "GPUs" if not on_cpu else "ranks (processes on this CPU)"
+        return [
+            f"{key}, but trainer.n_gpus_per_node = {per_node}: an engine is split over {size} {what} of one "
+            f"node, so n_gpus_per_node must be a multiple of it (set it to {size}, or lower tensor_parallel_size)"
+        ]
+    p = []
+    if not on_cpu and gpus and t.nnodes == 1 and per_node > gpus:
+        p.append(f"{key}: trainer.n_gpus_per_node = {per_node}, but {gpus} GPU(s) are visible")
+    if not r.colocated:
+        p.append(
+            f"{key} with worker.rollout.colocated = false: a split engine runs on the policy's ranks (each holds "
+            "a slice of it); use colocated rollout, or tensor_parallel_size=1 for rollout actors of their own"
+        )
+    if cfg.algorithm.async_grpo.enabled:
+        p.append(
+            f"{key} with algorithm.async_grpo.enabled = true: the ranks of a split engine generate in step, which "
+            "the asynchronous producer does not keep; use tensor_parallel_size=1"
+        )
+    return p
+
+
 def _device_problems(cfg: Config) -> list[str]:
     """GPU features asked for where there is no GPU, and engine settings the machine cannot honour."""
 
@@ -1247,6 +1274,11 @@ def _device_problems(cfg: Config) -> list[str]:
                 "worker.actor.model.attn_implementation = flash_attention_2, but the flash-attn package is not "
                 "installed: pip install flash-attn, or use sdpa"
             )
+    if r.name != "vllm" and r.tensor_parallel_size != 1:
+        p.append(
+            f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size} with worker.rollout.name = {r.name}: "
+            "only the vLLM engine is split over ranks; use worker.rollout.name=vllm, or leave it at 1"
+        )
     if r.name == "vllm":
         if importlib.util.find_spec("vllm") is None:
             p.append(
@@ -1262,23 +1294,8 @@ def _device_problems(cfg: Config) -> list[str]:
             )
         if r.tensor_parallel_size < 1:
             p.append(f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}: must be at least 1")
-        elif r.tensor_parallel_size > max(gpus, 1):
-            where = (
-                f"{gpus} GPU(s) are visible"
-                if gpus
-                else "there is no GPU (the CPU engine runs on one device)"
-            )
-            p.append(
-                f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}, but {where}: set it to at most "
-                f"{max(gpus, 1)}"
-            )
         elif r.tensor_parallel_size > 1:
-            p.append(
-                f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size}: not supported yet. rlstack hands "
-                "the policy's weights to the vLLM engine in its own process, and tensor-parallel vLLM runs its "
-                "workers in processes of their own, which that path does not reach; use 1 (with several GPUs, "
-                "each rank gets a rollout worker of its own: trainer.n_gpus_per_node)"
-            )
+            p.extend(_tensor_parallel_problems(cfg, gpus, on_cpu))
         longest = cfg.data.max_prompt_length + cfg.data.max_response_length
         if r.max_model_len is not None and r.max_model_len < longest:
             p.append(

@@ -525,7 +525,8 @@ def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
         "flash_attention_2 needs a CUDA GPU",
         "pip install 'rlstack[vllm]'",
         "sleep mode exists only on CUDA GPUs",
-        "tensor_parallel_size = 2, but there is no GPU",
+        "tensor_parallel_size = 2, but trainer.n_gpus_per_node = 1: an engine is split over 2 ranks (processes on "
+        "this CPU) of one node",
     ):
         assert expected in text, expected
 
@@ -558,7 +559,7 @@ def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
         )
     text = str(info.value)
     for expected in (
-        "tensor_parallel_size = 2: not supported yet",
+        "tensor_parallel_size = 2, but trainer.n_gpus_per_node = 1",
         "max_model_len = 100 is less than data.max_prompt_length + data.max_response_length = 128",
         "rollout_correction = tis with worker.rollout.name = vllm and worker.rollout.top_p = 0.9",
     ):
@@ -568,6 +569,31 @@ def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
         ["worker.rollout.name=vllm", "worker.actor.rollout_correction=tis", "worker.rollout.top_p=1.0"]
     )
     assert cfg.worker.rollout.max_model_len == cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
+def test_a_tensor_parallel_engine_must_sit_on_the_policys_ranks_of_one_node(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    tp = ["worker.rollout.name=vllm", "worker.rollout.tensor_parallel_size=2"]
+    cfg = load_config([*tp, "trainer.n_gpus_per_node=2"])  # one engine over both GPUs, on Ray
+    assert cfg.worker.rollout.tensor_parallel_size == 2 and cfg.trainer.backend == "ray"
+    cases = {
+        "trainer.n_gpus_per_node=3": "n_gpus_per_node must be a multiple of it",
+        "trainer.n_gpus_per_node=4": "trainer.n_gpus_per_node = 4, but 2 GPU(s) are visible",
+        "worker.rollout.colocated=false": "a split engine runs on the policy's ranks",
+        "algorithm.async_grpo.enabled=true": "generate in step, which the asynchronous producer does not keep",
+    }
+    for override, expected in cases.items():
+        problems = problems_of([*tp, "trainer.n_gpus_per_node=2", override])
+        assert any(expected in p for p in problems), (override, problems)
+    problems = problems_of(["worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"])
+    assert any("only the vLLM engine is split over ranks" in p for p in problems), problems
 
 
 def test_engine_defaults_resolve_at_load(monkeypatch):

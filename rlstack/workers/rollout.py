@@ -143,7 +143,10 @@ class RolloutWorker:
             self._wake_up()
             first = self.engine.weight_version
             try:
-                batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
+                if getattr(self.engine, "tensor_parallel", None) is None:
+                    batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
+                else:
+                    batch = self._run_tensor_parallel(prompts, n, temperature, top_p, top_k)
             except torch.OutOfMemoryError as e:
                 raise OutOfMemory(self._out_of_memory(len(prompts), n, e, validate)) from e
             finally:
@@ -153,6 +156,37 @@ class RolloutWorker:
         if "weight_version_last" not in batch:  # the engine does not say: no update lands during a call
             batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
+
+    def _run_tensor_parallel(
+        self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int
+    ) -> Batch:
+        """The trajectories of this rank's `prompts`, from an engine split over its tensor-parallel group: the
+        leader runs the rollout loop over the prompts of the whole group (its engine's calls broadcast to the
+        others, which follow them) and hands each rank the trajectories of its own prompts (`n` consecutive
+        rows per prompt). A failure on the leader is raised on every rank of the group."""
+        tp = self.engine.tensor_parallel
+        parts = tp.gather(prompts)
+        if not tp.is_leader:
+            self.engine.follow()
+            piece, failure = tp.scatter(None)
+            if failure is not None:
+                raise RuntimeError(
+                    f"the rollout failed on rank {tp.leader}, which leads this rank's engine: {failure}"
+                )
+            return piece
+        pieces, failure = None, None
+        try:
+            batch = self.loop.generate(Batch.concat(parts), n, temperature, top_p, top_k)
+            ends = torch.tensor([len(p) * n for p in parts]).cumsum(0).tolist()
+            pieces = [batch.select(slice(a, b)) for a, b in zip([0, *ends[:-1]], ends)]
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            self.engine.release()
+            text = None if failure is None else f"{type(failure).__name__}: {failure}"
+            tp.scatter([(p, text) for p in pieces] if pieces else [(None, text)] * tp.size)
+        return pieces[0]
 
     def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, validate: bool) -> str:
         engine = self.engine.capabilities.name
