@@ -83,6 +83,16 @@ def test_the_leader_rolls_out_both_ranks_prompts_and_each_rank_gets_its_own(tmp_
     assert leader["calls"] == turns and follower["calls"] == turns  # the same requests, in step
 
 
+def test_four_ranks_make_two_engines_of_consecutive_ranks(tmp_path: Path):
+    ranks = run_ranks(4, _rollout, False, tmp=tmp_path)
+    for r, out in enumerate(ranks):
+        assert out["prompt"] == [10 + 100 * r] * 3 + [20 + 100 * r] * 3
+    group = [[10 + 100 * r] * 3 + [20 + 100 * r] * 3 for r in range(4)]
+    first, second = group[0] + group[1], group[2] + group[3]
+    assert ranks[0]["calls"][0] == ranks[1]["calls"][0] == first
+    assert ranks[2]["calls"][0] == ranks[3]["calls"][0] == second
+
+
 def test_a_failure_on_the_leader_ends_the_rollout_on_every_rank(tmp_path: Path):
     leader, follower = run_ranks(2, _rollout, True, tmp=tmp_path)
     assert leader["error"] == "ValueError: a tool broke"
