@@ -384,6 +384,8 @@ class RewardConfig:
     """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
+    reward_function_by_source: dict[str, str] = field(default_factory=dict)
+    """Reward function per data source, in place of reward_function for its rows: keys are data_source values or glob patterns (`code_*`; exact names first, then patterns in order); other rows keep reward_function."""
     extra_reward_functions: list[str] = field(default_factory=list)
     """More reward functions; overall = the weighted sum of every function's overall."""
     reward_weights: list[float] = field(default_factory=list)

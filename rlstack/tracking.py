@@ -357,9 +357,13 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
 
 
 def reward_component_means(batch: Batch) -> dict[str, float]:
-    """`reward/<key>`: the mean of each component the reward function returned, over the batch's rows."""
-    components = batch["reward_components"]
-    return {f"reward/{key}": sum(c[key] for c in components) / len(components) for key in components[0]}
+    """`reward/<key>`: the mean of each component the reward functions returned, over the rows that have it
+    (with `worker.reward.reward_function_by_source`, each data source's function returns its own)."""
+    sums: dict[str, list[float]] = {}
+    for c in batch["reward_components"]:
+        for key, value in c.items():
+            sums.setdefault(key, []).append(value)
+    return {f"reward/{key}": sum(v) / len(v) for key, v in sums.items()}
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:

@@ -33,7 +33,7 @@ from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
 from rlstack.producer import RolloutProducer, staleness
-from rlstack.rewards.manager import build_reward_manager
+from rlstack.rewards.manager import build_reward_manager, reward_function_for
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.rollout.engine import mix_seed
 from rlstack.tracking import (
@@ -341,11 +341,13 @@ class Trainer:
                 )
             prompts = Batch.concat([self.loader.next_batch() for _ in range(a.oversample_factor)])
             batch = self.rollout(prompts, timing)
-            comps = batch["reward_components"][0]
-            if a.filter_key not in comps:
+            missing = [i for i, c in enumerate(batch["reward_components"]) if a.filter_key not in c]
+            if missing:
+                i = missing[0]
                 raise RLStackError(
-                    f"algorithm.filter_key={a.filter_key!r} is not returned by the reward function "
-                    f"{self.cfg.worker.reward.reward_function}; it returns {sorted(comps)}"
+                    f"algorithm.filter_key={a.filter_key!r} is not returned by the reward function of data source "
+                    f"{batch['data_source'][i]!r} ({reward_function_for(self.cfg.worker.reward, batch['data_source'][i])}); it "
+                    f"returns {sorted(batch['reward_components'][i])}"
                 )
             metric = torch.tensor([c[a.filter_key] for c in batch["reward_components"]])
             groups = group_index(batch["uid"])

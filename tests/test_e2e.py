@@ -503,6 +503,22 @@ def test_dynamic_sampling_fills_the_batch_with_mixed_groups_only(tiny_model_dir:
     trainer.fit()  # and the filtered batches train
 
 
+def test_a_filter_key_that_a_data_sources_function_does_not_return_is_named(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    from rlstack.errors import RLStackError
+
+    # the training rows' source is scored by exact match, which returns no parity
+    trainer = _dapo_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.filter_key=parity",
+        "worker.reward.reward_function_by_source={addition: 'builtin:exact_match'}",
+    )
+    with pytest.raises(RLStackError, match=r"of data source 'addition' \(builtin:exact_match\); it returns"):
+        trainer.collect_filtered(defaultdict(float), {})
+
+
 @pytest.mark.slow
 def test_dynamic_sampling_that_cannot_fill_a_batch_stops_with_advice(tiny_model_dir: Path, tmp_path: Path):
     from rlstack.errors import RLStackError

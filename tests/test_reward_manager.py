@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from scored_batches import make_batch
 
+from rlstack.config import RewardConfig
 from rlstack.rewards.loader import load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager
+from rlstack.tracking import reward_component_means
 
 FUNCTIONS = """
 import time
@@ -30,6 +32,9 @@ def boom_on_bad(x):
 
 def length(x):
     return {"overall": float(len(x["response"])), "len": float(len(x["response"]))}
+
+def scaled(x, factor=1.0):
+    return {"overall": factor * float(x["response"] == x["ground_truth"]), "accuracy": 1.0}
 """
 
 
@@ -117,3 +122,46 @@ def test_a_rows_dataset_fields_reach_the_reward_function_at_the_top_level_too():
     assert (first["difficulty"], second["difficulty"]) == ("easy", "hard")
     assert first["extra"] == {"difficulty": "easy", "response": "not the response"}
     assert (first["response"], first["response_length"], first["ground_truth"]) == ("4", 1, "4")
+
+
+def _sources(batch, sources: list[str]):
+    batch["data_source"] = sources
+    return batch
+
+
+def test_each_data_source_is_scored_by_its_own_function(module: Path):
+    from rlstack.rewards.manager import build_reward_manager
+
+    cfg = RewardConfig(
+        reward_function=f"{module}:scaled",
+        reward_function_kwargs={"factor": 2.0},  # the default function's alone: the others take none
+        reward_function_by_source={"code_*": f"{module}:length", "code_py": f"{module}:boom_on_bad"},
+    )
+    batch = _sources(
+        make_batch(["ab", "xyz", "x ", "ok", "bad"], ["ab", "", "x", "", ""]),
+        ["math", "code_cpp", "math", "code_py", "code_py"],
+    )
+    manager = build_reward_manager(cfg, max_response_length=8)
+    with pytest.raises(RewardError, match=r"boom_on_bad.*sample 4 \(row train.jsonl:5.*cannot grade this"):
+        manager.score(batch)  # the exact name wins over the pattern; the failing sample keeps its place
+    batch["response_text"][4] = "fine"
+    out = manager.score(batch)
+    # scaled exact match for math ("x " is not "x"), length for code_cpp, boom_on_bad for code_py
+    assert out["scores"].tolist() == [2.0, 3.0, 0.0, 1.0, 1.0]
+    comps = out["reward_components"]
+    assert comps[1] == {"len": 3.0, "overall": 3.0} and comps[3] == {"overall": 1.0}
+    assert "accuracy" in comps[0] and "len" not in comps[0]
+    means = reward_component_means(out)
+    assert means["reward/len"] == 3.0 and means["reward/accuracy"] == 1.0
+    assert means["reward/overall"] == pytest.approx(7.0 / 5)
+
+
+def test_a_routed_function_that_cannot_load_names_its_key(module: Path):
+    from rlstack.rewards.loader import RewardLoadError
+    from rlstack.rewards.manager import build_reward_manager
+
+    cfg = RewardConfig(reward_function_by_source={"gsm8k": "builtin:maths"})
+    with pytest.raises(
+        RewardLoadError, match=r"worker.reward.reward_function_by_source.gsm8k='builtin:maths'"
+    ):
+        build_reward_manager(cfg, max_response_length=8)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import textwrap
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager, reward_inputs
+from rlstack.tracking import reward_component_means
 
 
 def write_module(path: Path, source: str) -> Path:
@@ -197,7 +197,7 @@ def test_score_sequential(tmp_path):
     assert out["reward_components"] == [{"extra_i": 0.0, "overall": 2.0}, {"extra_i": 1.0, "overall": 0.0}]
 
 
-def test_component_missing_in_some_results_is_nan(tmp_path):
+def test_a_component_missing_in_some_results_is_averaged_over_the_rows_that_have_it(tmp_path):
     path = write_module(
         tmp_path / "partial.py",
         """
@@ -206,8 +206,8 @@ def test_component_missing_in_some_results_is_nan(tmp_path):
         """,
     )
     out = RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["a", "b"], ["a", "b"]))
-    assert out["reward_components"][0] == {"format": 1.0, "overall": 1.0}
-    assert math.isnan(out["reward_components"][1]["format"])
+    assert out["reward_components"] == [{"format": 1.0, "overall": 1.0}, {"overall": 0.0}]
+    assert reward_component_means(out) == {"reward/format": 1.0, "reward/overall": 0.5}
 
 
 def test_batch_function_raising_names_the_sample(tmp_path):

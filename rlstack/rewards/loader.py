@@ -23,21 +23,22 @@ class RewardFunction:
     name: str
 
 
-def load_reward_function(ref: str) -> RewardFunction:
+def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -> RewardFunction:
+    """The function `ref` names; `key` is the config key that named it (for the errors)."""
     if ref.startswith("builtin:"):
         name = ref.removeprefix("builtin:")
         if name not in builtin.BUILTINS:
             raise RewardLoadError(
-                f"worker.reward.reward_function={ref!r}: no such built-in; built-ins are "
+                f"{key}={ref!r}: no such built-in; built-ins are "
                 + ", ".join(f"builtin:{k}" for k in builtin.BUILTINS)
             )
         return RewardFunction(builtin.BUILTINS[name], "batch", ref)
     if ":" not in ref:
         raise RewardLoadError(
-            f"worker.reward.reward_function={ref!r} must be path/to/file.py:function_name or package.module:function_name"
+            f"{key}={ref!r} must be path/to/file.py:function_name or package.module:function_name"
         )
     target, fn_name = ref.rsplit(":", 1)
-    module = load_module(target, "worker.reward.reward_function", "reward file", RewardLoadError)
+    module = load_module(target, key, "reward file", RewardLoadError)
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import numbers
 import threading
@@ -33,6 +34,10 @@ class RewardManager:
       gives its samples `error_score` and counts them in the `errors` component (`reward/errors`).
     - `extra_functions` / `weights`: more reward functions; `overall` is the weighted sum of their
       `overall`s, and each extra function's components are logged under `<its name>/<key>`.
+    - `routes`: (data source or glob pattern, function) pairs that take the place of `reward_fn` for
+      the rows of a matching data source (exact names first, then patterns in order; veRL's dispatch on
+      `data_source`). A row's components are those its own function returned: `reward/<key>` averages
+      a key over the rows that have it.
 
     Numeric values a function returns are components (logged as `reward/<key>`); string values
     (a failure reason, a status) are kept per row in `reward_info` and written to `generations/`.
@@ -52,8 +57,10 @@ class RewardManager:
         extra_functions: list[RewardFunction] | None = None,
         weights: list[float] | None = None,
         judge: Any = None,
+        routes: list[tuple[str, RewardFunction]] | None = None,
     ):
         self.functions = [reward_fn, *(extra_functions or [])]
+        self.routes = routes or []
         self.weights = weights or [1.0] * len(self.functions)
         if len(self.weights) != len(self.functions):
             raise RewardError(
@@ -77,19 +84,29 @@ class RewardManager:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
         inputs = reward_inputs(batch)
         overall = torch.zeros(len(batch))
-        components: dict[str, list[float]] = {}
+        components: list[dict[str, float]] = [{} for _ in range(len(batch))]
         info: list[dict[str, str]] = [{} for _ in range(len(batch))]
         for n, (rf, weight) in enumerate(zip(self.functions, self.weights)):
-            results = self._call(rf, self.kwargs if n == 0 else {}, inputs, batch)
+            if n == 0:
+                results: list[dict] = [{}] * len(batch)
+                for own, rows in self._routed(inputs, rf):
+                    for i, r in zip(
+                        rows, self._call(own, self.kwargs if own is rf else {}, inputs, batch, rows)
+                    ):
+                        results[i] = r
+            else:
+                results = self._call(rf, {}, inputs, batch)
             prefix = "" if n == 0 else f"{_short_name(rf.name)}/"
             for i, r in enumerate(results):
-                for k in [k for k, v in r.items() if isinstance(v, str)]:
-                    info[i][prefix + k] = r.pop(k)
-            for k in sorted({k for r in results for k in r}):
-                components[prefix + k] = [float(r.get(k, float("nan"))) for r in results]
+                for k in sorted(r):
+                    if isinstance(r[k], str):
+                        info[i][prefix + k] = r[k]
+                    else:
+                        components[i][prefix + k] = float(r[k])
             overall += weight * torch.tensor([float(r["overall"]) for r in results])
         if len(self.functions) > 1:
-            components["overall"] = overall.tolist()
+            for c, o in zip(components, overall.tolist()):
+                c["overall"] = o
         scores = overall.float()
         if self.overlong_buffer_length:
             penalty = overlong_penalty(
@@ -99,11 +116,21 @@ class RewardManager:
                 self.overlong_penalty_factor,
             )
             scores = scores + penalty
-            components["overlong"] = penalty.tolist()
+            for c, p in zip(components, penalty.tolist()):
+                c["overlong"] = p
         batch["scores"] = scores
-        batch["reward_components"] = [{k: v[i] for k, v in components.items()} for i in range(len(batch))]
+        batch["reward_components"] = components
         batch["reward_info"] = info
         return batch
+
+    def _routed(self, inputs: list[dict], default: RewardFunction) -> list[tuple[RewardFunction, list[int]]]:
+        """The rows each function scores: a route's function the rows of its data sources, `default` the rest."""
+        patterns = [pattern for pattern, _ in self.routes]
+        rows: dict[int, list[int]] = {}
+        for i, x in enumerate(inputs):
+            k = route_of(x["data_source"], patterns)
+            rows.setdefault(-1 if k is None else k, []).append(i)
+        return [(default if k < 0 else self.routes[k][1], rows[k]) for k in sorted(rows)]
 
     def judge_fallback(self, queries: list[tuple[str, str, str]]) -> list[float]:
         """(question, ground truth, response) -> judge scores, for the built-ins' `judge_fallback`."""
@@ -130,12 +157,21 @@ class RewardManager:
         if self.judge is not None:
             self.judge.close()
 
-    def _call(self, rf: RewardFunction, kwargs: dict, inputs: list[dict], batch: Batch) -> list[dict]:
+    def _call(
+        self,
+        rf: RewardFunction,
+        kwargs: dict,
+        inputs: list[dict],
+        batch: Batch,
+        rows: list[int] | None = None,
+    ) -> list[dict]:
+        """`rf`'s results for the `rows` of the batch (default: all), in their order."""
+        rows = list(range(len(inputs))) if rows is None else rows
         if rf.reward_type == "sequential":
-            chunks = [[i] for i in range(len(inputs))]
+            chunks = [[i] for i in rows]
         else:
-            size = -(-len(inputs) // self.num_workers)
-            chunks = [list(range(i, min(i + size, len(inputs)))) for i in range(0, len(inputs), size)]
+            size = -(-len(rows) // self.num_workers)
+            chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
 
         def task(idx: list[int]):
             if rf.reward_type == "sequential":
@@ -161,12 +197,12 @@ class RewardManager:
                 )
                 for i in idx:
                     results[i], errors[i] = {"overall": self.error_score, "error": why}, 1.0
-        for i, r in enumerate(results):
-            _check_result(rf.name, r, batch, i)
+        for i in rows:
+            _check_result(rf.name, results[i], batch, i)
         if self.on_error == "score":
-            for r, e in zip(results, errors):
-                r["errors"] = e  # type: ignore[index]
-        return results  # type: ignore[return-value]
+            for i in rows:
+                results[i]["errors"] = errors[i]  # type: ignore[index]
+        return [results[i] for i in rows]  # type: ignore[misc]
 
     def _failure_message(self, rf, kwargs, inputs, batch, idx, outcome, value) -> str:
         if outcome == "timeout":
@@ -268,6 +304,21 @@ REWARD_COLUMNS = (
 """The columns scoring reads (what a remote reward worker is sent)."""
 
 
+def route_of(source: str, patterns: list[str]) -> int | None:
+    """The index of the pattern that takes data source `source`: an exact name first, then the first glob
+    pattern that matches; None: none does."""
+    if source in patterns:
+        return patterns.index(source)
+    return next((k for k, p in enumerate(patterns) if fnmatch.fnmatchcase(source, p)), None)
+
+
+def reward_function_for(cfg: RewardConfig, source: str) -> str:
+    """The reward function (as configured) that scores the rows of data source `source`."""
+    routes = cfg.reward_function_by_source
+    k = route_of(source, list(routes))
+    return cfg.reward_function if k is None else list(routes.values())[k]
+
+
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     """One dict per row for the reward function: the response and its length, the ground truth, prompt and
     data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
@@ -304,8 +355,12 @@ def _describe(batch: Batch, i: int) -> str:
 def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardManager:
     """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings,
     the judge client built when a built-in's judge_fallback asks for it."""
-    refs = [cfg.reward_function, *cfg.extra_reward_functions]
-    functions = [load_reward_function(ref) for ref in refs]
+    refs = [cfg.reward_function, *cfg.extra_reward_functions, *cfg.reward_function_by_source.values()]
+    functions = [load_reward_function(ref) for ref in refs[: 1 + len(cfg.extra_reward_functions)]]
+    routes = [
+        (source, load_reward_function(ref, f"worker.reward.reward_function_by_source.{source}"))
+        for source, ref in cfg.reward_function_by_source.items()
+    ]
     builtins_used = {ref.removeprefix("builtin:") for ref in refs if ref.startswith("builtin:")}
     wants_judge = ("math" in builtins_used and cfg.math.judge_fallback) or (
         "agent" in builtins_used and cfg.agent.judge_fallback
@@ -328,8 +383,9 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
         functions[1:],
         list(cfg.reward_weights) or None,
         judge,
+        routes,
     )
-    for rf in functions:
+    for rf in [*functions, *(rf for _, rf in routes)]:
         if rf.name.startswith("builtin:"):
             settings = _builtin_settings(rf.name.removeprefix("builtin:"), cfg, manager)
             rf.fn = functools.partial(rf.fn, **settings)
