@@ -102,6 +102,8 @@ class ModelConfig:
     """Parameter dtype of the trained model (bfloat16 on a GPU; on CPU only where the CPU supports it)."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory."""
+    chat_template: str | None = None
+    """Policy: a Jinja chat template (or a .jinja file) in place of the tokenizer's own, for prompts and the agent's turns, saved with checkpoints (EasyR1's data.override_chat_template)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
@@ -1087,15 +1089,21 @@ def validate(cfg: Config) -> list[str]:
         problem = _check_path(key, path)
         if problem:
             p.append(problem)
-    for key, fn in [("worker.reward.reward_function", rw.reward_function)] + [
-        (f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)
-    ]:
+    for key, fn in (
+        [("worker.reward.reward_function", rw.reward_function)]
+        + [(f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)]
+        + [
+            (f"worker.reward.reward_function_by_source.{s}", f)
+            for s, f in rw.reward_function_by_source.items()
+        ]
+    ):
         if not fn.startswith("builtin:") and ":" in fn:
             file_part = fn.rsplit(":", 1)[0]
             if file_part.endswith(".py") and not os.path.isfile(file_part):
                 p.append(f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)")
     p += _device_problems(cfg)
     p += _backend_problems(cfg)
+    p += _chat_template_problems(cfg.worker.actor.model.chat_template)
     unknown_loggers = set(t.logger) - {
         "console",
         "file",
@@ -1211,6 +1219,28 @@ def cpu_supports_bfloat16() -> bool:
     import torch
 
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _chat_template_problems(template: str | None) -> list[str]:
+    """A chat template that is not there, or that Jinja cannot parse (with the line it stops at)."""
+    if not template:
+        return []
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+
+    from rlstack.models.loading import TEMPLATE_SUFFIXES, chat_template_text
+
+    key = "worker.actor.model.chat_template"
+    if Path(template).suffix in TEMPLATE_SUFFIXES and not Path(template).is_file():
+        return [f"{key}: file {template!r} does not exist (a Jinja chat template, or its .jinja file)"]
+    text = chat_template_text(template)
+    try:  # the environment Hugging Face renders chat templates in
+        jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        where = template if text is not template else "the template"
+        return [f"{key}: {where}, line {e.lineno}: {e.message}; fix the Jinja there"]
+    return []
 
 
 def _tensor_parallel_problems(cfg: Config, gpus: int, on_cpu: bool) -> list[str]:

@@ -76,11 +76,7 @@ FOREIGN: dict[str, Moved | Inert] = {
         "rlstack's online filtering generates data.rollout_batch_size x algorithm.oversample_factor prompts per "
         "round: set algorithm.oversample_factor instead",
     ),
-    "data.override_chat_template": Inert(
-        (None,),
-        "rlstack renders prompts with the tokenizer's chat template: put yours in the model's "
-        "tokenizer_config.json (chat_template), or shape the prompt with data.format_prompt",
-    ),
+    "data.override_chat_template": Moved("worker.actor.model.chat_template"),
     "worker.actor.strategy": FSDP2,
     "worker.actor.use_torch_compile": Inert(ANY, "rlstack runs the model eagerly"),
     "worker.actor.ulysses_size": ULYSSES,

@@ -58,15 +58,12 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         model_path = resolve_model_path(w.actor.model.model_path)
-        tokenizer = load_tokenizer(
-            w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
-        )
+        m = w.actor.model
+        tokenizer = load_tokenizer(m.tokenizer_path or model_path, m.trust_remote_code, m.chat_template)
         self.pad_token_id = tokenizer.pad_token_id
         self.probe = tokenizer("The weight-sync probe: 12 + 34 = 46.", add_special_tokens=False)["input_ids"]
         """Fixed text (no images, whatever the model) that `check_weight_sync` scores with engine and policy."""
-        processor = load_processor(
-            w.actor.model.tokenizer_path or model_path, w.actor.model.trust_remote_code
-        )
+        processor = load_processor(m.tokenizer_path or model_path, m.trust_remote_code, m.chat_template)
         system = agent_system_prompt(w.rollout.agent)
         images = w.rollout.agent.max_images
         self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system, images)

@@ -758,3 +758,44 @@ def test_the_backend_is_ray_for_several_ranks_or_rollout_actors_apart_and_local_
     assert load_config(["worker.rollout.colocated=false"]).trainer.backend == "ray"
     with pytest.raises(ConfigError, match="but trainer.backend = local runs one process"):
         load_config(["trainer.n_gpus_per_node=2", "trainer.backend=local"])  # asked for explicitly
+
+
+BRACKETS = (
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+def test_easyr1s_override_chat_template_renders_every_prompt(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.models.loading import load_tokenizer
+    from rlstack.trainer import Trainer
+
+    template = tmp_path / "brackets.jinja"
+    template.write_text(BRACKETS)
+    for value in (BRACKETS, str(template)):  # the template, or its file
+        config = tmp_path / "easyr1.yaml"
+        config.write_text(yaml.safe_dump({"data": {"override_chat_template": value}}))
+        cfg = load_config(
+            [
+                f"config={config}",
+                f"worker.actor.model.model_path={tiny_model_dir}",
+                f"trainer.output_dir={tmp_path / 'out'}",
+                "data.val_files=",
+                "trainer.logger=[file]",
+            ]
+        )
+        assert cfg.worker.actor.model.chat_template == value
+        trainer = Trainer(cfg)
+        prompt = load_tokenizer(str(tiny_model_dir)).decode(trainer.train_set.items[0]["prompt_ids"])
+        assert prompt.startswith("[user] ") and prompt.endswith("[assistant] "), prompt
+    trainer.actor.worker._save_processing(tmp_path / "hf")  # what a Hugging Face checkpoint holds
+    assert load_tokenizer(str(tmp_path / "hf")).chat_template == BRACKETS
+
+
+def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_path: Path):
+    missing = problems_of([f"worker.actor.model.chat_template={tmp_path / 'none.jinja'}"])
+    assert any("none.jinja' does not exist" in p for p in missing), missing
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }}\n{% endfor\n")
+    problems = problems_of([f"worker.actor.model.chat_template={broken}"])
+    assert any(f"worker.actor.model.chat_template: {broken}, line 3:" in p for p in problems), problems

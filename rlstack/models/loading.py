@@ -91,8 +91,23 @@ def mark_generic_tokenizer(path: Path) -> None:
     cfg_file.write_text(json.dumps(cfg, indent=2))
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
-    """The tokenizer at `path`, padding on the left, with a pad token.
+TEMPLATE_SUFFIXES = (".jinja", ".jinja2", ".j2")
+
+
+def chat_template_text(template: str) -> str:
+    """A chat template given in the config: the text of a `.jinja` file (or of any file that exists), else
+    the template itself."""
+    path = Path(template)
+    if path.suffix in TEMPLATE_SUFFIXES or (len(template) < 4096 and "\n" not in template and path.is_file()):
+        return path.read_text()
+    return template
+
+
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, chat_template: str | None = None
+) -> PreTrainedTokenizerFast:
+    """The tokenizer at `path`, padding on the left, with a pad token; with `chat_template` (a template
+    or a file, `chat_template_text`) in place of its own.
 
     A tokenizer that declares the generic fast class is loaded as such: `AutoTokenizer` would
     swap in the architecture's own class (e.g. Qwen2Tokenizer), which rebuilds a different
@@ -108,10 +123,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template:
+        tok.chat_template = chat_template_text(chat_template)
     return tok
 
 
-def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcessor | None:
+def load_processor(
+    path: str, trust_remote_code: bool = False, chat_template: str | None = None
+) -> VisionProcessor | None:
     """The tokenizer and image processor of the vision-language model at `path`; None for a text-only model."""
     path = resolve_model_path(path)
     _require_dir(path, "model", "config.json")
@@ -126,7 +145,7 @@ def load_processor(path: str, trust_remote_code: bool = False) -> VisionProcesso
         image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load the image processor of {path!r}: {e}") from e
-    return VisionProcessor(load_tokenizer(path, trust_remote_code), image_processor)
+    return VisionProcessor(load_tokenizer(path, trust_remote_code, chat_template), image_processor)
 
 
 def load_causal_lm(

@@ -77,11 +77,15 @@ class PolicyWorker:
     ):
         self.cfg, self.algo = actor, algorithm
         path = resolve_model_path(actor.model.model_path)
-        self.tokenizer = load_tokenizer(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(
+            actor.model.tokenizer_path or path, actor.model.trust_remote_code, actor.model.chat_template
+        )
         self.device = device
         self.path = path
         self.model = load_trained_model(actor.model, path, device)
-        self.processor = load_processor(actor.model.tokenizer_path or path, actor.model.trust_remote_code)
+        self.processor = load_processor(
+            actor.model.tokenizer_path or path, actor.model.trust_remote_code, actor.model.chat_template
+        )
         if actor.freeze_vision_tower and self.processor is None:
             raise ValueError(
                 f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"

@@ -63,8 +63,12 @@ class RolloutWorker:
         if policy is not None:
             tokenizer, processor, device = policy.tokenizer, policy.processor, policy.device
         else:
-            tokenizer = load_tokenizer(model.tokenizer_path or path, model.trust_remote_code)
-            processor = load_processor(model.tokenizer_path or path, model.trust_remote_code)
+            tokenizer = load_tokenizer(
+                model.tokenizer_path or path, model.trust_remote_code, model.chat_template
+            )
+            processor = load_processor(
+                model.tokenizer_path or path, model.trust_remote_code, model.chat_template
+            )
         multimodal = processor is not None
         self.engine: Engine
         if cfg.name == "vllm":
