@@ -27,7 +27,7 @@ from typing import Any, Literal
 import yaml
 from omegaconf import OmegaConf
 
-from rlstack import foreign_keys
+from rlstack import foreign_keys, nemo_rl
 from rlstack.errors import RLStackError
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
@@ -664,10 +664,7 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
         if "=" not in arg:
             problems.append(f"argument {arg!r} is not of the form key=value (for example worker.rollout.n=8)")
         elif arg.startswith("config="):
-            path = arg.split("=", 1)[1]
-            loaded = _load_yaml(path, problems)
-            if loaded is not None:
-                layers.append(loaded)
+            layers += _config_file(arg.split("=", 1)[1], problems)
         else:
             overrides.append(arg)
     if overrides:
@@ -688,6 +685,8 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
         _deep_merge(merged, values)
         sources.update(where)
 
+    if nemo_rl.is_nemo_rl(merged):
+        nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
     foreign_keys.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
     cfg = _build(Config, merged, "", sources, problems)
     _resolve_backend(cfg)
@@ -718,6 +717,31 @@ def _fill_derived_defaults(cfg: Config) -> None:
         r.free_cache_engine = resolve_device(cfg.trainer.device) == "cuda"
     if r.name == "vllm" and r.max_model_len is None:
         r.max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
+def _config_file(
+    path: str, problems: list[str], seen: tuple[str, ...] = ()
+) -> list[tuple[dict, dict[str, str]]]:
+    """A config file's layers: the files its `defaults` names (NeMo RL's inheritance: paths relative to the
+    file, each with its own defaults), then the file itself."""
+    loaded = _load_yaml(path, problems)
+    if loaded is None:
+        return []
+    values, where = loaded
+    parents = values.pop("defaults", None)
+    layers: list[tuple[dict, dict[str, str]]] = []
+    for parent in [parents] if isinstance(parents, str) else parents or []:
+        full = str(Path(path).parent / parent)
+        if full in seen or full == path:
+            problems.append(f"{path}: defaults {parent!r} includes itself")
+        elif not Path(full).is_file():
+            problems.append(
+                f"{where.get('defaults', path)}: defaults {parent!r} is not next to the file ({full}); copy the "
+                "base config there (NeMo RL's are in its examples/configs), or write its keys out"
+            )
+        else:
+            layers += _config_file(full, problems, (*seen, path))
+    return [*layers, (values, where)]
 
 
 def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:

@@ -1,0 +1,524 @@
+"""NeMo RL's GRPO configs, read as rlstack's.
+
+A config whose top level has NeMo RL's sections (`policy`, `grpo`, `loss_fn`, `cluster`, `env`,
+`checkpointing`, `logger`) is translated before rlstack's config is built, key by key, as
+`rlstack.foreign_keys` does for EasyR1's: each key is moved to rlstack's name (a note says so), noted and
+dropped where rlstack does the same without it (`Inert` at the values listed), or a problem saying what
+rlstack does instead. A few keys need their own rule:
+
+- `grpo.use_leave_one_out_baseline` with `grpo.normalize_rewards` picks the advantage estimator
+  (`loo_std`, NeMo RL's default; `rloo`; or `grpo` with or without the division by the std);
+- `policy.train_global_batch_size` counts trajectories, rlstack's `global_batch_size` prompts: it is
+  divided by `grpo.num_generations_per_prompt`;
+- `policy.max_total_sequence_length` bounds prompt and response together; rlstack bounds each
+  (`data.max_prompt_length`, `data.max_response_length`), so the split comes from
+  `policy.generation.max_new_tokens` or `data.max_input_seq_length`, whichever is below it;
+- `env.math` / `env.code` choose the reward (`builtin:math` / `builtin:code`) and its workers;
+- `policy.scheduler`: NeMo RL's linear warm-up then constant rate becomes `lr_warmup_steps`.
+
+References `${policy.model_name}` between keys are followed. Keys of these sections that remain after
+translation are problems naming their file and line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from rlstack.foreign_keys import _MISSING, ANY, Inert, Moved, _get, _pop, _set
+
+log = logging.getLogger(__name__)
+
+SECTIONS = ("policy", "grpo", "loss_fn", "cluster", "env", "checkpointing", "logger")
+"""Top-level sections of a NeMo RL config (rlstack's are data, worker, algorithm, trainer)."""
+
+PRECISIONS = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
+
+TABLE: dict[str, Moved | Inert] = {
+    "policy.precision": Moved("worker.actor.model.dtype", PRECISIONS),
+    "policy.train_micro_batch_size": Moved("worker.actor.micro_batch_size_per_device_for_update"),
+    "policy.logprob_batch_size": Moved("worker.actor.micro_batch_size_per_device_for_experience"),
+    "policy.max_grad_norm": Moved("worker.actor.max_grad_norm"),
+    "policy.generation_batch_size": Inert(ANY, "rlstack's HF engine samples a whole rollout batch at once"),
+    "policy.logprob_chunk_size": Inert(
+        (None,), "rlstack goes through large vocabularies in blocks by itself"
+    ),
+    "policy.make_sequence_length_divisible_by": Inert(ANY, "rlstack has no sequence parallelism to pad for"),
+    "policy.optimizer.name": Inert(("torch.optim.AdamW",), "rlstack trains with AdamW"),
+    "policy.optimizer.kwargs.lr": Moved("worker.actor.optim.lr"),
+    "policy.optimizer.kwargs.weight_decay": Moved("worker.actor.optim.weight_decay"),
+    "policy.optimizer.kwargs.betas": Moved("worker.actor.optim.betas"),
+    "policy.optimizer.kwargs.eps": Inert((1e-8, "1e-8"), "rlstack's AdamW uses eps 1e-8"),
+    "policy.optimizer.kwargs.foreach": Inert(ANY, "rlstack picks AdamW's implementation"),
+    "policy.optimizer.kwargs.fused": Inert(ANY, "rlstack picks AdamW's implementation"),
+    "policy.dtensor_cfg.enabled": Inert((True,), "rlstack shards the policy with FSDP2 (DTensor)"),
+    "policy.dtensor_cfg._v2": Inert(ANY, "rlstack shards the policy with FSDP2 (DTensor)"),
+    "policy.dtensor_cfg.cpu_offload": Moved("worker.actor.fsdp.offload_params"),
+    "policy.dtensor_cfg.activation_checkpointing": Moved("worker.actor.model.enable_gradient_checkpointing"),
+    "policy.dtensor_cfg.sequence_parallel": Inert((False,), "rlstack has no sequence parallelism"),
+    "policy.dtensor_cfg.tensor_parallel_size": Inert(
+        (1,), "rlstack trains with FSDP2 alone (no tensor parallelism)"
+    ),
+    "policy.dtensor_cfg.context_parallel_size": Inert((1,), "rlstack has no context parallelism"),
+    "policy.dtensor_cfg.custom_parallel_plan": Inert((None,), "rlstack trains with FSDP2 alone"),
+    "policy.dynamic_batching.enabled": Moved("worker.actor.dynamic_batching"),
+    "policy.dynamic_batching.train_mb_tokens": Inert(
+        ANY, "rlstack's budget is worker.actor.max_token_len_per_device_for_update"
+    ),
+    "policy.dynamic_batching.logprob_mb_tokens": Inert(
+        ANY, "rlstack's budget is worker.actor.max_token_len_per_device_for_experience"
+    ),
+    "policy.dynamic_batching.sequence_length_round": Inert(ANY, "rlstack does not round sequence lengths"),
+    "policy.sequence_packing.enabled": Moved("worker.actor.padding_free"),
+    "policy.sequence_packing.train_mb_tokens": Inert(ANY, "rlstack packs each micro-batch's rows"),
+    "policy.sequence_packing.logprob_mb_tokens": Inert(ANY, "rlstack packs each micro-batch's rows"),
+    "policy.sequence_packing.algorithm": Inert(ANY, "rlstack packs each micro-batch's rows in order"),
+    "policy.sequence_packing.sequence_length_round": Inert(ANY, "rlstack does not round sequence lengths"),
+    "policy.generation.backend": Moved("worker.rollout.name"),
+    "policy.generation.temperature": Moved("worker.rollout.temperature"),
+    "policy.generation.top_p": Moved("worker.rollout.top_p"),
+    "policy.generation.stop_token_ids": Inert(
+        (None,), "rlstack stops at the tokenizer's and generation config's EOS"
+    ),
+    "policy.generation.stop_strings": Inert(
+        (None,), "rlstack stops at EOS (and at a tool call's end with tools)"
+    ),
+    "policy.generation.vllm_cfg.tensor_parallel_size": Moved("worker.rollout.tensor_parallel_size"),
+    "policy.generation.vllm_cfg.gpu_memory_utilization": Moved("worker.rollout.gpu_memory_utilization"),
+    "policy.generation.vllm_cfg.max_model_len": Moved("worker.rollout.max_model_len"),
+    "policy.generation.vllm_cfg.enforce_eager": Moved("worker.rollout.enforce_eager"),
+    "policy.generation.vllm_cfg.async_engine": Inert(
+        (False,), "rlstack's vLLM engine runs in the rollout worker"
+    ),
+    "policy.generation.vllm_cfg.pipeline_parallel_size": Inert(
+        (1,), "rlstack's vLLM engine has no pipeline stages"
+    ),
+    "policy.generation.vllm_cfg.expert_parallel_size": Inert(
+        (1,), "rlstack's vLLM engine has no expert parallelism"
+    ),
+    "policy.generation.vllm_cfg.use_deep_gemm": Inert((False,), "not used by rlstack"),
+    "policy.generation.vllm_cfg.num_last_layers_in_bf16": Inert((0,), "not used by rlstack"),
+    "policy.generation.vllm_cfg.num_first_layers_in_bf16": Inert((0,), "not used by rlstack"),
+    "policy.generation.vllm_cfg.precision": Inert(
+        ANY, "rlstack's vLLM engine computes in worker.actor.model.dtype"
+    ),
+    "policy.generation.vllm_kwargs": Inert(({},), "rlstack passes vLLM only its worker.rollout settings"),
+    "policy.generation.colocated.enabled": Moved("worker.rollout.colocated"),
+    "policy.generation.colocated.resources.gpus_per_node": Moved("worker.rollout.num_ranks"),
+    "policy.generation.colocated.resources.num_nodes": Inert((None, 1), "rollout actors are placed by Ray"),
+    "grpo.num_prompts_per_step": Moved("data.rollout_batch_size"),
+    "grpo.num_generations_per_prompt": Moved("worker.rollout.n"),
+    "grpo.max_num_epochs": Moved("trainer.total_epochs"),
+    "grpo.max_num_steps": Moved("trainer.max_steps"),
+    "grpo.max_rollout_turns": Inert(
+        (1,),
+        "rlstack's multi-turn trajectories are tool calls (worker.rollout.agent.tools, max_turns); an "
+        "environment's feedback turns after an answer are not supported",
+    ),
+    "grpo.overlong_filtering": Moved("algorithm.mask_truncated_responses"),
+    "grpo.val_period": Moved("trainer.val_freq", {0: -1}),
+    "grpo.val_at_start": Moved("trainer.val_before_train"),
+    "grpo.max_val_samples": Moved("data.val_max_samples"),
+    "grpo.val_batch_size": Moved("data.val_batch_size"),
+    "grpo.seed": Moved("trainer.seed"),
+    "grpo.async_grpo.enabled": Moved("algorithm.async_grpo.enabled"),
+    "grpo.async_grpo.max_trajectory_age_steps": Moved("algorithm.async_grpo.max_trajectory_age_steps"),
+    "grpo.async_grpo.in_flight_weight_updates": Moved("algorithm.async_grpo.in_flight_weight_updates"),
+    "loss_fn.ratio_clip_min": Moved("worker.actor.clip_ratio_low"),
+    "loss_fn.ratio_clip_max": Moved("worker.actor.clip_ratio_high"),
+    "loss_fn.use_on_policy_kl_approximation": Inert(
+        (False,), "rlstack's KL term uses the reference's log-probs"
+    ),
+    "loss_fn.use_importance_sampling_correction": Moved(
+        "worker.actor.rollout_correction", {True: "tis", False: None}
+    ),
+    "loss_fn.sequence_level_importance_ratios": Moved(
+        "worker.actor.loss_type", {True: "gspo", False: "vanilla"}
+    ),
+    "loss_fn.token_level_loss": Moved(
+        "worker.actor.loss_agg_mode", {True: "token-mean", False: "seq-mean-token-mean"}
+    ),
+    "checkpointing.save_period": Moved("trainer.save_freq"),
+    "checkpointing.checkpoint_dir": Moved("trainer.output_dir"),
+    "checkpointing.keep_top_k": Moved("trainer.save_limit"),
+    "checkpointing.metric_name": Inert(
+        ANY, "rlstack keeps the latest trainer.save_limit checkpoints, not the best"
+    ),
+    "checkpointing.higher_is_better": Inert(ANY, "rlstack keeps the latest checkpoints, not the best"),
+    "checkpointing.checkpoint_must_save_by": Inert((None,), "rlstack saves every trainer.save_freq steps"),
+    "checkpointing.model_save_format": Inert(("safetensors",), "rlstack saves safetensors"),
+    "checkpointing.save_consolidated": Inert(ANY, "rlstack's checkpoints hold a Hugging Face model"),
+    "data.max_input_seq_length": Inert(ANY, "read with policy.max_total_sequence_length"),
+    "data.prompt_file": Inert(
+        (None,),
+        "NeMo RL formats the problem into a text file's {}; rlstack's data.format_prompt is a Jinja file "
+        "rendered with the problem as {{ content }}: write one and set data.format_prompt",
+    ),
+    "data.system_prompt_file": Inert(
+        (None,), "rlstack's system prompt is worker.rollout.agent.system_prompt (the text itself)"
+    ),
+    "data.dataset_name": Inert(
+        (None,),
+        "NeMo RL's dataset registry is not rlstack's: set data.train_files (a file, builtin:<task>, or a "
+        "Hub dataset as name@split) and data.val_files",
+    ),
+    "data.train_data_path": Moved("data.train_files"),
+    "data.val_data_path": Moved("data.val_files"),
+    "data.input_key": Moved("data.prompt_key"),
+    "data.output_key": Moved("data.answer_key"),
+    "data.train.dataset_name": Moved("data.train_files"),
+    "data.train.split_validation_size": Moved("data.val_split"),
+    "data.default.processor": Inert(ANY, "rlstack reads rows by data.format (auto-detected per file)"),
+    "data.default.env_name": Inert(ANY, "read with env"),
+    "logger.log_dir": Inert(ANY, "rlstack logs in the run directory, trainer.output_dir/project/experiment"),
+    "logger.num_val_samples_to_print": Moved("trainer.val_generations_to_log"),
+    "logger.monitor_gpus": Inert(ANY, "rlstack logs the GPU memory in use with each step's metrics"),
+    "logger.gpu_monitoring": Inert(ANY, "rlstack logs the GPU memory in use with each step's metrics"),
+    "logger.mlflow_enabled": Inert((False,), "rlstack's trackers are console, file, tensorboard and wandb"),
+    "logger.swanlab_enabled": Inert((False,), "rlstack's trackers are console, file, tensorboard and wandb"),
+    "logger.mlflow": Inert(ANY, "rlstack's trackers are console, file, tensorboard and wandb"),
+    "logger.swanlab": Inert(ANY, "rlstack's trackers are console, file, tensorboard and wandb"),
+    "logger.tensorboard": Inert(ANY, "rlstack's TensorBoard logs go to the run directory"),
+    "logger.wandb.project": Moved("trainer.project_name"),
+    "logger.wandb.name": Moved("trainer.experiment_name"),
+    "cluster.gpus_per_node": Moved("trainer.n_gpus_per_node"),
+    "cluster.num_nodes": Moved("trainer.nnodes"),
+}
+
+REWARDS = {"math": "builtin:math", "code": "builtin:code"}
+"""NeMo RL's environments -> rlstack's built-in rewards."""
+
+_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+
+
+def is_nemo_rl(values: dict) -> bool:
+    """Whether a merged config has NeMo RL's layout."""
+    return any(section in values for section in SECTIONS)
+
+
+def translate(values: dict, sources: dict[str, str], problems: list[str]) -> list[str]:
+    """Read NeMo RL's keys out of `values` (in place) into rlstack's; returns the notes, appends problems."""
+    notes: list[str] = []
+    original = _copy(values)
+
+    def at(key: str) -> str:
+        where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
+        return f" ({where})" if where else ""
+
+    def value_of(key: str) -> Any:
+        """A NeMo RL key's value, following `${other.key}` references."""
+        value, seen = _get(original, key), set()
+        while isinstance(value, str) and (m := _REFERENCE.match(value)) and m.group(1) not in seen:
+            seen.add(m.group(1))
+            value = _get(original, m.group(1))
+        return value
+
+    def take(key: str) -> Any:
+        _pop(values, key)
+        return value_of(key)
+
+    def move(key: str, to: str, value: Any, spellings: dict | None = None) -> None:
+        if _get(values, to) is not _MISSING:
+            if sources.get(to, "").startswith("command-line"):  # the command line wins over the file
+                notes.append(f"{key}{at(key)}: NeMo RL's key for {to}, which the command line sets")
+            else:
+                problems.append(
+                    f"{key}{at(key)} is NeMo RL's name for {to}, which is set too: keep {to} only"
+                )
+            return
+        if spellings is not None and _hashable(value) and value in spellings:
+            value = spellings[value]
+        _set(values, to, value)
+        notes.append(f"{key}{at(key)}: NeMo RL's key, read as {to}={value}")
+
+    special: dict[str, Callable[[], None]] = {
+        "advantages": lambda: _advantages(take, move, at, notes),
+        "batch": lambda: _global_batch(take, move, at, values, problems),
+        "lengths": lambda: _lengths(take, move, at, values, problems, notes),
+        "kl": lambda: _kl(take, move, at, notes),
+        "reward": lambda: _env(take, move, at, values, problems),
+        "datasets": lambda: _datasets(take, move, at, values, notes),
+        "scheduler": lambda: _scheduler(take, move, at, problems),
+        "loggers": lambda: _loggers(take, at, values, notes),
+        "checkpoints": lambda: _checkpoints(take, at, values, notes),
+        "megatron": lambda: _megatron(take, at, problems, notes),
+        "tokenizer": lambda: _tokenizer(take, move, at, notes),
+        "top_k": lambda: _top_k(take, move),
+        "ratio_clip_c": lambda: _ratio_clip_c(take, move),
+    }
+    for rule in special.values():
+        rule()
+    for key, rule in TABLE.items():
+        if _get(values, key) is _MISSING:
+            continue
+        value = take(key)
+        if isinstance(rule, Moved):
+            if value is None and None not in (rule.values or {}):
+                notes.append(f"{key}{at(key)}: NeMo RL's key, unset: {rule.to} keeps rlstack's default")
+            else:
+                move(key, rule.to, value, rule.values)
+        elif rule.ok is ANY or (_hashable(value) and value in rule.ok) or value == {}:
+            notes.append(f"{key}{at(key)}: NeMo RL's key, not used: {rule.why}")
+        else:
+            problems.append(f"{key}={value!r}{at(key)}: {rule.why}")
+    for section in (*SECTIONS, "data.train", "data.default"):
+        _drop_empty(values, section)
+    for section in SECTIONS:
+        for key in _leaves(values.get(section), section):
+            problems.append(f"{key}{at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it")
+        values.pop(section, None)
+    for note in notes:
+        log.warning("config: %s", note)
+    return notes
+
+
+def _advantages(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
+    loo, norm = take("grpo.use_leave_one_out_baseline"), take("grpo.normalize_rewards")
+    if loo is _MISSING and norm is _MISSING:
+        return
+    loo, norm = loo is not _MISSING and bool(loo), norm is _MISSING or bool(norm)
+    key = "grpo.use_leave_one_out_baseline" if loo else "grpo.normalize_rewards"
+    estimator = ("loo_std" if norm else "rloo") if loo else "grpo"
+    move(key, "algorithm.adv_estimator", estimator)
+    if not loo:
+        move("grpo.normalize_rewards", "algorithm.norm_adv_by_std_in_grpo", norm)
+
+
+def _global_batch(take: Callable, move: Callable, at: Callable, values: dict, problems: list[str]) -> None:
+    key = "policy.train_global_batch_size"
+    total = take(key)
+    if total is _MISSING:
+        return
+    n = take("grpo.num_generations_per_prompt")
+    if n is not _MISSING:
+        move("grpo.num_generations_per_prompt", "worker.rollout.n", n)
+    n = _get(values, "worker.rollout.n")  # the command line's, if it set it
+    n = n if isinstance(n, int) and n > 0 else 1
+    if not isinstance(total, int) or total % n:
+        problems.append(
+            f"{key}={total!r}{at(key)}: NeMo RL counts trajectories, rlstack's worker.actor.global_batch_size "
+            f"prompts; it must be a multiple of grpo.num_generations_per_prompt ({n})"
+        )
+        return
+    prompts = _get(values, "data.rollout_batch_size")
+    step = prompts if prompts is not _MISSING else _get(values, "grpo.num_prompts_per_step")
+    if isinstance(step, int) and total // n > step:
+        problems.append(
+            f"{key}={total}{at(key)} is {total // n} prompts of {n} trajectories, more than the {step} prompts "
+            f"a step generates (grpo.num_prompts_per_step): set it to at most {step * n}, one optimizer step per "
+            "rollout (or a divisor of it for several)"
+        )
+        _set(values, "worker.actor.global_batch_size", step)  # no second problem about the same setting
+        return
+    move(key, "worker.actor.global_batch_size", total // n)
+
+
+def _lengths(
+    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
+) -> None:
+    """Prompt and response bounds from NeMo RL's total (prompt + response) bound."""
+    key = "policy.max_total_sequence_length"
+    total = take(key)
+    new_tokens = take("policy.generation.max_new_tokens")
+    prompt = take("data.max_input_seq_length")
+    if total is _MISSING:
+        if new_tokens is not _MISSING:
+            move("policy.generation.max_new_tokens", "data.max_response_length", new_tokens)
+        if prompt is not _MISSING:
+            move("data.max_input_seq_length", "data.max_prompt_length", prompt)
+        return
+    own = [_get(values, k) is not _MISSING for k in ("data.max_prompt_length", "data.max_response_length")]
+    if all(own):
+        notes.append(
+            f"{key}{at(key)}: NeMo RL's key, not used: data.max_prompt_length and max_response_length are set"
+        )
+        return
+    response = new_tokens if isinstance(new_tokens, int) and new_tokens < total else None
+    prompt = prompt if isinstance(prompt, int) and prompt < total else None
+    if response is None and prompt is None:
+        problems.append(
+            f"{key}={total}{at(key)}: NeMo RL bounds prompt and response together, rlstack each on its own; with "
+            "policy.generation.max_new_tokens and data.max_input_seq_length both at the total there is no split to "
+            f"read: set data.max_prompt_length and data.max_response_length (their sum at most {total})"
+        )
+        return
+    if response is None:
+        response = total - prompt
+    if prompt is None:
+        prompt = total - response
+    prompt = min(prompt, total - response)
+    _set(values, "data.max_prompt_length", prompt)
+    _set(values, "data.max_response_length", response)
+    notes.append(
+        f"{key}={total}{at(key)}: NeMo RL's bound on prompt + response, read as data.max_prompt_length={prompt}, "
+        f"data.max_response_length={response}"
+    )
+
+
+def _kl(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
+    key = "loss_fn.reference_policy_kl_penalty"
+    coef = take(key)
+    if coef is _MISSING:
+        return
+    move(key, "algorithm.use_kl_loss", bool(coef))
+    if coef:
+        move(key, "algorithm.kl_coef", coef)
+        move(key, "algorithm.kl_penalty", "low_var_kl")  # NeMo RL's k3 estimator
+
+
+def _env(take: Callable, move: Callable, at: Callable, values: dict, problems: list[str]) -> None:
+    """The reward from NeMo RL's environment (`env.<name>`, or `data.default.env_name`)."""
+    env = _get(values, "env")
+    name = _get(values, "data.default.env_name")
+    if not isinstance(env, dict) or not env:
+        return
+    names = [name] if isinstance(name, str) else list(env)
+    for n in list(env):
+        settings = take(f"env.{n}") or {}
+        if n not in names:
+            continue
+        if n not in REWARDS:
+            problems.append(
+                f"env.{n}{at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
+                "function (worker.reward.reward_function) or use env math / code"
+            )
+            continue
+        if _get(values, "worker.reward.reward_function") is _MISSING:
+            move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
+        if isinstance(settings, dict) and "num_workers" in settings:
+            move(f"env.{n}.num_workers", "worker.reward.num_workers", settings["num_workers"])
+
+
+def _datasets(take: Callable, move: Callable, at: Callable, values: dict, notes: list[str]) -> None:
+    """NeMo RL's per-split data section (`data.train`) over its older single `data.dataset_name`."""
+    name, held_out = _get(values, "data.train.dataset_name"), _get(values, "data.train.split_validation_size")
+    if name is not _MISSING and _get(values, "data.dataset_name") is not _MISSING:
+        old = take("data.dataset_name")
+        notes.append(
+            f"data.dataset_name={old!r}{at('data.dataset_name')}: NeMo RL's key, not used: data.train is set"
+        )
+    if held_out is not _MISSING and held_out and _get(values, "data.val_files") is _MISSING:
+        move(
+            "data.train.split_validation_size", "data.val_files", ""
+        )  # the held-out rows are the validation set
+
+
+def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str]) -> None:
+    key = "policy.scheduler"
+    steps = take(key)
+    if steps is _MISSING or steps is None:
+        return
+    kinds = (
+        [s.get("name") for s in steps if isinstance(s, dict) and "name" in s]
+        if isinstance(steps, list)
+        else []
+    )
+    linear = "torch.optim.lr_scheduler.LinearLR"
+    if kinds and kinds[0] == linear and all(k == "torch.optim.lr_scheduler.ConstantLR" for k in kinds[1:]):
+        warmup = steps[0].get("kwargs", {}).get("total_iters")
+        if isinstance(warmup, int):
+            move(key, "worker.actor.optim.lr_warmup_steps", warmup)
+            return
+    if kinds and all(k == "torch.optim.lr_scheduler.ConstantLR" for k in kinds):
+        return
+    problems.append(
+        f"{key}{at(key)}: rlstack's schedules are a linear warm-up then constant or cosine "
+        "(worker.actor.optim.lr_warmup_steps, lr_scheduler_type); set those instead"
+    )
+
+
+def _loggers(take: Callable, at: Callable, values: dict, notes: list[str]) -> None:
+    wandb, tensorboard = take("logger.wandb_enabled"), take("logger.tensorboard_enabled")
+    if wandb is _MISSING and tensorboard is _MISSING:
+        return
+    if _get(values, "trainer.logger") is not _MISSING:
+        notes.append(f"logger.*_enabled{at('logger')}: NeMo RL's keys, not used: trainer.logger is set")
+        return
+    loggers = (
+        ["console", "file"] + ["tensorboard"] * bool(tensorboard is True) + ["wandb"] * bool(wandb is True)
+    )
+    _set(values, "trainer.logger", loggers)
+    notes.append(f"logger.*_enabled{at('logger')}: NeMo RL's keys, read as trainer.logger={loggers}")
+
+
+def _checkpoints(take: Callable, at: Callable, values: dict, notes: list[str]) -> None:
+    enabled = take("checkpointing.enabled")
+    if enabled is False:
+        _pop(values, "checkpointing.save_period")
+        _set(values, "trainer.save_model_only", True)
+        notes.append(
+            f"checkpointing.enabled=false{at('checkpointing')}: NeMo RL's key, read as trainer.save_model_only=true "
+            "(no checkpoints to resume from; the trained model is still written to huggingface/)"
+        )
+
+
+def _megatron(take: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
+    key = "policy.megatron_cfg"
+    cfg = take(key)
+    if cfg is _MISSING:
+        return
+    if isinstance(cfg, dict) and cfg.get("enabled"):
+        problems.append(
+            f"{key}.enabled=true{at(key)}: rlstack trains with FSDP2, not Megatron; use dtensor_cfg"
+        )
+    else:
+        notes.append(f"{key}{at(key)}: NeMo RL's Megatron settings, not used (megatron_cfg.enabled is false)")
+
+
+def _tokenizer(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
+    key = "policy.tokenizer.name"
+    name, model = take(key), take("policy.model_name")
+    if model is not _MISSING:
+        move("policy.model_name", "worker.actor.model.model_path", model)
+    if name is _MISSING:
+        return
+    _ = take("policy.tokenizer")
+    if name in (None, model):
+        notes.append(f"{key}{at(key)}: NeMo RL's key, the model's own tokenizer")
+    else:
+        move(key, "worker.actor.model.tokenizer_path", name)
+
+
+def _top_k(take: Callable, move: Callable) -> None:
+    value = take("policy.generation.top_k")
+    if value is not _MISSING:
+        move("policy.generation.top_k", "worker.rollout.top_k", -1 if value is None else value)
+
+
+def _ratio_clip_c(take: Callable, move: Callable) -> None:
+    value = take("loss_fn.ratio_clip_c")
+    if value is not _MISSING and value is not None:
+        move("loss_fn.ratio_clip_c", "worker.actor.clip_ratio_dual", value)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _copy(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {k: _copy(v) for k, v in values.items()}
+    if isinstance(values, list):
+        return [_copy(v) for v in values]
+    return values
+
+
+def _drop_empty(values: dict, dotted: str) -> None:
+    node = _get(values, dotted)
+    if isinstance(node, dict):
+        for k in list(node):
+            _drop_empty(values, f"{dotted}.{k}")
+        if not _get(values, dotted):
+            _pop(values, dotted)
+
+
+def _leaves(node: Any, prefix: str) -> list[str]:
+    if not isinstance(node, dict):
+        return [] if node is None else [prefix]
+    return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}")]
