@@ -63,6 +63,8 @@ class Trainer:
         self.pad_token_id = tokenizer.pad_token_id
         self.probe = tokenizer("The weight-sync probe: 12 + 34 = 46.", add_special_tokens=False)["input_ids"]
         """Fixed text (no images, whatever the model) that `check_weight_sync` scores with engine and policy."""
+        self.probe_synced: list[float] | None = None
+        """The policy's log-probs of the probe at the weights of the last sync (None: none checked yet)."""
         processor = load_processor(m.tokenizer_path or model_path, m.trust_remote_code, m.chat_template)
         system = agent_system_prompt(w.rollout.agent)
         images = w.rollout.agent.max_images
@@ -217,6 +219,8 @@ class Trainer:
                     critic_mini = self.cfg.worker.critic.global_batch_size * self.cfg.worker.rollout.n
                     metrics |= self.critic.call("update", batch, critic_mini)
             if self.step > self.cfg.trainer.critic_warmup:
+                if self.cfg.worker.rollout.check_weight_sync and self.probe_synced is None:
+                    self.probe_synced = self.actor.call("score", *self._probe())  # the weights the engine has
                 with _timer(timing, "update_actor"):
                     metrics |= self.actor.call("update", batch, self.mini_batch_size)
                 # the batches that need older weights first (in flight, the weights land in them instead)
@@ -266,22 +270,47 @@ class Trainer:
         # rollout workers placed apart: the policy's whole weights (gathered on its rank 0) go to each of them
         return self.rollout_workers.call("update_weights", self.actor.call("gathered_weights"), self.step)
 
+    def _probe(self) -> tuple[list[int], list[int]]:
+        """The weight-sync probe: a fixed text's first 8 tokens as the prompt, the rest as what is scored."""
+        return self.probe[:8], self.probe[8:]
+
     def check_weight_sync(self) -> dict[str, float]:
         """Score a fixed text probe with the engine and with the policy; fail loudly when they disagree (an
-        engine left on stale weights)."""
-        prompt, probe = self.probe[:8], self.probe[8:]
-        engines = self.rollout_workers.call("score", prompt, probe)  # one per rank
-        policy = self.actor.call("score", prompt, probe)
-        diff = max(abs(a - b) for engine in engines for a, b in zip(engine, policy))
+        engine left on stale weights): past `weight_sync_tolerance`, or, below it, when the engine scores
+        the probe at least twice as close to the weights of the previous sync as to the policy's now
+        (what an engine that kept the old weights does however little the update moved the probe; an
+        engine in step with the policy differs from both by its own numerics alone). Differences below
+        1% of the tolerance are taken as equal."""
+        engines = self.rollout_workers.call("score", *self._probe())  # one per rank
+        policy = self.actor.call("score", *self._probe())
+        previous, self.probe_synced = self.probe_synced, policy
+        now = [_max_diff(engine, policy) for engine in engines]
         tolerance = self.cfg.worker.rollout.weight_sync_tolerance
-        if not diff <= tolerance:
-            raise RLStackError(
-                f"after the weight sync of step {self.step}, the rollout engine's log-probs differ from the "
-                f"policy's by up to {diff:.3g} on a fixed probe (worker.rollout.weight_sync_tolerance={tolerance}): "
-                f"the {self.engine.name} engine is not sampling from the weights being trained. Training on "
-                "its samples would be off-policy without anyone knowing; stopping instead"
+        metrics = {"rollout/weight_sync_max_diff": max(now)}
+        stale = ""
+        if not max(now) <= tolerance:
+            stale = (
+                f"differ from the policy's by up to {max(now):.3g} on a fixed probe "
+                f"(worker.rollout.weight_sync_tolerance={tolerance})"
             )
-        return {"rollout/weight_sync_max_diff": diff}
+        elif previous is not None:
+            before = [_max_diff(engine, previous) for engine in engines]
+            metrics["rollout/weight_sync_previous_diff"] = max(before)
+            metrics["rollout/weight_sync_policy_moved"] = _max_diff(policy, previous)
+            closer = [(n, b) for n, b in zip(now, before) if n > tolerance / 100 and 2 * b < n]
+            if closer:
+                n, b = closer[0]
+                stale = (
+                    f"are closer to the previous weights' (up to {b:.3g} apart) than to the policy's now "
+                    f"(up to {n:.3g}) on a fixed probe"
+                )
+        if stale:
+            raise RLStackError(
+                f"after the weight sync of step {self.step}, the rollout engine's log-probs {stale}: the "
+                f"{self.engine.name} engine is not sampling from the weights being trained. Training on its "
+                "samples would be off-policy without anyone knowing; stopping instead"
+            )
+        return metrics
 
     def rollout(self, prompts: Batch, timing: dict[str, float]) -> Batch:
         """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
@@ -508,6 +537,10 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.sync_weights()
         print(f"resumed from {path} at step {self.step}")
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
 
 
 @contextmanager

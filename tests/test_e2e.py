@@ -775,6 +775,64 @@ def test_the_weight_sync_probe_wakes_an_engine_put_to_sleep_by_a_later_rollout(
     assert engine.calls[5:] == ["wake_up", "wake_up", "score"] and not engine.asleep
 
 
+def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """An update that moves the probe by less than weight_sync_tolerance still shows an engine left on the
+    old weights: it scores the probe like the previous sync's policy, not like the policy now."""
+    from rlstack.errors import RLStackError
+
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path,
+            "data.val_files=",
+            "trainer.max_steps=2",
+            "worker.actor.optim.lr=1e-4",
+            "worker.rollout.check_weight_sync=true",
+            _digits_reward(tmp_path),
+        )
+    )
+    trainer = Trainer(cfg)
+    workers = trainer.rollout_workers
+    frozen = trainer.actor.call("score", *trainer._probe())  # what the engine would score, never synced
+    numerics = 1e-4  # an engine's own rounding: in step with the policy, it differs by this much
+
+    def engine_scores(stale: bool):
+        def call(method, *args, **kwargs):
+            if method != "score":
+                return type(workers).call(workers, method, *args, **kwargs)
+            scores = frozen if stale else trainer.actor.call("score", *args)
+            return [[s + numerics for s in scores]]
+
+        return call
+
+    workers.call = engine_scores(stale=False)
+    trainer.fit()  # in step: no alarm
+    rows = _metrics(cfg.run_dir)
+    assert rows[2]["rollout/weight_sync_max_diff"] == pytest.approx(numerics, abs=1e-6)
+    assert rows[2]["rollout/weight_sync_policy_moved"] > 10 * numerics
+
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path / "stale",
+            "data.val_files=",
+            "trainer.max_steps=2",
+            "worker.actor.optim.lr=1e-4",
+            "worker.rollout.check_weight_sync=true",
+            _digits_reward(tmp_path),
+        )
+    )
+    trainer = Trainer(cfg)
+    workers = trainer.rollout_workers
+    workers.call = engine_scores(stale=True)
+    with pytest.raises(RLStackError, match=r"closer to the previous weights' \(up to 0.0001 apart\)") as info:
+        trainer.fit()
+    now = float(str(info.value).split("than to the policy's now (up to ")[1].split(")")[0])
+    assert now < cfg.worker.rollout.weight_sync_tolerance  # the tolerance alone would not have seen it
+
+
 def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir: Path, tmp_path: Path):
     runs = []
     for name, flag in (("plain", "false"), ("checkpointed", "true")):
