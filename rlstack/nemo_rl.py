@@ -156,9 +156,7 @@ TABLE: dict[str, Moved | Inert] = {
         "NeMo RL formats the problem into a text file's {}; rlstack's data.format_prompt is a Jinja file "
         "rendered with the problem as {{ content }}: write one and set data.format_prompt",
     ),
-    "data.system_prompt_file": Inert(
-        (None,), "rlstack's system prompt is worker.rollout.agent.system_prompt (the text itself)"
-    ),
+    "data.system_prompt_file": Moved("worker.rollout.agent.system_prompt"),
     "data.dataset_name": Inert(
         (None,),
         "NeMo RL's dataset registry is not rlstack's: set data.train_files (a file, builtin:<task>, or a "
