@@ -112,11 +112,6 @@ TABLE: dict[str, Moved | Inert] = {
     "grpo.num_generations_per_prompt": Moved("worker.rollout.n"),
     "grpo.max_num_epochs": Moved("trainer.total_epochs"),
     "grpo.max_num_steps": Moved("trainer.max_steps"),
-    "grpo.max_rollout_turns": Inert(
-        (1,),
-        "rlstack's multi-turn trajectories are tool calls (worker.rollout.agent.tools, max_turns); an "
-        "environment's feedback turns after an answer are not supported",
-    ),
     "grpo.overlong_filtering": Moved("algorithm.mask_truncated_responses"),
     "grpo.val_period": Moved("trainer.val_freq", {0: -1}),
     "grpo.val_at_start": Moved("trainer.val_before_train"),
@@ -245,6 +240,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         "tokenizer": lambda: _tokenizer(take, move, at, notes),
         "top_k": lambda: _top_k(take, move),
         "ratio_clip_c": lambda: _ratio_clip_c(take, move),
+        "turns": lambda: _turns(take, move, at, values, problems, notes),
     }
     for rule in special.values():
         rule()
@@ -477,6 +473,28 @@ def _tokenizer(take: Callable, move: Callable, at: Callable, notes: list[str]) -
         notes.append(f"{key}{at(key)}: NeMo RL's key, the model's own tokenizer")
     else:
         move(key, "worker.actor.model.tokenizer_path", name)
+
+
+def _turns(
+    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
+) -> None:
+    key = "grpo.max_rollout_turns"
+    turns = take(key)
+    if turns is _MISSING or turns == 1:
+        if turns == 1:
+            notes.append(f"{key}{at(key)}: NeMo RL's key, 1: single-turn rollouts")
+        return
+    move(key, "worker.rollout.agent.max_turns", turns)
+    agent = "worker.rollout.agent"
+    if _get(values, f"{agent}.feedback") in (_MISSING, None) and _get(values, f"{agent}.tools") in (
+        _MISSING,
+        [],
+        None,
+    ):
+        problems.append(
+            f"{key}={turns}{at(key)}: between NeMo RL's turns its environment replies; rlstack's replies come from "
+            f"{agent}.feedback (file.py:fn, returning the next user message or None) or from tools ({agent}.tools)"
+        )
 
 
 def _top_k(take: Callable, move: Callable) -> None:

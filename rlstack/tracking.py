@@ -374,6 +374,11 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
     total_calls = float(calls.sum())
     m = {
         "agent/num_turns/mean": float(batch["num_turns"].float().mean()),
+        **(
+            {"agent/feedback_turns/mean": float(batch["feedback_turns"].float().mean())}
+            if "feedback_turns" in batch
+            else {}
+        ),
         "agent/tool_calls/mean": float(calls.mean()),
         "agent/tool_success_rate": 1.0 - float(batch["tool_errors"].float().sum()) / total_calls
         if total_calls > 0

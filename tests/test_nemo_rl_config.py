@@ -95,7 +95,7 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
     expected = {
         "policy.fancy_new_knob": "which rlstack has no equivalent for",
         "policy.megatron_cfg.enabled=true": "not Megatron",
-        "grpo.max_rollout_turns=3": "environment's feedback turns",
+        "grpo.max_rollout_turns=3": "rlstack's replies come from worker.rollout.agent.feedback",
         "env.sudoku": "no built-in for",
         "policy.max_total_sequence_length=512": "no split to read",
     }

@@ -14,6 +14,12 @@ stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is 
 - a turn that ends without EOS and without a call (the response token budget ran out):
   `over_length`.
 
+With an environment's `feedback` function (NeMo RL's multi-turn environments), a turn that ends with
+EOS is an answer the function reads (with the row's prompt, ground truth, data source and extra
+fields): a string it returns is appended as the next user turn (`response_mask = 0`) and the model
+answers again; None, or the last of `max_turns` turns, ends the trajectory (`done`). The function runs
+in the tool threads; one that raises or returns something else stops the rollout naming the row.
+
 A trajectory also ends when it has made `max_turns` assistant turns while still calling tools
 (`max_turns`), when an observation would not fit in the response budget (`over_length`), when a
 tool's images would bring it past `max_images` (`max_images`), and when an observation cannot be
@@ -46,6 +52,8 @@ from PIL import Image
 
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
+from rlstack.errors import RLStackError
+from rlstack.extensions import load_module
 from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
 from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.tools.base import Observation
@@ -89,6 +97,11 @@ class Trajectory:
     `tool_images`), in order."""
     tool_images: list[Image.Image] = field(default_factory=list)
     """The images the tools returned, in order."""
+    row: dict[str, Any] = field(default_factory=dict)
+    """The data row's prompt, ground_truth, data_source and extra fields (what `feedback` reads)."""
+    answered: bool = False
+    """The last turn ended with EOS and waits for the environment's feedback."""
+    feedback_turns: int = 0
 
     @property
     def done(self) -> bool:
@@ -126,6 +139,8 @@ class AgentLoop:
         self.max_response_length = max_response_length
         self.multimodal = multimodal
         self.stop = tuple(STOP_STRINGS[config.tool_call_format]) if toolset is not None else ()
+        self.feedback = load_feedback(config.feedback) if config.feedback else None
+        self.multi_turn = toolset is not None or self.feedback is not None
         self.timing = {"gen": 0.0, "tools": 0.0}
         """Seconds spent generating and running tools in the current `generate` call."""
 
@@ -147,9 +162,12 @@ class AgentLoop:
                 if not active:
                     break
                 self._generate_turn(active, sampling)
-                calling = [t for t in active if not t.done]
+                answered = [t for t in active if t.answered]
+                calling = [t for t in active if not t.done and not t.answered]
                 if calling:
                     self._run_tools(calling, pool)
+                if answered:
+                    self._run_feedback(answered, pool)
         finally:
             for t in trajectories:  # after an error mid-rollout: stop the interpreters still running
                 if not t.done and t.toolbox is not None:
@@ -178,6 +196,8 @@ class AgentLoop:
             image_grid_thw=grid,
             num_images=len(images),
             seed=mix_seed(int(batch["sample_seed"][i]), sample) if "sample_seed" in batch else None,
+            row={k: batch[k][i] for k in ("prompt", "ground_truth", "data_source") if k in batch}
+            | {"extra": extra},
         )
 
     def _generate_turn(self, active: list[Trajectory], sampling: SamplingSettings) -> None:
@@ -204,12 +224,15 @@ class AgentLoop:
             t.logprobs += logp
             t.num_turns += 1
             t.weight_version_last = c.weight_version
-            if self.toolset is not None:
+            if self.multi_turn:
                 t.turns.append(
                     {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}
                 )
             if not cut and new and new[-1] in eos:
-                t.finish("done")
+                if self.feedback is not None and t.num_turns < self.cfg.max_turns:
+                    t.answered = True  # the environment reads the answer (`_run_feedback`)
+                else:
+                    t.finish("done")
             elif cut or c.finish_reason == "length" or len(t.tokens) >= self.max_response_length:
                 t.finish("over_length")
             elif self.toolset is None:
@@ -255,6 +278,44 @@ class AgentLoop:
             t.tool_errors += int(not observation.ok)
             t.tool_seconds += seconds
             self._append_observation(t, observation)
+
+    def _run_feedback(self, answered: list[Trajectory], pool: ThreadPoolExecutor) -> None:
+        """The environment's reply to each answer: the next user turn, or the end of the trajectory."""
+
+        def run(t: Trajectory) -> Any:
+            response = self.tokenizer.decode(t.tokens, skip_special_tokens=True)
+            return self.feedback(t.row | {"response": response, "turn": t.num_turns})
+
+        began = time.perf_counter()
+        replies = list(pool.map(_guarded(run), answered))
+        self.timing["tools"] += time.perf_counter() - began
+        for t, (reply, error) in zip(answered, replies):
+            t.answered = False
+            if error is not None or not (reply is None or isinstance(reply, str)):
+                what = f"raised {error!r}" if error is not None else f"returned {reply!r}"
+                raise RLStackError(
+                    f"worker.rollout.agent.feedback ({self.cfg.feedback}) {what} for {t.where}, turn "
+                    f"{t.num_turns}: it must return the next user message (a string) or None to accept the answer"
+                )
+            if reply is None:
+                t.finish("done")
+                continue
+            encoded = encode_observation(
+                self.processor,
+                reply,
+                [],
+                f"{t.where}, turn {t.num_turns} feedback",
+                response_ended_with_eos=True,
+            )
+            ids = encoded.input_ids.tolist()
+            if len(t.tokens) + len(ids) >= self.max_response_length:
+                t.finish("over_length")
+                continue
+            t.tokens += ids
+            t.mask += [0] * len(ids)
+            t.logprobs += [0.0] * len(ids)
+            t.turns.append({"role": "user", "text": reply})
+            t.feedback_turns += 1
 
     def _append_observation(self, t: Trajectory, observation: Observation) -> None:
         images = list(observation.images)
@@ -324,7 +385,9 @@ class AgentLoop:
         }
         if all(t.weight_version_last is not None for t in trajectories):
             columns["weight_version_last"] = torch.tensor([t.weight_version_last for t in trajectories])
-        if self.toolset is not None:
+        if self.feedback is not None:
+            columns["feedback_turns"] = torch.tensor([t.feedback_turns for t in trajectories])
+        if self.multi_turn:
             columns |= {
                 "num_turns": torch.tensor([t.num_turns for t in trajectories]),
                 "tool_calls": torch.tensor([t.tool_calls for t in trajectories]),
@@ -338,7 +401,7 @@ class AgentLoop:
             columns["image_grid_thw"] = [t.image_grid_thw for t in trajectories]
         out = batch.update(columns)
         out.meta["temperature"] = temperature if temperature > 0 else 1.0
-        if self.toolset is not None:
+        if self.multi_turn:
             out.meta["agent_timing"] = dict(self.timing)
         return out
 
@@ -353,6 +416,32 @@ def agent_system_prompt(config: AgentConfig, toolset: ToolSet | None = None) -> 
         ).hermes_tools_prompt()
         text = f"{text}\n\n{tools}" if text else tools
     return text or None
+
+
+def load_feedback(ref: str) -> Any:
+    """The environment's feedback function `file.py:fn` or `pkg.mod:fn` (`worker.rollout.agent.feedback`)."""
+    key = "worker.rollout.agent.feedback"
+    if ":" not in ref:
+        raise RLStackError(
+            f"{key}={ref!r} must be path/to/file.py:function_name or package.module:function_name"
+        )
+    target, name = ref.rsplit(":", 1)
+    fn = getattr(load_module(target, key, "feedback file", RLStackError), name, None)
+    if not callable(fn):
+        raise RLStackError(f"{key}={ref!r}: {target} has no function {name!r}")
+    return fn
+
+
+def _guarded(fn: Any) -> Any:
+    """`fn` returning (result, None), or (None, the exception) where it raised."""
+
+    def call(*args: Any) -> tuple[Any, BaseException | None]:
+        try:
+            return fn(*args), None
+        except Exception as e:
+            return None, e
+
+    return call
 
 
 def _last_turn_start(t: Trajectory) -> int:

@@ -187,6 +187,10 @@ function trajectoryCard(r, i) {
           el("div", { class: "label", text: `model, turn ${n}` }),
           el("pre", { class: "text", text: turn.text }),
           turn.tool_call ? callBlock(turn.tool_call) : null));
+      } else if (turn.role === "user") {
+        card.append(el("div", { class: "turn tool" },
+          el("div", { class: "label", text: "environment reply" }),
+          el("pre", { class: "output", text: turn.text })));
       } else {
         const shots = (turn.images || []).map((j) => image(r.tool_images[j]));
         card.append(el("div", { class: "turn tool" + (turn.ok === false ? " failed" : "") },
