@@ -1122,6 +1122,7 @@ def validate(cfg: Config) -> list[str]:
             (f"worker.reward.reward_function_by_source.{s}", f)
             for s, f in rw.reward_function_by_source.items()
         ]
+        + [("worker.rollout.agent.feedback", cfg.worker.rollout.agent.feedback or "")]
     ):
         if not fn.startswith("builtin:") and ":" in fn:
             file_part = fn.rsplit(":", 1)[0]

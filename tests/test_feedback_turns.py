@@ -11,7 +11,7 @@ import pytest
 from test_agent import Scripted
 
 from rlstack.batch import Batch
-from rlstack.config import AgentConfig, load_config
+from rlstack.config import AgentConfig, ConfigError, load_config
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_tokenizer
 from rlstack.models.vision import VisionProcessor
@@ -137,3 +137,8 @@ def test_grpo_with_an_environment_that_asks_again(tiny_model_dir: Path, tmp_path
     trainer.fit()
     (row,) = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert row["agent/feedback_turns/mean"] > 0 and row["agent/num_turns/mean"] > 1
+
+
+def test_a_feedback_file_that_does_not_exist_is_named_at_load(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"worker.rollout.agent.feedback: file .*nowhere.py' does not exist"):
+        load_config([f"worker.rollout.agent.feedback={tmp_path / 'nowhere.py'}:reply"])
