@@ -1249,25 +1249,44 @@ def cpu_supports_bfloat16() -> bool:
 
 
 def _chat_template_problems(template: str | None) -> list[str]:
-    """A chat template that is not there, or that Jinja cannot parse (with the line it stops at)."""
+    """A chat template file that is not there, or a template Jinja cannot parse (with the line it stops at)."""
     if not template:
         return []
     import jinja2
     import jinja2.ext
     import jinja2.sandbox
 
-    from rlstack.models.loading import TEMPLATE_SUFFIXES, chat_template_text
+    from rlstack.models.loading import is_template_text
 
     key = "worker.actor.model.chat_template"
-    if Path(template).suffix in TEMPLATE_SUFFIXES and not Path(template).is_file():
-        return [f"{key}: file {template!r} does not exist (a Jinja chat template, or its .jinja file)"]
-    text = chat_template_text(template)
-    try:  # the environment Hugging Face renders chat templates in
-        jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols]).parse(text)
+    if not is_template_text(template) and not os.path.isfile(template):
+        return [
+            f"{key}: file {template!r} does not exist (the value is Jinja text, with {{{{ or {{%, or a template file)"
+        ]
+    text = template if is_template_text(template) else Path(template).read_text()
+    # the environment Hugging Face renders chat templates in: loop controls, and its {% generation %} tag
+    extensions = [jinja2.ext.loopcontrols, _generation_tag()]
+    try:
+        jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=extensions).parse(text)
     except jinja2.TemplateSyntaxError as e:
-        where = template if text is not template else "the template"
+        where = "the template" if is_template_text(template) else template
         return [f"{key}: {where}, line {e.lineno}: {e.message}; fix the Jinja there"]
     return []
+
+
+def _generation_tag() -> type:
+    import jinja2.ext
+
+    class GenerationTag(jinja2.ext.Extension):
+        """Hugging Face's `{% generation %}...{% endgeneration %}` (assistant-token masks), parsed as its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationTag
 
 
 def _tensor_parallel_problems(cfg: Config, gpus: int, on_cpu: bool) -> list[str]:

@@ -367,7 +367,9 @@ class Trainer:
                 )
             prompts = Batch.concat([self.loader.next_batch() for _ in range(a.oversample_factor)])
             batch = self.rollout(prompts, timing)
-            missing = [i for i, c in enumerate(batch["reward_components"]) if a.filter_key not in c]
+            # a row whose reward call failed (on_error=score) has only overall and errors: NaN, as its group
+            components = batch["reward_components"]
+            missing = [i for i, c in enumerate(components) if a.filter_key not in c and not c.get("errors")]
             if missing:
                 i = missing[0]
                 raise RLStackError(
@@ -375,7 +377,7 @@ class Trainer:
                     f"{batch['data_source'][i]!r} ({reward_function_for(self.cfg.worker.reward, batch['data_source'][i])}); it "
                     f"returns {sorted(batch['reward_components'][i])}"
                 )
-            metric = torch.tensor([c[a.filter_key] for c in batch["reward_components"]])
+            metric = torch.tensor([c.get(a.filter_key, float("nan")) for c in components])
             groups = group_index(batch["uid"])
             keep = group_filter(metric, groups, a.filter_low, a.filter_high) & self._trajectory_filter(batch)
             order = rank_groups_by_std(batch["scores"], groups) if a.rank_groups_by_std else None

@@ -793,8 +793,18 @@ def test_easyr1s_override_chat_template_renders_every_prompt(tiny_model_dir: Pat
 
 
 def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_path: Path):
-    missing = problems_of([f"worker.actor.model.chat_template={tmp_path / 'none.jinja'}"])
-    assert any("none.jinja' does not exist" in p for p in missing), missing
+    for name in ("none.jinja", "qwen_tmpl"):  # a path, whatever its suffix, must exist
+        missing = problems_of([f"worker.actor.model.chat_template={tmp_path / name}"])
+        assert any(f"{name}' does not exist" in p for p in missing), missing
+    # one long line, as EasyR1 configs quote it, and Hugging Face's generation tag: both load
+    long = (
+        "{%- for m in messages %}"
+        + "{{ m['content'] }}" * 40
+        + "{% generation %}x{% endgeneration %}{% endfor %}"
+    )
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump({"worker": {"actor": {"model": {"chat_template": long}}}}, width=10_000))
+    assert load_config([f"config={config}"]).worker.actor.model.chat_template == long
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}\n{{ m.content }}\n{% endfor\n")
     problems = problems_of([f"worker.actor.model.chat_template={broken}"])

@@ -519,6 +519,31 @@ def test_a_filter_key_that_a_data_sources_function_does_not_return_is_named(
         trainer.collect_filtered(defaultdict(float), {})
 
 
+def test_a_failed_reward_call_under_the_score_policy_drops_its_group_not_the_run(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    reward = tmp_path / "flaky.py"
+    reward.write_text(
+        "CALLS = []\n"
+        "def compute_score(reward_inputs):\n"
+        "    CALLS.append(1)\n"
+        "    if len(CALLS) == 3:  # one row's call fails\n"
+        "        raise RuntimeError('sandbox timed out')\n"
+        "    return [{'overall': float(len(x['response']) % 2), 'parity': float(len(x['response']) % 2)}"
+        " for x in reward_inputs]\n"
+    )
+    trainer = _dapo_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.filter_key=parity",
+        f"worker.reward.reward_function={reward}:compute_score",
+        "worker.reward.on_error=score",
+        "worker.reward.num_workers=16",  # one call per row: only the failing rows fail
+    )
+    batch = trainer.collect_filtered(defaultdict(float), {})
+    assert all("parity" in c for c in batch["reward_components"])  # the failed rows' groups were dropped
+
+
 @pytest.mark.slow
 def test_dynamic_sampling_that_cannot_fill_a_batch_stops_with_advice(tiny_model_dir: Path, tmp_path: Path):
     from rlstack.errors import RLStackError

@@ -91,16 +91,14 @@ def mark_generic_tokenizer(path: Path) -> None:
     cfg_file.write_text(json.dumps(cfg, indent=2))
 
 
-TEMPLATE_SUFFIXES = (".jinja", ".jinja2", ".j2")
+def is_template_text(template: str) -> bool:
+    """Whether a configured chat template is Jinja text (it has a `{{` or `{%`) rather than a file's path."""
+    return "{{" in template or "{%" in template
 
 
 def chat_template_text(template: str) -> str:
-    """A chat template given in the config: the text of a `.jinja` file (or of any file that exists), else
-    the template itself."""
-    path = Path(template)
-    if path.suffix in TEMPLATE_SUFFIXES or (len(template) < 4096 and "\n" not in template and path.is_file()):
-        return path.read_text()
-    return template
+    """A chat template given in the config: the template itself (Jinja text), or the text of the file it names."""
+    return template if is_template_text(template) else Path(template).read_text()
 
 
 def load_tokenizer(
