@@ -733,8 +733,8 @@ def _config_file(
     parents = values.pop("defaults", None)
     layers: list[tuple[dict, dict[str, str]]] = []
     for parent in [parents] if isinstance(parents, str) else parents or []:
-        full = str(Path(path).parent / parent)
-        if full in seen or full == path:
+        full = str((Path(path).parent / parent).resolve())
+        if full in seen or full == str(Path(path).resolve()):
             problems.append(f"{path}: defaults {parent!r} includes itself")
         elif not Path(full).is_file():
             problems.append(
@@ -742,7 +742,7 @@ def _config_file(
                 "base config there (NeMo RL's are in its examples/configs), or write its keys out"
             )
         else:
-            layers += _config_file(full, problems, (*seen, path))
+            layers += _config_file(full, problems, (*seen, str(Path(path).resolve())))
     return [*layers, (values, where)]
 
 

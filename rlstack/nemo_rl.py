@@ -161,7 +161,8 @@ TABLE: dict[str, Moved | Inert] = {
     "data.val_data_path": Moved("data.val_files"),
     "data.input_key": Moved("data.prompt_key"),
     "data.output_key": Moved("data.answer_key"),
-    "data.train.dataset_name": Moved("data.train_files"),
+    "data.train.data_path": Moved("data.train_files"),
+    "data.validation.data_path": Moved("data.val_files"),
     "data.train.split_validation_size": Moved("data.val_split"),
     "data.default.processor": Inert(ANY, "rlstack reads rows by data.format (auto-detected per file)"),
     "data.default.env_name": Inert(ANY, "read with env"),
@@ -231,13 +232,13 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         "batch": lambda: _global_batch(take, move, at, values, problems),
         "lengths": lambda: _lengths(take, move, at, values, problems, notes),
         "kl": lambda: _kl(take, move, at, notes),
-        "reward": lambda: _env(take, move, at, values, problems),
-        "datasets": lambda: _datasets(take, move, at, values, notes),
-        "scheduler": lambda: _scheduler(take, move, at, problems),
+        "reward": lambda: _env(take, move, at, values, problems, notes),
+        "datasets": lambda: _datasets(take, move, at, values, problems, notes),
+        "scheduler": lambda: _scheduler(take, move, at, problems, notes),
         "loggers": lambda: _loggers(take, at, values, notes),
         "checkpoints": lambda: _checkpoints(take, at, values, notes),
         "megatron": lambda: _megatron(take, at, problems, notes),
-        "tokenizer": lambda: _tokenizer(take, move, at, notes),
+        "tokenizer": lambda: _tokenizer(take, move, at, problems, notes),
         "top_k": lambda: _top_k(take, move),
         "ratio_clip_c": lambda: _ratio_clip_c(take, move),
         "turns": lambda: _turns(take, move, at, values, problems, notes),
@@ -331,6 +332,10 @@ def _lengths(
         return
     response = new_tokens if isinstance(new_tokens, int) and new_tokens < total else None
     prompt = prompt if isinstance(prompt, int) and prompt < total else None
+    if own[0]:  # a bound set in rlstack's name stays; the other is what is left of the total
+        prompt, response = _get(values, "data.max_prompt_length"), None
+    elif own[1]:
+        prompt, response = None, _get(values, "data.max_response_length")
     if response is None and prompt is None:
         problems.append(
             f"{key}={total}{at(key)}: NeMo RL bounds prompt and response together, rlstack each on its own; with "
@@ -342,7 +347,7 @@ def _lengths(
         response = total - prompt
     if prompt is None:
         prompt = total - response
-    prompt = min(prompt, total - response)
+    prompt = min(prompt, total - response) if not own[0] else prompt
     _set(values, "data.max_prompt_length", prompt)
     _set(values, "data.max_response_length", response)
     notes.append(
@@ -362,32 +367,55 @@ def _kl(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
         move(key, "algorithm.kl_penalty", "low_var_kl")  # NeMo RL's k3 estimator
 
 
-def _env(take: Callable, move: Callable, at: Callable, values: dict, problems: list[str]) -> None:
-    """The reward from NeMo RL's environment (`env.<name>`, or `data.default.env_name`)."""
+def _env(
+    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
+) -> None:
+    """The reward from NeMo RL's environment (`env.<name>`, or the one `data.default.env_name` picks)."""
     env = _get(values, "env")
     name = _get(values, "data.default.env_name")
     if not isinstance(env, dict) or not env:
         return
     names = [name] if isinstance(name, str) else list(env)
-    for n in list(env):
-        settings = take(f"env.{n}") or {}
-        if n not in names:
-            continue
-        if n not in REWARDS:
-            problems.append(
-                f"env.{n}{at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
-                "function (worker.reward.reward_function) or use env math / code"
-            )
-            continue
-        if _get(values, "worker.reward.reward_function") is _MISSING:
-            move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
-        if isinstance(settings, dict) and "num_workers" in settings:
-            move(f"env.{n}.num_workers", "worker.reward.num_workers", settings["num_workers"])
+    settings = {n: take(f"env.{n}") or {} for n in list(env)}
+    if len(names) > 1:
+        problems.append(
+            f"env{at('env')}: NeMo RL's environments {names}, and no data.default.env_name picks one; for one "
+            "reward per data source use worker.reward.reward_function_by_source"
+        )
+        return
+    (n,) = names
+    if n not in REWARDS:
+        problems.append(
+            f"env.{n}{at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
+            "function (worker.reward.reward_function) or use env math / code"
+        )
+        return
+    if _get(values, "worker.reward.reward_function") is _MISSING:
+        move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
+    own = settings.get(n, {}) if isinstance(settings.get(n), dict) else {}
+    for k, v in own.items():
+        if k == "num_workers":
+            move(f"env.{n}.num_workers", "worker.reward.num_workers", v)
+        else:
+            notes.append(f"env.{n}.{k}={v!r}{at(f'env.{n}.{k}')}: NeMo RL's environment setting, not used")
 
 
-def _datasets(take: Callable, move: Callable, at: Callable, values: dict, notes: list[str]) -> None:
-    """NeMo RL's per-split data section (`data.train`) over its older single `data.dataset_name`."""
+def _datasets(
+    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
+) -> None:
+    """NeMo RL's per-split data section (`data.train`) over its older single `data.dataset_name`; a Hub
+    dataset (`org/name`) is read from the Hub, a name of NeMo RL's registry is a problem."""
     name, held_out = _get(values, "data.train.dataset_name"), _get(values, "data.train.split_validation_size")
+    if name is not _MISSING:
+        key = "data.train.dataset_name"
+        take(key)
+        if isinstance(name, str) and "/" in name:
+            move(key, "data.train_files", name)
+        elif _get(values, "data.train.data_path") is _MISSING:
+            problems.append(
+                f"{key}={name!r}{at(key)}: a NeMo RL registry name, not rlstack's: set data.train_files (a file, "
+                "builtin:<task>, or a Hub dataset as org/name@split), or data.train.data_path"
+            )
     if name is not _MISSING and _get(values, "data.dataset_name") is not _MISSING:
         old = take("data.dataset_name")
         notes.append(
@@ -399,7 +427,7 @@ def _datasets(take: Callable, move: Callable, at: Callable, values: dict, notes:
         )  # the held-out rows are the validation set
 
 
-def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str]) -> None:
+def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
     key = "policy.scheduler"
     steps = take(key)
     if steps is _MISSING or steps is None:
@@ -410,13 +438,25 @@ def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str]
         else []
     )
     linear = "torch.optim.lr_scheduler.LinearLR"
-    if kinds and kinds[0] == linear and all(k == "torch.optim.lr_scheduler.ConstantLR" for k in kinds[1:]):
-        warmup = steps[0].get("kwargs", {}).get("total_iters")
-        if isinstance(warmup, int):
-            move(key, "worker.actor.optim.lr_warmup_steps", warmup)
+    constant = "torch.optim.lr_scheduler.ConstantLR"
+    factors = [
+        s.get("kwargs", {}).get("factor", 1.0)
+        for s in steps
+        if isinstance(s, dict) and s.get("name") == constant
+    ]
+    if all(f == 1.0 for f in factors):
+        if kinds and kinds[0] == linear and all(k == constant for k in kinds[1:]):
+            kwargs = steps[0].get("kwargs", {})
+            warmup, start = kwargs.get("total_iters"), kwargs.get("start_factor", 1 / 3)
+            if isinstance(warmup, int):
+                move(key, "worker.actor.optim.lr_warmup_steps", warmup)
+                notes.append(
+                    f"{key}{at(key)}: NeMo RL warms up from {start} x lr, rlstack from 0 (its first step is at "
+                    "lr / warm-up steps)"
+                )
+                return
+        if kinds and all(k == constant for k in kinds):
             return
-    if kinds and all(k == "torch.optim.lr_scheduler.ConstantLR" for k in kinds):
-        return
     problems.append(
         f"{key}{at(key)}: rlstack's schedules are a linear warm-up then constant or cosine "
         "(worker.actor.optim.lr_warmup_steps, lr_scheduler_type); set those instead"
@@ -439,7 +479,11 @@ def _loggers(take: Callable, at: Callable, values: dict, notes: list[str]) -> No
 
 def _checkpoints(take: Callable, at: Callable, values: dict, notes: list[str]) -> None:
     enabled = take("checkpointing.enabled")
-    if enabled is False:
+    if enabled is False and _get(values, "trainer.save_model_only") is not _MISSING:
+        notes.append(
+            f"checkpointing.enabled=false{at('checkpointing')}: NeMo RL's key, trainer.save_model_only is set"
+        )
+    elif enabled is False:
         _pop(values, "checkpointing.save_period")
         _set(values, "trainer.save_model_only", True)
         notes.append(
@@ -461,18 +505,34 @@ def _megatron(take: Callable, at: Callable, problems: list[str], notes: list[str
         notes.append(f"{key}{at(key)}: NeMo RL's Megatron settings, not used (megatron_cfg.enabled is false)")
 
 
-def _tokenizer(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
-    key = "policy.tokenizer.name"
-    name, model = take(key), take("policy.model_name")
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+"""NeMo RL's `chat_template: null`: the messages' contents joined, no role markers or special tokens."""
+
+
+def _tokenizer(take: Callable, move: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
+    key = "policy.tokenizer"
+    name, model = take(f"{key}.name"), take("policy.model_name")
+    template, kwargs = take(f"{key}.chat_template"), take(f"{key}.chat_template_kwargs")
+    _ = take(key)
     if model is not _MISSING:
         move("policy.model_name", "worker.actor.model.model_path", model)
-    if name is _MISSING:
-        return
-    _ = take("policy.tokenizer")
     if name in (None, model):
-        notes.append(f"{key}{at(key)}: NeMo RL's key, the model's own tokenizer")
-    else:
-        move(key, "worker.actor.model.tokenizer_path", name)
+        notes.append(f"{key}.name{at(key + '.name')}: NeMo RL's key, the model's own tokenizer")
+    elif name is not _MISSING:
+        move(f"{key}.name", "worker.actor.model.tokenizer_path", name)
+    if template == "default":
+        notes.append(
+            f"{key}.chat_template{at(key + '.chat_template')}: NeMo RL's key, the tokenizer's own template"
+        )
+    elif template is None:  # NeMo RL's passthrough template
+        move(f"{key}.chat_template", "worker.actor.model.chat_template", PASSTHROUGH_TEMPLATE)
+    elif template is not _MISSING:
+        move(f"{key}.chat_template", "worker.actor.model.chat_template", template)
+    if kwargs not in (_MISSING, None, {}):
+        problems.append(
+            f"{key}.chat_template_kwargs={kwargs!r}{at(key + '.chat_template_kwargs')}: rlstack renders templates "
+            "without extra arguments; put their effect into worker.actor.model.chat_template"
+        )
 
 
 def _turns(
@@ -505,8 +565,8 @@ def _top_k(take: Callable, move: Callable) -> None:
 
 def _ratio_clip_c(take: Callable, move: Callable) -> None:
     value = take("loss_fn.ratio_clip_c")
-    if value is not _MISSING and value is not None:
-        move("loss_fn.ratio_clip_c", "worker.actor.clip_ratio_dual", value)
+    if value is not _MISSING:  # NeMo RL's null: no dual clip (rlstack's default clips at 3)
+        move("loss_fn.ratio_clip_c", "worker.actor.clip_ratio_dual", float("inf") if value is None else value)
 
 
 def _hashable(value: Any) -> bool:

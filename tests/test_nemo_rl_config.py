@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlstack.config import ConfigError, load_config
 
@@ -74,6 +75,47 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
         False,
     )
     assert (t.save_freq, t.save_limit, t.output_dir, t.logger) == (10, 3, "results/grpo", ["console", "file"])
+    assert w.actor.clip_ratio_dual == float("inf")  # ratio_clip_c: null, no dual clip
+    assert w.actor.model.chat_template is None  # no tokenizer.chat_template: the tokenizer's own
+
+    # a bound set in rlstack's name stays, the other is what is left of the total
+    cfg = load_config(
+        [
+            test_config,
+            "data.prompt_file=null",
+            "policy.train_global_batch_size=128",
+            "worker.rollout.name=hf",
+            "data.max_response_length=512",
+        ]
+    )
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (1536, 512)
+
+
+def test_nemo_rls_chat_templates(configs: Path, tmp_path: Path):
+    from rlstack.nemo_rl import PASSTHROUGH_TEMPLATE
+
+    base = [
+        f"config={configs / 'code_grpo_test.yaml'}",
+        "data.prompt_file=null",
+        "policy.train_global_batch_size=128",
+        "worker.rollout.name=hf",
+    ]
+    for value, expected in (
+        (None, PASSTHROUGH_TEMPLATE),
+        ("default", None),
+        ("{{ messages[0]['content'] }}", "{{ messages[0]['content'] }}"),
+    ):
+        child = tmp_path / "child.yaml"
+        child.write_text(
+            yaml.safe_dump(
+                {
+                    "defaults": str(configs / "code_grpo_test.yaml"),
+                    "policy": {"tokenizer": {"chat_template": value}},
+                }
+            )
+        )
+        cfg = load_config([f"config={child}", *base[1:]])
+        assert cfg.worker.actor.model.chat_template == expected, value
 
 
 def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: Path):
@@ -89,6 +131,9 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "  max_rollout_turns: 3\n"
         "env:\n"
         "  sudoku: {num_workers: 2}\n"
+        "data:\n"
+        "  train: {dataset_name: DeepScaler}\n"
+        "  default: {env_name: sudoku}\n"
     )
     problems = _problems(f"config={config}")
     where = f"({config}, line "
@@ -98,9 +143,18 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "grpo.max_rollout_turns=3": "rlstack's replies come from worker.rollout.agent.feedback",
         "env.sudoku": "no built-in for",
         "policy.max_total_sequence_length=512": "no split to read",
+        "data.train.dataset_name='DeepScaler'": "a NeMo RL registry name",
     }
     for key, why in expected.items():
         assert any(p.startswith(key) and where in p and why in p for p in problems), (key, problems)
+    two = tmp_path / "two.yaml"
+    two.write_text("env:\n  math: {num_workers: 2}\n  code: {num_workers: 2}\n")
+    problems = _problems(f"config={two}")
+    assert any("environments ['math', 'code']" in p and "reward_function_by_source" in p for p in problems)
+    loop = tmp_path / "sub" / "loop.yaml"
+    loop.parent.mkdir()
+    loop.write_text("defaults: ../sub/loop.yaml\n")
+    assert any("includes itself" in p for p in _problems(f"config={loop}"))
     missing = tmp_path / "child.yaml"
     missing.write_text("defaults: base.yaml\ngrpo:\n  num_prompts_per_step: 4\n")
     problems = _problems(f"config={missing}")
