@@ -27,6 +27,10 @@ class _Engine(VLLMEngine):
 
     def _generate(self, requests, sampling):
         self.calls.append([r.prompt_ids[0] for r in requests])
+        if any(
+            r.prompt_ids[0] > 1000 for r in requests
+        ):  # as a request too long for the engine, on every rank
+            raise ValueError(f"request {len(self.calls)} is too long")
         return [Completion([r.prompt_ids[0] + 1], [0.0], "stop") for r in requests]
 
     def sleep(self):
@@ -53,7 +57,7 @@ class _Loop:
         return batch
 
 
-def _rollout(fail: bool):
+def _rollout(fail: bool, offset: int = 0):
     import torch.distributed as dist
 
     worker = RolloutWorker.__new__(RolloutWorker)
@@ -61,7 +65,7 @@ def _rollout(fail: bool):
     worker.loop = _Loop(worker.engine, fail)
     worker.lock = threading.Lock()
     worker.asleep = False
-    prompts = Batch({"prompt": torch.tensor([10, 20]) + 100 * dist.get_rank()})
+    prompts = Batch({"prompt": torch.tensor([10, 20]) + 100 * dist.get_rank() + offset})
     try:
         out = worker._run(prompts, 3, 1.0, 1.0, -1)
     except Exception as e:
@@ -101,6 +105,13 @@ def test_a_failure_on_the_leader_ends_the_rollout_on_every_rank(tmp_path: Path):
     )
     assert "ValueError: a tool broke" in follower["error"]
     assert len(leader["calls"]) == len(follower["calls"]) == 1
+
+
+def test_an_engine_call_that_fails_on_every_rank_ends_the_rollout_everywhere(tmp_path: Path):
+    leader, follower = run_ranks(2, _rollout, False, 1000, tmp=tmp_path)
+    assert leader["error"] == "ValueError: request 1 is too long"
+    assert "leads this rank's engine: ValueError: request 1 is too long" in follower["error"]
+    assert leader["calls"] == follower["calls"]  # the follower ran the failing call too, then was released
 
 
 def test_stale_shared_memory_of_killed_runs_is_removed_and_live_segments_are_kept(tmp_path: Path):

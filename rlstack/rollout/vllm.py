@@ -102,11 +102,17 @@ def _check_tensor_parallel(model_path: str, size: int) -> None:
 
 
 def _remove_stale_cpu_shm(shm: Path = Path("/dev/shm")) -> list[str]:
-    """Remove the shared-memory segments of vLLM's CPU tensor-parallel groups that no live process maps;
-    returns their names. vLLM names them after the group alone (`-tp:0-[0-1]-cpushm_0`), the same in every
+    """Remove this user's shared-memory segments of vLLM's CPU tensor-parallel groups that no live process
+    maps (a process whose maps cannot be read is another user's, whose segments are not touched); returns
+    their names. vLLM names them after the group alone (`-tp:0-[0-1]-cpushm_0`), the same in every
     run, and a run that was killed (Ray ends its actors so) leaves them behind: the next run's engine would
     fail to create them ("create shm in SHMManager failed. errno: 17")."""
-    stale = {f.name for f in shm.glob("*-cpushm_*") if "-tp:" in f.name} if shm.is_dir() else set()
+    uid = os.getuid()
+    stale = (
+        {f.name for f in shm.glob("*-cpushm_*") if "-tp:" in f.name and f.stat().st_uid == uid}
+        if shm.is_dir()
+        else set()
+    )
     if not stale:
         return []
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -114,8 +120,11 @@ def _remove_stale_cpu_shm(shm: Path = Path("/dev/shm")) -> list[str]:
             stale -= {line.rsplit("/", 1)[-1] for line in maps.read_text().splitlines() if "-cpushm_" in line}
         except OSError:  # a process that ended meanwhile, or one not ours to read
             continue
-    for name in stale:
-        (shm / name).unlink(missing_ok=True)
+    for name in list(stale):
+        try:
+            (shm / name).unlink(missing_ok=True)
+        except OSError:  # not ours to remove after all: vLLM will say so if it is in the way
+            stale.discard(name)
     return sorted(stale)
 
 
@@ -320,15 +329,21 @@ class VLLMEngine:
             tp.broadcast(("generate", list(requests), sampling))
         return self._generate(requests, sampling)
 
-    def follow(self) -> None:
+    def follow(self) -> Exception | None:
         """On a rank of a tensor-parallel engine other than its leader: run every generation the leader
-        broadcasts, in step with it, until it releases the group (`release`)."""
+        broadcasts, in step with it, until it releases the group (`release`). A call that fails here (as it
+        does on the leader, which then ends the rollout) does not end the following: the leader's release
+        still has to be received. Returns the first such failure."""
+        failure = None
         while True:
             message = self.tensor_parallel.broadcast()
             if message[0] == "release":
-                return
+                return failure
             _, requests, sampling = message
-            self._generate(requests, sampling)
+            try:
+                self._generate(requests, sampling)
+            except Exception as e:
+                failure = failure or e
 
     def release(self) -> None:
         """On a tensor-parallel engine's leader: end the other ranks' `follow`."""

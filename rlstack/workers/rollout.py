@@ -171,12 +171,14 @@ class RolloutWorker:
         tp = self.engine.tensor_parallel
         parts = tp.gather(prompts)
         if not tp.is_leader:
-            self.engine.follow()
+            own = self.engine.follow()
             piece, failure = tp.scatter(None)
             if failure is not None:
                 raise RuntimeError(
                     f"the rollout failed on rank {tp.leader}, which leads this rank's engine: {failure}"
-                )
+                ) from own
+            if own is not None:  # failed here alone: the leader's rollout went on without this rank's slice
+                raise own
             return piece
         pieces, failure = None, None
         try:
@@ -187,9 +189,14 @@ class RolloutWorker:
             failure = e
             raise
         finally:
-            self.engine.release()
             text = None if failure is None else f"{type(failure).__name__}: {failure}"
-            tp.scatter([(p, text) for p in pieces] if pieces else [(None, text)] * tp.size)
+            try:
+                self.engine.release()
+                tp.scatter([(p, text) for p in pieces] if pieces else [(None, text)] * tp.size)
+            except Exception:
+                if failure is None:
+                    raise
+                # the rollout's own failure is the one to report, not the group's that follows from it
         return pieces[0]
 
     def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, validate: bool) -> str:
