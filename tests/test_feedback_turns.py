@@ -5,6 +5,7 @@ accepts or max_turns is reached; what it reads, what it may return, and a GRPO r
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,16 @@ SEEN = []
 
 def reply(x):
     SEEN.append(dict(x))
-    if x["ground_truth"] in x["response"].rsplit("assistant", 1)[-1]:
+    if x["ground_truth"] in x["answer"]:
         return None
     return f"No. Turn {x['turn']} was wrong, try again."
 
 def broken(x):
     return 42
+
+def slow(x):
+    import time
+    time.sleep(3)
 """
 
 
@@ -70,11 +75,12 @@ def test_a_rejected_answer_gets_the_environments_reply_and_another_turn(tiny_mod
         "3<|im_end|>\n<|im_start|>user\nNo. Turn 1 was wrong, try again.<|im_end|>\n<|im_start|>assistant\n"
     )
     seen = loop.feedback.__globals__["SEEN"]
-    assert [(x["turn"], x["ground_truth"], x["data_source"], x["extra"]) for x in seen] == [
-        (1, "7", "env", {"i": 0}),
-        (1, "8", "env", {"i": 1}),
-        (2, "7", "env", {"i": 0}),
+    assert [(x["turn"], x["answer"], x["ground_truth"], x["data_source"], x["extra"]) for x in seen] == [
+        (1, "3", "7", "env", {"i": 0}),
+        (1, "8", "8", "env", {"i": 1}),
+        (2, "7", "7", "env", {"i": 0}),
     ]
+    assert "3" in seen[2]["response"] and "try again" in seen[2]["response"]  # the whole trajectory so far
     assert [t["role"] for t in out["turns"][0]] == ["assistant", "user", "assistant"]
 
 
@@ -144,3 +150,9 @@ def test_a_feedback_file_that_does_not_exist_is_named_at_load(tmp_path: Path):
         ConfigError, match=r"worker.rollout.agent.feedback: file .*nowhere.py' does not exist"
     ):
         load_config([f"worker.rollout.agent.feedback={tmp_path / 'nowhere.py'}:reply"])
+
+
+def test_a_reply_past_the_tool_timeout_ends_the_trajectory(tiny_model_dir: Path, tmp_path: Path):
+    began = time.perf_counter()
+    out, _, _, _ = _feedback_loop(tiny_model_dir, tmp_path, [["1<eos>"]], fn="slow", tool_timeout_s=0.2)
+    assert out["end_reason"] == ["timeout"] and time.perf_counter() - began < 2.5

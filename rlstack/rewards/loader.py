@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlstack.errors import RLStackError
-from rlstack.extensions import load_module
+from rlstack.extensions import load_function
 from rlstack.rewards import builtin
 
 
@@ -33,16 +33,8 @@ def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -
                 + ", ".join(f"builtin:{k}" for k in builtin.BUILTINS)
             )
         return RewardFunction(builtin.BUILTINS[name], "batch", ref)
-    if ":" not in ref:
-        raise RewardLoadError(
-            f"{key}={ref!r} must be path/to/file.py:function_name or package.module:function_name"
-        )
-    target, fn_name = ref.rsplit(":", 1)
-    module = load_module(target, key, "reward file", RewardLoadError)
-    fn = getattr(module, fn_name, None)
-    if fn is None or not callable(fn):
-        names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
-        raise RewardLoadError(f"{target!r} has no function {fn_name!r}; functions there: {names}")
+    module, fn = load_function(ref, key, "reward file", RewardLoadError)
+    target = ref.rsplit(":", 1)[0]
     reward_type = getattr(module, "REWARD_TYPE", None)
     if reward_type is None and VERL_RESPONSE_NAMES & set(inspect.signature(fn).parameters):
         return RewardFunction(_from_verl(fn, ref), "sequential", ref)

@@ -15,8 +15,9 @@ stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is 
   `over_length`.
 
 With an environment's `feedback` function (NeMo RL's multi-turn environments), a turn that ends with
-EOS is an answer the function reads (with the row's prompt, ground truth, data source and extra
-fields): a string it returns is appended as the next user turn (`response_mask = 0`) and the model
+EOS is an answer the function reads (`answer`, with the whole `response` so far and the row's prompt,
+ground truth, data source and extra fields; within `tool_timeout_s` if set, else the trajectory ends
+as `timeout`): a string it returns is appended as the next user turn (`response_mask = 0`) and the model
 answers again; None, or the last of `max_turns` turns, ends the trajectory (`done`). The function runs
 in the tool threads; one that raises or returns something else stops the rollout naming the row.
 
@@ -53,7 +54,7 @@ from PIL import Image
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.errors import RLStackError
-from rlstack.extensions import load_module
+from rlstack.extensions import load_function
 from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
 from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.tools.base import Observation
@@ -284,13 +285,19 @@ class AgentLoop:
 
         def run(t: Trajectory) -> Any:
             response = self.tokenizer.decode(t.tokens, skip_special_tokens=True)
-            return self.feedback(t.row | {"response": response, "turn": t.num_turns})
+            answer = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
+            return self.feedback(t.row | {"response": response, "answer": answer, "turn": t.num_turns})
 
         began = time.perf_counter()
-        replies = list(pool.map(_guarded(run), answered))
+        futures = [pool.submit(_guarded(run), t) for t in answered]
+        done, _ = wait(futures, timeout=self.cfg.tool_timeout_s)
         self.timing["tools"] += time.perf_counter() - began
-        for t, (reply, error) in zip(answered, replies):
+        for t, future in zip(answered, futures):
             t.answered = False
+            if future not in done:  # past tool_timeout_s, as a tool call: the trainer drops the group
+                t.finish("timeout")
+                continue
+            reply, error = future.result()
             if error is not None or not (reply is None or isinstance(reply, str)):
                 what = f"raised {error!r}" if error is not None else f"returned {reply!r}"
                 raise RLStackError(
@@ -420,16 +427,7 @@ def agent_system_prompt(config: AgentConfig, toolset: ToolSet | None = None) -> 
 
 def load_feedback(ref: str) -> Any:
     """The environment's feedback function `file.py:fn` or `pkg.mod:fn` (`worker.rollout.agent.feedback`)."""
-    key = "worker.rollout.agent.feedback"
-    if ":" not in ref:
-        raise RLStackError(
-            f"{key}={ref!r} must be path/to/file.py:function_name or package.module:function_name"
-        )
-    target, name = ref.rsplit(":", 1)
-    fn = getattr(load_module(target, key, "feedback file", RLStackError), name, None)
-    if not callable(fn):
-        raise RLStackError(f"{key}={ref!r}: {target} has no function {name!r}")
-    return fn
+    return load_function(ref, "worker.rollout.agent.feedback", "feedback file", RLStackError)[1]
 
 
 def _guarded(fn: Any) -> Any:
