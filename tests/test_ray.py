@@ -228,7 +228,12 @@ def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
     assert trainer.rollout_workers.world_size == 1 and trainer.actor.world_size == 2
     trainer.fit()
     got = deterministic_metrics(cfg.run_dir)
-    assert_metrics_close(got, local_run, {"rollout/weight_sync_mb", "rollout/weight_sync_max_diff"})
+    sync_check = {
+        "rollout/weight_sync_max_diff",
+        "rollout/weight_sync_previous_diff",
+        "rollout/weight_sync_policy_moved",
+    }
+    assert_metrics_close(got, local_run, {"rollout/weight_sync_mb", *sync_check})
     for m in got.values():
         assert m["rollout/weight_sync_max_diff"] <= 1e-5 and m["rollout/weight_sync_mb"] > 0
 
