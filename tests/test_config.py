@@ -536,7 +536,9 @@ def test_flash_attention_in_float32_is_refused_at_load():
     assert any("FlashAttention computes only in bfloat16 or float16" in p for p in problems), problems
 
 
-def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
+@pytest.fixture()
+def vllm_on_two_gpus(monkeypatch):
+    """vLLM installed and two CUDA GPUs visible, as far as the config's checks can tell."""
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
@@ -545,6 +547,9 @@ def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
     )
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+
+
+def test_vllm_settings_it_cannot_honour_are_named_at_load(vllm_on_two_gpus):
     with pytest.raises(ConfigError) as info:
         load_config(
             [
@@ -571,15 +576,7 @@ def test_vllm_settings_it_cannot_honour_are_named_at_load(monkeypatch):
     assert cfg.worker.rollout.max_model_len == cfg.data.max_prompt_length + cfg.data.max_response_length
 
 
-def test_a_tensor_parallel_engine_must_sit_on_the_policys_ranks_of_one_node(monkeypatch):
-    import importlib.util
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
-    )
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+def test_a_tensor_parallel_engine_must_sit_on_the_policys_ranks_of_one_node(vllm_on_two_gpus):
     tp = ["worker.rollout.name=vllm", "worker.rollout.tensor_parallel_size=2"]
     cfg = load_config([*tp, "trainer.n_gpus_per_node=2"])  # one engine over both GPUs, on Ray
     assert cfg.worker.rollout.tensor_parallel_size == 2 and cfg.trainer.backend == "ray"

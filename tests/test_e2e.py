@@ -807,17 +807,20 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
     old weights: it scores the probe like the previous sync's policy, not like the policy now."""
     from rlstack.errors import RLStackError
 
-    cfg = load_config(
-        _overrides(
-            tiny_model_dir,
-            tmp_path,
-            "data.val_files=",
-            "trainer.max_steps=2",
-            "worker.actor.optim.lr=1e-4",
-            "worker.rollout.check_weight_sync=true",
-            _digits_reward(tmp_path),
+    def config(out: Path):
+        return load_config(
+            _overrides(
+                tiny_model_dir,
+                out,
+                "data.val_files=",
+                "trainer.max_steps=2",
+                "worker.actor.optim.lr=1e-4",
+                "worker.rollout.check_weight_sync=true",
+                _digits_reward(tmp_path),
+            )
         )
-    )
+
+    cfg = config(tmp_path)
     trainer = Trainer(cfg)
     workers = trainer.rollout_workers
     frozen = trainer.actor.call("score", *trainer._probe())  # what the engine would score, never synced
@@ -838,17 +841,7 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
     assert rows[2]["rollout/weight_sync_max_diff"] == pytest.approx(numerics, abs=1e-6)
     assert rows[2]["rollout/weight_sync_policy_moved"] > 10 * numerics
 
-    cfg = load_config(
-        _overrides(
-            tiny_model_dir,
-            tmp_path / "stale",
-            "data.val_files=",
-            "trainer.max_steps=2",
-            "worker.actor.optim.lr=1e-4",
-            "worker.rollout.check_weight_sync=true",
-            _digits_reward(tmp_path),
-        )
-    )
+    cfg = config(tmp_path / "stale")
     trainer = Trainer(cfg)
     workers = trainer.rollout_workers
     workers.call = engine_scores(stale=True)

@@ -113,6 +113,17 @@ class Trajectory:
         if self.toolbox is not None:
             self.toolbox.close()
 
+    def append_context(self, ids: list[int], max_response_length: int) -> bool:
+        """Append tokens the model reads but did not sample (an observation, an environment's reply):
+        `response_mask` 0, log-prob 0. False, and the trajectory ends `over_length`, where they do not fit."""
+        if len(self.tokens) + len(ids) >= max_response_length:
+            self.finish("over_length")
+            return False
+        self.tokens += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        return True
+
     def request(self) -> Request:
         seed = None if self.seed is None else mix_seed(self.seed, self.num_turns)
         return Request(
@@ -314,13 +325,8 @@ class AgentLoop:
                 f"{t.where}, turn {t.num_turns} feedback",
                 response_ended_with_eos=True,
             )
-            ids = encoded.input_ids.tolist()
-            if len(t.tokens) + len(ids) >= self.max_response_length:
-                t.finish("over_length")
+            if not t.append_context(encoded.input_ids.tolist(), self.max_response_length):
                 continue
-            t.tokens += ids
-            t.mask += [0] * len(ids)
-            t.logprobs += [0.0] * len(ids)
             t.turns.append({"role": "user", "text": reply})
             t.feedback_turns += 1
 
@@ -350,13 +356,8 @@ class AgentLoop:
         except ImageInputError:
             t.finish("tool_error")
             return
-        ids = encoded.input_ids.tolist()
-        if len(t.tokens) + len(ids) >= self.max_response_length:
-            t.finish("over_length")
+        if not t.append_context(encoded.input_ids.tolist(), self.max_response_length):
             return
-        t.tokens += ids
-        t.mask += [0] * len(ids)
-        t.logprobs += [0.0] * len(ids)
         shown = list(range(len(t.tool_images), len(t.tool_images) + len(images)))
         t.turns.append({"role": "tool", "text": observation.text, "ok": observation.ok, "images": shown})
         t.tool_images += images
