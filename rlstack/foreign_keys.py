@@ -148,8 +148,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     notes: list[str] = []
 
     def at(key: str) -> str:
-        where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
-        return f" ({where})" if where else ""
+        return where_set(sources, key)
 
     def move(key: str, to: str, value: Any, spellings: dict | None = None) -> None:
         if _get(values, to) is not _MISSING:
@@ -238,6 +237,12 @@ def _val_overrides(
                 f"{key}.{name}{at(key)}: rlstack's validation settings are worker.rollout."
                 + ", worker.rollout.".join(VAL_OVERRIDES.values())
             )
+
+
+def where_set(sources: dict[str, str], key: str) -> str:
+    """` (file, line N)` where `key` (or a key under it) was set, for messages; empty if nowhere known."""
+    where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
+    return f" ({where})" if where else ""
 
 
 _MISSING = object()

@@ -22,22 +22,20 @@ translation are problems naming their file and line.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
-from collections.abc import Callable
 from typing import Any
 
-from rlstack.foreign_keys import _MISSING, ANY, Inert, Moved, _get, _pop, _set
+from rlstack.foreign_keys import _MISSING, ANY, DTYPES, Inert, Moved, _get, _pop, _set, where_set
 
 log = logging.getLogger(__name__)
 
 SECTIONS = ("policy", "grpo", "loss_fn", "cluster", "env", "checkpointing", "logger")
 """Top-level sections of a NeMo RL config (rlstack's are data, worker, algorithm, trainer)."""
 
-PRECISIONS = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
-
 TABLE: dict[str, Moved | Inert] = {
-    "policy.precision": Moved("worker.actor.model.dtype", PRECISIONS),
+    "policy.precision": Moved("worker.actor.model.dtype", DTYPES),
     "policy.train_micro_batch_size": Moved("worker.actor.micro_batch_size_per_device_for_update"),
     "policy.logprob_batch_size": Moved("worker.actor.micro_batch_size_per_device_for_experience"),
     "policy.max_grad_norm": Moved("worker.actor.max_grad_norm"),
@@ -145,7 +143,6 @@ TABLE: dict[str, Moved | Inert] = {
     "checkpointing.checkpoint_must_save_by": Inert((None,), "rlstack saves every trainer.save_freq steps"),
     "checkpointing.model_save_format": Inert(("safetensors",), "rlstack saves safetensors"),
     "checkpointing.save_consolidated": Inert(ANY, "rlstack's checkpoints hold a Hugging Face model"),
-    "data.max_input_seq_length": Inert(ANY, "read with policy.max_total_sequence_length"),
     "data.prompt_file": Inert(
         (None,),
         "NeMo RL formats the problem into a text file's {}; rlstack's data.format_prompt is a Jinja file "
@@ -192,153 +189,160 @@ def is_nemo_rl(values: dict) -> bool:
     return any(section in values for section in SECTIONS)
 
 
-def translate(values: dict, sources: dict[str, str], problems: list[str]) -> list[str]:
-    """Read NeMo RL's keys out of `values` (in place) into rlstack's; returns the notes, appends problems."""
-    notes: list[str] = []
-    original = _copy(values)
+class _Translation:
+    """One config's translation: the values being rewritten, where each key was set, and what it finds."""
 
-    def at(key: str) -> str:
-        where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
-        return f" ({where})" if where else ""
+    def __init__(self, values: dict, sources: dict[str, str], problems: list[str]):
+        self.values, self.sources, self.problems = values, sources, problems
+        self.notes: list[str] = []
+        self.original = copy.deepcopy(values)
 
-    def value_of(key: str) -> Any:
-        """A NeMo RL key's value, following `${other.key}` references."""
-        value, seen = _get(original, key), set()
+    def at(self, key: str) -> str:
+        return where_set(self.sources, key)
+
+    def get(self, key: str) -> Any:
+        """rlstack's (or a not yet translated NeMo RL) key's value as it stands, or `_MISSING`."""
+        return _get(self.values, key)
+
+    def take(self, key: str) -> Any:
+        """Remove a NeMo RL key; its value, following `${other.key}` references."""
+        _pop(self.values, key)
+        value, seen = _get(self.original, key), set()
         while isinstance(value, str) and (m := _REFERENCE.match(value)) and m.group(1) not in seen:
             seen.add(m.group(1))
-            value = _get(original, m.group(1))
+            value = _get(self.original, m.group(1))
         return value
 
-    def take(key: str) -> Any:
-        _pop(values, key)
-        return value_of(key)
-
-    def move(key: str, to: str, value: Any, spellings: dict | None = None) -> None:
-        if _get(values, to) is not _MISSING:
-            if sources.get(to, "").startswith("command-line"):  # the command line wins over the file
-                notes.append(f"{key}{at(key)}: NeMo RL's key for {to}, which the command line sets")
+    def move(self, key: str, to: str, value: Any, spellings: dict | None = None) -> None:
+        """Set rlstack's `to` from NeMo RL's `key` (the command line's own `to` wins)."""
+        if self.get(to) is not _MISSING:
+            if self.sources.get(to, "").startswith("command-line"):
+                self.notes.append(f"{key}{self.at(key)}: NeMo RL's key for {to}, which the command line sets")
             else:
-                problems.append(
-                    f"{key}{at(key)} is NeMo RL's name for {to}, which is set too: keep {to} only"
+                self.problems.append(
+                    f"{key}{self.at(key)} is NeMo RL's name for {to}, which is set too: keep {to} only"
                 )
             return
         if spellings is not None and _hashable(value) and value in spellings:
             value = spellings[value]
-        _set(values, to, value)
-        notes.append(f"{key}{at(key)}: NeMo RL's key, read as {to}={value}")
+        _set(self.values, to, value)
+        self.notes.append(f"{key}{self.at(key)}: NeMo RL's key, read as {to}={value}")
 
-    special: dict[str, Callable[[], None]] = {
-        "advantages": lambda: _advantages(take, move, at, notes),
-        "batch": lambda: _global_batch(take, move, at, values, problems),
-        "lengths": lambda: _lengths(take, move, at, values, problems, notes),
-        "kl": lambda: _kl(take, move, at, notes),
-        "reward": lambda: _env(take, move, at, values, problems, notes),
-        "datasets": lambda: _datasets(take, move, at, values, problems, notes),
-        "scheduler": lambda: _scheduler(take, move, at, problems, notes),
-        "loggers": lambda: _loggers(take, at, values, notes),
-        "checkpoints": lambda: _checkpoints(take, at, values, notes),
-        "megatron": lambda: _megatron(take, at, problems, notes),
-        "tokenizer": lambda: _tokenizer(take, move, at, problems, notes),
-        "top_k": lambda: _top_k(take, move),
-        "ratio_clip_c": lambda: _ratio_clip_c(take, move),
-        "turns": lambda: _turns(take, move, at, values, problems, notes),
-    }
-    for rule in special.values():
-        rule()
+
+def translate(values: dict, sources: dict[str, str], problems: list[str]) -> list[str]:
+    """Read NeMo RL's keys out of `values` (in place) into rlstack's; returns the notes, appends problems."""
+    t = _Translation(values, sources, problems)
+    for rule in (
+        _advantages,
+        _global_batch,
+        _lengths,
+        _kl,
+        _env,
+        _datasets,
+        _scheduler,
+        _loggers,
+        _checkpoints,
+        _megatron,
+        _tokenizer,
+        _top_k,
+        _ratio_clip_c,
+        _turns,
+    ):
+        rule(t)
     for key, rule in TABLE.items():
-        if _get(values, key) is _MISSING:
+        if t.get(key) is _MISSING:
             continue
-        value = take(key)
+        value = t.take(key)
         if isinstance(rule, Moved):
             if value is None and None not in (rule.values or {}):
-                notes.append(f"{key}{at(key)}: NeMo RL's key, unset: {rule.to} keeps rlstack's default")
+                t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, unset: {rule.to} keeps rlstack's default")
             else:
-                move(key, rule.to, value, rule.values)
+                t.move(key, rule.to, value, rule.values)
         elif rule.ok is ANY or (_hashable(value) and value in rule.ok) or value == {}:
-            notes.append(f"{key}{at(key)}: NeMo RL's key, not used: {rule.why}")
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {rule.why}")
         else:
-            problems.append(f"{key}={value!r}{at(key)}: {rule.why}")
+            t.problems.append(f"{key}={value!r}{t.at(key)}: {rule.why}")
     for section in (*SECTIONS, "data.train", "data.default"):
-        _drop_empty(values, section)
+        _drop_empty(t.values, section)
     for section in SECTIONS:
-        for key in _leaves(values.get(section), section):
-            problems.append(f"{key}{at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it")
-        values.pop(section, None)
-    for note in notes:
+        for key in _leaves(t.values.get(section), section):
+            t.problems.append(
+                f"{key}{t.at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it"
+            )
+        t.values.pop(section, None)
+    for note in t.notes:
         log.warning("config: %s", note)
-    return notes
+    return t.notes
 
 
-def _advantages(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
-    loo, norm = take("grpo.use_leave_one_out_baseline"), take("grpo.normalize_rewards")
+def _advantages(t: _Translation) -> None:
+    loo, norm = t.take("grpo.use_leave_one_out_baseline"), t.take("grpo.normalize_rewards")
     if loo is _MISSING and norm is _MISSING:
         return
     loo, norm = loo is not _MISSING and bool(loo), norm is _MISSING or bool(norm)
     key = "grpo.use_leave_one_out_baseline" if loo else "grpo.normalize_rewards"
     estimator = ("loo_std" if norm else "rloo") if loo else "grpo"
-    move(key, "algorithm.adv_estimator", estimator)
+    t.move(key, "algorithm.adv_estimator", estimator)
     if not loo:
-        move("grpo.normalize_rewards", "algorithm.norm_adv_by_std_in_grpo", norm)
+        t.move("grpo.normalize_rewards", "algorithm.norm_adv_by_std_in_grpo", norm)
 
 
-def _global_batch(take: Callable, move: Callable, at: Callable, values: dict, problems: list[str]) -> None:
+def _global_batch(t: _Translation) -> None:
     key = "policy.train_global_batch_size"
-    total = take(key)
+    total = t.take(key)
     if total is _MISSING:
         return
-    n = take("grpo.num_generations_per_prompt")
+    n = t.take("grpo.num_generations_per_prompt")
     if n is not _MISSING:
-        move("grpo.num_generations_per_prompt", "worker.rollout.n", n)
-    n = _get(values, "worker.rollout.n")  # the command line's, if it set it
+        t.move("grpo.num_generations_per_prompt", "worker.rollout.n", n)
+    n = t.get("worker.rollout.n")  # the command line's, if it set it
     n = n if isinstance(n, int) and n > 0 else 1
     if not isinstance(total, int) or total % n:
-        problems.append(
-            f"{key}={total!r}{at(key)}: NeMo RL counts trajectories, rlstack's worker.actor.global_batch_size "
+        t.problems.append(
+            f"{key}={total!r}{t.at(key)}: NeMo RL counts trajectories, rlstack's worker.actor.global_batch_size "
             f"prompts; it must be a multiple of grpo.num_generations_per_prompt ({n})"
         )
         return
-    prompts = _get(values, "data.rollout_batch_size")
-    step = prompts if prompts is not _MISSING else _get(values, "grpo.num_prompts_per_step")
+    prompts = t.get("data.rollout_batch_size")
+    step = prompts if prompts is not _MISSING else t.get("grpo.num_prompts_per_step")
     if isinstance(step, int) and total // n > step:
-        problems.append(
-            f"{key}={total}{at(key)} is {total // n} prompts of {n} trajectories, more than the {step} prompts "
+        t.problems.append(
+            f"{key}={total}{t.at(key)} is {total // n} prompts of {n} trajectories, more than the {step} prompts "
             f"a step generates (grpo.num_prompts_per_step): set it to at most {step * n}, one optimizer step per "
             "rollout (or a divisor of it for several)"
         )
-        _set(values, "worker.actor.global_batch_size", step)  # no second problem about the same setting
+        _set(t.values, "worker.actor.global_batch_size", step)  # no second problem about the same setting
         return
-    move(key, "worker.actor.global_batch_size", total // n)
+    t.move(key, "worker.actor.global_batch_size", total // n)
 
 
-def _lengths(
-    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
-) -> None:
+def _lengths(t: _Translation) -> None:
     """Prompt and response bounds from NeMo RL's total (prompt + response) bound."""
     key = "policy.max_total_sequence_length"
-    total = take(key)
-    new_tokens = take("policy.generation.max_new_tokens")
-    prompt = take("data.max_input_seq_length")
+    total = t.take(key)
+    new_tokens = t.take("policy.generation.max_new_tokens")
+    prompt = t.take("data.max_input_seq_length")
     if total is _MISSING:
         if new_tokens is not _MISSING:
-            move("policy.generation.max_new_tokens", "data.max_response_length", new_tokens)
+            t.move("policy.generation.max_new_tokens", "data.max_response_length", new_tokens)
         if prompt is not _MISSING:
-            move("data.max_input_seq_length", "data.max_prompt_length", prompt)
+            t.move("data.max_input_seq_length", "data.max_prompt_length", prompt)
         return
-    own = [_get(values, k) is not _MISSING for k in ("data.max_prompt_length", "data.max_response_length")]
+    own = [t.get(k) is not _MISSING for k in ("data.max_prompt_length", "data.max_response_length")]
     if all(own):
-        notes.append(
-            f"{key}{at(key)}: NeMo RL's key, not used: data.max_prompt_length and max_response_length are set"
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's key, not used: data.max_prompt_length and max_response_length are set"
         )
         return
     response = new_tokens if isinstance(new_tokens, int) and new_tokens < total else None
     prompt = prompt if isinstance(prompt, int) and prompt < total else None
     if own[0]:  # a bound set in rlstack's name stays; the other is what is left of the total
-        prompt, response = _get(values, "data.max_prompt_length"), None
+        prompt, response = t.get("data.max_prompt_length"), None
     elif own[1]:
-        prompt, response = None, _get(values, "data.max_response_length")
+        prompt, response = None, t.get("data.max_response_length")
     if response is None and prompt is None:
-        problems.append(
-            f"{key}={total}{at(key)}: NeMo RL bounds prompt and response together, rlstack each on its own; with "
+        t.problems.append(
+            f"{key}={total}{t.at(key)}: NeMo RL bounds prompt and response together, rlstack each on its own; with "
             "policy.generation.max_new_tokens and data.max_input_seq_length both at the total there is no split to "
             f"read: set data.max_prompt_length and data.max_response_length (their sum at most {total})"
         )
@@ -348,88 +352,86 @@ def _lengths(
     if prompt is None:
         prompt = total - response
     prompt = min(prompt, total - response) if not own[0] else prompt
-    _set(values, "data.max_prompt_length", prompt)
-    _set(values, "data.max_response_length", response)
-    notes.append(
-        f"{key}={total}{at(key)}: NeMo RL's bound on prompt + response, read as data.max_prompt_length={prompt}, "
+    _set(t.values, "data.max_prompt_length", prompt)
+    _set(t.values, "data.max_response_length", response)
+    t.notes.append(
+        f"{key}={total}{t.at(key)}: NeMo RL's bound on prompt + response, read as data.max_prompt_length={prompt}, "
         f"data.max_response_length={response}"
     )
 
 
-def _kl(take: Callable, move: Callable, at: Callable, notes: list[str]) -> None:
+def _kl(t: _Translation) -> None:
     key = "loss_fn.reference_policy_kl_penalty"
-    coef = take(key)
+    coef = t.take(key)
     if coef is _MISSING:
         return
-    move(key, "algorithm.use_kl_loss", bool(coef))
+    t.move(key, "algorithm.use_kl_loss", bool(coef))
     if coef:
-        move(key, "algorithm.kl_coef", coef)
-        move(key, "algorithm.kl_penalty", "low_var_kl")  # NeMo RL's k3 estimator
+        t.move(key, "algorithm.kl_coef", coef)
+        t.move(key, "algorithm.kl_penalty", "low_var_kl")  # NeMo RL's k3 estimator
 
 
-def _env(
-    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
-) -> None:
+def _env(t: _Translation) -> None:
     """The reward from NeMo RL's environment (`env.<name>`, or the one `data.default.env_name` picks)."""
-    env = _get(values, "env")
-    name = _get(values, "data.default.env_name")
+    env = t.get("env")
+    name = t.get("data.default.env_name")
     if not isinstance(env, dict) or not env:
         return
     names = [name] if isinstance(name, str) else list(env)
-    settings = {n: take(f"env.{n}") or {} for n in list(env)}
+    settings = {n: t.take(f"env.{n}") or {} for n in list(env)}
     if len(names) > 1:
-        problems.append(
-            f"env{at('env')}: NeMo RL's environments {names}, and no data.default.env_name picks one; for one "
+        t.problems.append(
+            f"env{t.at('env')}: NeMo RL's environments {names}, and no data.default.env_name picks one; for one "
             "reward per data source use worker.reward.reward_function_by_source"
         )
         return
     (n,) = names
     if n not in REWARDS:
-        problems.append(
-            f"env.{n}{at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
+        t.problems.append(
+            f"env.{n}{t.at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
             "function (worker.reward.reward_function) or use env math / code"
         )
         return
-    if _get(values, "worker.reward.reward_function") is _MISSING:
-        move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
+    if t.get("worker.reward.reward_function") is _MISSING:
+        t.move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
     own = settings.get(n, {}) if isinstance(settings.get(n), dict) else {}
     for k, v in own.items():
         if k == "num_workers":
-            move(f"env.{n}.num_workers", "worker.reward.num_workers", v)
+            t.move(f"env.{n}.num_workers", "worker.reward.num_workers", v)
         else:
-            notes.append(f"env.{n}.{k}={v!r}{at(f'env.{n}.{k}')}: NeMo RL's environment setting, not used")
+            t.notes.append(
+                f"env.{n}.{k}={v!r}{t.at(f'env.{n}.{k}')}: NeMo RL's environment setting, not used"
+            )
 
 
-def _datasets(
-    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
-) -> None:
+def _datasets(t: _Translation) -> None:
     """NeMo RL's per-split data section (`data.train`) over its older single `data.dataset_name`; a Hub
     dataset (`org/name`) is read from the Hub, a name of NeMo RL's registry is a problem."""
-    name, held_out = _get(values, "data.train.dataset_name"), _get(values, "data.train.split_validation_size")
+    name, held_out = t.get("data.train.dataset_name"), t.get("data.train.split_validation_size")
     if name is not _MISSING:
         key = "data.train.dataset_name"
-        take(key)
+        t.take(key)
         if isinstance(name, str) and "/" in name:
-            move(key, "data.train_files", name)
-        elif _get(values, "data.train.data_path") is _MISSING:
-            problems.append(
-                f"{key}={name!r}{at(key)}: a NeMo RL registry name, not rlstack's: set data.train_files (a file, "
+            t.move(key, "data.train_files", name)
+        elif t.get("data.train.data_path") is _MISSING:
+            t.problems.append(
+                f"{key}={name!r}{t.at(key)}: a NeMo RL registry name, not rlstack's: set data.train_files (a file, "
                 "builtin:<task>, or a Hub dataset as org/name@split), or data.train.data_path"
             )
-    if name is not _MISSING and _get(values, "data.dataset_name") is not _MISSING:
-        old = take("data.dataset_name")
-        notes.append(
-            f"data.dataset_name={old!r}{at('data.dataset_name')}: NeMo RL's key, not used: data.train is set"
+    if name is not _MISSING and t.get("data.dataset_name") is not _MISSING:
+        old = t.take("data.dataset_name")
+        t.notes.append(
+            f"data.dataset_name={old!r}{t.at('data.dataset_name')}: NeMo RL's key, not used: data.train is set"
         )
-    if held_out is not _MISSING and held_out and _get(values, "data.val_files") is _MISSING:
-        move(
+    if held_out is not _MISSING and held_out and t.get("data.val_files") is _MISSING:
+        t.move(
             "data.train.split_validation_size", "data.val_files", ""
         )  # the held-out rows are the validation set
 
 
-def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
+def _scheduler(t: _Translation) -> None:
     key = "policy.scheduler"
-    steps = take(key)
+    steps = t.take(key)
     if steps is _MISSING or steps is None:
         return
     kinds = (
@@ -449,124 +451,126 @@ def _scheduler(take: Callable, move: Callable, at: Callable, problems: list[str]
             kwargs = steps[0].get("kwargs", {})
             warmup, start = kwargs.get("total_iters"), kwargs.get("start_factor", 1 / 3)
             if isinstance(warmup, int):
-                move(key, "worker.actor.optim.lr_warmup_steps", warmup)
-                notes.append(
-                    f"{key}{at(key)}: NeMo RL warms up from {start} x lr, rlstack from 0 (its first step is at "
+                t.move(key, "worker.actor.optim.lr_warmup_steps", warmup)
+                t.notes.append(
+                    f"{key}{t.at(key)}: NeMo RL warms up from {start} x lr, rlstack from 0 (its first step is at "
                     "lr / warm-up steps)"
                 )
                 return
         if kinds and all(k == constant for k in kinds):
             return
-    problems.append(
-        f"{key}{at(key)}: rlstack's schedules are a linear warm-up then constant or cosine "
+    t.problems.append(
+        f"{key}{t.at(key)}: rlstack's schedules are a linear warm-up then constant or cosine "
         "(worker.actor.optim.lr_warmup_steps, lr_scheduler_type); set those instead"
     )
 
 
-def _loggers(take: Callable, at: Callable, values: dict, notes: list[str]) -> None:
-    wandb, tensorboard = take("logger.wandb_enabled"), take("logger.tensorboard_enabled")
+def _loggers(t: _Translation) -> None:
+    wandb, tensorboard = t.take("logger.wandb_enabled"), t.take("logger.tensorboard_enabled")
     if wandb is _MISSING and tensorboard is _MISSING:
         return
-    if _get(values, "trainer.logger") is not _MISSING:
-        notes.append(f"logger.*_enabled{at('logger')}: NeMo RL's keys, not used: trainer.logger is set")
+    if t.get("trainer.logger") is not _MISSING:
+        t.notes.append(f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, not used: trainer.logger is set")
         return
     loggers = (
         ["console", "file"] + ["tensorboard"] * bool(tensorboard is True) + ["wandb"] * bool(wandb is True)
     )
-    _set(values, "trainer.logger", loggers)
-    notes.append(f"logger.*_enabled{at('logger')}: NeMo RL's keys, read as trainer.logger={loggers}")
+    _set(t.values, "trainer.logger", loggers)
+    t.notes.append(f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, read as trainer.logger={loggers}")
 
 
-def _checkpoints(take: Callable, at: Callable, values: dict, notes: list[str]) -> None:
-    enabled = take("checkpointing.enabled")
-    if enabled is False and _get(values, "trainer.save_model_only") is not _MISSING:
-        notes.append(
-            f"checkpointing.enabled=false{at('checkpointing')}: NeMo RL's key, trainer.save_model_only is set"
+def _checkpoints(t: _Translation) -> None:
+    enabled = t.take("checkpointing.enabled")
+    if enabled is False and t.get("trainer.save_model_only") is not _MISSING:
+        t.notes.append(
+            f"checkpointing.enabled=false{t.at('checkpointing')}: NeMo RL's key, trainer.save_model_only is set"
         )
     elif enabled is False:
-        _pop(values, "checkpointing.save_period")
-        _set(values, "trainer.save_model_only", True)
-        notes.append(
-            f"checkpointing.enabled=false{at('checkpointing')}: NeMo RL's key, read as trainer.save_model_only=true "
+        _pop(t.values, "checkpointing.save_period")
+        _set(t.values, "trainer.save_model_only", True)
+        t.notes.append(
+            f"checkpointing.enabled=false{t.at('checkpointing')}: NeMo RL's key, read as trainer.save_model_only=true "
             "(no checkpoints to resume from; the trained model is still written to huggingface/)"
         )
 
 
-def _megatron(take: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
+def _megatron(t: _Translation) -> None:
     key = "policy.megatron_cfg"
-    cfg = take(key)
+    cfg = t.take(key)
     if cfg is _MISSING:
         return
     if isinstance(cfg, dict) and cfg.get("enabled"):
-        problems.append(
-            f"{key}.enabled=true{at(key)}: rlstack trains with FSDP2, not Megatron; use dtensor_cfg"
+        t.problems.append(
+            f"{key}.enabled=true{t.at(key)}: rlstack trains with FSDP2, not Megatron; use dtensor_cfg"
         )
     else:
-        notes.append(f"{key}{at(key)}: NeMo RL's Megatron settings, not used (megatron_cfg.enabled is false)")
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's Megatron settings, not used (megatron_cfg.enabled is false)"
+        )
 
 
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 """NeMo RL's `chat_template: null`: the messages' contents joined, no role markers or special tokens."""
 
 
-def _tokenizer(take: Callable, move: Callable, at: Callable, problems: list[str], notes: list[str]) -> None:
+def _tokenizer(t: _Translation) -> None:
     key = "policy.tokenizer"
-    name, model = take(f"{key}.name"), take("policy.model_name")
-    template, kwargs = take(f"{key}.chat_template"), take(f"{key}.chat_template_kwargs")
-    _ = take(key)
+    name, model = t.take(f"{key}.name"), t.take("policy.model_name")
+    template, kwargs = t.take(f"{key}.chat_template"), t.take(f"{key}.chat_template_kwargs")
+    _ = t.take(key)
     if model is not _MISSING:
-        move("policy.model_name", "worker.actor.model.model_path", model)
+        t.move("policy.model_name", "worker.actor.model.model_path", model)
     if name in (None, model):
-        notes.append(f"{key}.name{at(key + '.name')}: NeMo RL's key, the model's own tokenizer")
+        t.notes.append(f"{key}.name{t.at(key + '.name')}: NeMo RL's key, the model's own tokenizer")
     elif name is not _MISSING:
-        move(f"{key}.name", "worker.actor.model.tokenizer_path", name)
+        t.move(f"{key}.name", "worker.actor.model.tokenizer_path", name)
     if template == "default":
-        notes.append(
-            f"{key}.chat_template{at(key + '.chat_template')}: NeMo RL's key, the tokenizer's own template"
+        t.notes.append(
+            f"{key}.chat_template{t.at(key + '.chat_template')}: NeMo RL's key, the tokenizer's own template"
         )
     elif template is None:  # NeMo RL's passthrough template
-        move(f"{key}.chat_template", "worker.actor.model.chat_template", PASSTHROUGH_TEMPLATE)
+        t.move(f"{key}.chat_template", "worker.actor.model.chat_template", PASSTHROUGH_TEMPLATE)
     elif template is not _MISSING:
-        move(f"{key}.chat_template", "worker.actor.model.chat_template", template)
+        t.move(f"{key}.chat_template", "worker.actor.model.chat_template", template)
     if kwargs not in (_MISSING, None, {}):
-        problems.append(
-            f"{key}.chat_template_kwargs={kwargs!r}{at(key + '.chat_template_kwargs')}: rlstack renders templates "
+        t.problems.append(
+            f"{key}.chat_template_kwargs={kwargs!r}{t.at(key + '.chat_template_kwargs')}: rlstack renders templates "
             "without extra arguments; put their effect into worker.actor.model.chat_template"
         )
 
 
-def _turns(
-    take: Callable, move: Callable, at: Callable, values: dict, problems: list[str], notes: list[str]
-) -> None:
+def _turns(t: _Translation) -> None:
     key = "grpo.max_rollout_turns"
-    turns = take(key)
+    turns = t.take(key)
     if turns is _MISSING or turns == 1:
         if turns == 1:
-            notes.append(f"{key}{at(key)}: NeMo RL's key, 1: single-turn rollouts")
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, 1: single-turn rollouts")
         return
-    move(key, "worker.rollout.agent.max_turns", turns)
+    t.move(key, "worker.rollout.agent.max_turns", turns)
     agent = "worker.rollout.agent"
-    if _get(values, f"{agent}.feedback") in (_MISSING, None) and _get(values, f"{agent}.tools") in (
+    if t.get(f"{agent}.feedback") in (_MISSING, None) and t.get(f"{agent}.tools") in (
         _MISSING,
         [],
         None,
     ):
-        problems.append(
-            f"{key}={turns}{at(key)}: between NeMo RL's turns its environment replies; rlstack's replies come from "
+        t.problems.append(
+            f"{key}={turns}{t.at(key)}: between NeMo RL's turns its environment replies; rlstack's replies come from "
             f"{agent}.feedback (file.py:fn, returning the next user message or None) or from tools ({agent}.tools)"
         )
 
 
-def _top_k(take: Callable, move: Callable) -> None:
-    value = take("policy.generation.top_k")
+def _top_k(t: _Translation) -> None:
+    value = t.take("policy.generation.top_k")
     if value is not _MISSING:
-        move("policy.generation.top_k", "worker.rollout.top_k", -1 if value is None else value)
+        t.move("policy.generation.top_k", "worker.rollout.top_k", -1 if value is None else value)
 
 
-def _ratio_clip_c(take: Callable, move: Callable) -> None:
-    value = take("loss_fn.ratio_clip_c")
+def _ratio_clip_c(t: _Translation) -> None:
+    value = t.take("loss_fn.ratio_clip_c")
     if value is not _MISSING:  # NeMo RL's null: no dual clip (rlstack's default clips at 3)
-        move("loss_fn.ratio_clip_c", "worker.actor.clip_ratio_dual", float("inf") if value is None else value)
+        t.move(
+            "loss_fn.ratio_clip_c", "worker.actor.clip_ratio_dual", float("inf") if value is None else value
+        )
 
 
 def _hashable(value: Any) -> bool:
@@ -575,14 +579,6 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _copy(values: Any) -> Any:
-    if isinstance(values, dict):
-        return {k: _copy(v) for k, v in values.items()}
-    if isinstance(values, list):
-        return [_copy(v) for v in values]
-    return values
 
 
 def _drop_empty(values: dict, dotted: str) -> None:
