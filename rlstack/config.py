@@ -1256,14 +1256,14 @@ def _chat_template_problems(template: str | None) -> list[str]:
     import jinja2.ext
     import jinja2.sandbox
 
-    from rlstack.models.loading import is_template_text
+    from rlstack.models.loading import chat_template_text, is_template_text
 
     key = "worker.actor.model.chat_template"
     if not is_template_text(template) and not os.path.isfile(template):
         return [
             f"{key}: file {template!r} does not exist (the value is Jinja text, with {{{{ or {{%, or a template file)"
         ]
-    text = template if is_template_text(template) else Path(template).read_text()
+    text = chat_template_text(template)
     # the environment Hugging Face renders chat templates in: loop controls, and its {% generation %} tag
     extensions = [jinja2.ext.loopcontrols, _generation_tag()]
     try:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from rlstack import checkpoint
 from rlstack.config import Config, resolve_device, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
-from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.workers.policy import PolicyWorker
 
@@ -28,9 +28,7 @@ def run_sft(cfg: Config) -> Path:
 
         torch.set_num_threads(t.num_threads)
     checkpoint.seed_everything(t.seed, t.full_determinism)
-    path = a.model.tokenizer_path or resolve_model_path(a.model.model_path)
-    tok = load_tokenizer(path, a.model.trust_remote_code, a.model.chat_template)
-    processor = load_processor(path, a.model.trust_remote_code, a.model.chat_template)
+    tok, processor = load_tokenizer_and_processor(a.model, resolve_model_path(a.model.model_path))
     system = agent_system_prompt(cfg.worker.rollout.agent)
     dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)

@@ -31,7 +31,7 @@ from rlstack.batch import Batch
 from rlstack.config import Config, resolve_device, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
-from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
 from rlstack.producer import RolloutProducer, staleness
 from rlstack.rewards.manager import build_reward_manager, reward_function_for
 from rlstack.rollout.agent import agent_system_prompt
@@ -58,14 +58,12 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         model_path = resolve_model_path(w.actor.model.model_path)
-        m = w.actor.model
-        tokenizer = load_tokenizer(m.tokenizer_path or model_path, m.trust_remote_code, m.chat_template)
+        tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_path)
         self.pad_token_id = tokenizer.pad_token_id
         self.probe = tokenizer("The weight-sync probe: 12 + 34 = 46.", add_special_tokens=False)["input_ids"]
         """Fixed text (no images, whatever the model) that `check_weight_sync` scores with engine and policy."""
         self.probe_synced: list[float] | None = None
         """The policy's log-probs of the probe at the weights of the last sync (None: none checked yet)."""
-        processor = load_processor(m.tokenizer_path or model_path, m.trust_remote_code, m.chat_template)
         system = agent_system_prompt(w.rollout.agent)
         images = w.rollout.agent.max_images
         self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system, images)

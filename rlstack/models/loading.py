@@ -17,7 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from rlstack.config import BUILTIN_MODEL, HUB_NAME
+from rlstack.config import BUILTIN_MODEL, HUB_NAME, ModelConfig
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.tiny import init_model
@@ -144,6 +144,18 @@ def load_processor(
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load the image processor of {path!r}: {e}") from e
     return VisionProcessor(load_tokenizer(path, trust_remote_code, chat_template), image_processor)
+
+
+def load_tokenizer_and_processor(
+    model: ModelConfig, model_dir: str
+) -> tuple[PreTrainedTokenizerFast, VisionProcessor | None]:
+    """A model config's tokenizer and (vision-language models) processor: from its `tokenizer_path` or
+    `model_dir`, with its `chat_template` in place of theirs."""
+    path = model.tokenizer_path or model_dir
+    return (
+        load_tokenizer(path, model.trust_remote_code, model.chat_template),
+        load_processor(path, model.trust_remote_code, model.chat_template),
+    )
 
 
 def load_causal_lm(

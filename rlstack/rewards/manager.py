@@ -355,13 +355,13 @@ def _describe(batch: Batch, i: int) -> str:
 def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardManager:
     """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings,
     the judge client built when a built-in's judge_fallback asks for it."""
-    refs = [cfg.reward_function, *cfg.extra_reward_functions, *cfg.reward_function_by_source.values()]
-    functions = [load_reward_function(ref) for ref in refs[: 1 + len(cfg.extra_reward_functions)]]
+    functions = [load_reward_function(ref) for ref in [cfg.reward_function, *cfg.extra_reward_functions]]
     routes = [
         (source, load_reward_function(ref, f"worker.reward.reward_function_by_source.{source}"))
         for source, ref in cfg.reward_function_by_source.items()
     ]
-    builtins_used = {ref.removeprefix("builtin:") for ref in refs if ref.startswith("builtin:")}
+    loaded = [*functions, *(rf for _, rf in routes)]
+    builtins_used = {rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")}
     wants_judge = ("math" in builtins_used and cfg.math.judge_fallback) or (
         "agent" in builtins_used and cfg.agent.judge_fallback
     )
@@ -385,7 +385,7 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
         judge,
         routes,
     )
-    for rf in [*functions, *(rf for _, rf in routes)]:
+    for rf in loaded:
         if rf.name.startswith("builtin:"):
             settings = _builtin_settings(rf.name.removeprefix("builtin:"), cfg, manager)
             rf.fn = functools.partial(rf.fn, **settings)

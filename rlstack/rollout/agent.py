@@ -300,7 +300,7 @@ class AgentLoop:
             return self.feedback(t.row | {"response": response, "answer": answer, "turn": t.num_turns})
 
         began = time.perf_counter()
-        futures = [pool.submit(_guarded(run), t) for t in answered]
+        futures = [pool.submit(run, t) for t in answered]
         done, _ = wait(futures, timeout=self.cfg.tool_timeout_s)
         self.timing["tools"] += time.perf_counter() - began
         for t, future in zip(answered, futures):
@@ -308,7 +308,8 @@ class AgentLoop:
             if future not in done:  # past tool_timeout_s, as a tool call: the trainer drops the group
                 t.finish("timeout")
                 continue
-            reply, error = future.result()
+            error = future.exception()
+            reply = None if error is not None else future.result()
             if error is not None or not (reply is None or isinstance(reply, str)):
                 what = f"raised {error!r}" if error is not None else f"returned {reply!r}"
                 raise RLStackError(
@@ -429,18 +430,6 @@ def agent_system_prompt(config: AgentConfig, toolset: ToolSet | None = None) -> 
 def load_feedback(ref: str) -> Any:
     """The environment's feedback function `file.py:fn` or `pkg.mod:fn` (`worker.rollout.agent.feedback`)."""
     return load_function(ref, "worker.rollout.agent.feedback", "feedback file", RLStackError)[1]
-
-
-def _guarded(fn: Any) -> Any:
-    """`fn` returning (result, None), or (None, the exception) where it raised."""
-
-    def call(*args: Any) -> tuple[Any, BaseException | None]:
-        try:
-            return fn(*args), None
-        except Exception as e:
-            return None, e
-
-    return call
 
 
 def _last_turn_start(t: Trajectory) -> int:

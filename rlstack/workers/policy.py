@@ -23,7 +23,7 @@ from rlstack.algos.policy_loss import (
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.errors import RLStackError
-from rlstack.models.loading import load_causal_lm, load_processor, load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor, resolve_model_path
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
@@ -77,15 +77,10 @@ class PolicyWorker:
     ):
         self.cfg, self.algo = actor, algorithm
         path = resolve_model_path(actor.model.model_path)
-        self.tokenizer = load_tokenizer(
-            actor.model.tokenizer_path or path, actor.model.trust_remote_code, actor.model.chat_template
-        )
+        self.tokenizer, self.processor = load_tokenizer_and_processor(actor.model, path)
         self.device = device
         self.path = path
         self.model = load_trained_model(actor.model, path, device)
-        self.processor = load_processor(
-            actor.model.tokenizer_path or path, actor.model.trust_remote_code, actor.model.chat_template
-        )
         if actor.freeze_vision_tower and self.processor is None:
             raise ValueError(
                 f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"

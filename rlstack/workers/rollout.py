@@ -12,7 +12,7 @@ import torch
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
 from rlstack.errors import OutOfMemory
-from rlstack.models.loading import load_processor, load_tokenizer, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
@@ -63,12 +63,7 @@ class RolloutWorker:
         if policy is not None:
             tokenizer, processor, device = policy.tokenizer, policy.processor, policy.device
         else:
-            tokenizer = load_tokenizer(
-                model.tokenizer_path or path, model.trust_remote_code, model.chat_template
-            )
-            processor = load_processor(
-                model.tokenizer_path or path, model.trust_remote_code, model.chat_template
-            )
+            tokenizer, processor = load_tokenizer_and_processor(model, path)
         multimodal = processor is not None
         self.engine: Engine
         if cfg.name == "vllm":
