@@ -386,9 +386,14 @@ def test_engine_shares_the_policy_weights_and_only_records_versions(model, tok):
     assert engine.state_dict()["weight_version"] == 7
 
 
-def test_one_model_call_per_token_and_ended_rows_keep_attending(eos_model, tok):
-    """The prefill gives the first token and each later token costs one decode call, none after the
-    last; rows that ended keep 1 in the attention mask (their padding is masked out of the result)."""
+def test_one_model_call_per_token_and_ended_rows_keep_attending(eos_model, tok, monkeypatch):
+    """Decoding through the module's `forward` (models the lean step does not take, see
+    test_lean_decoding.py for the lean step's own count): the prefill gives the first token and each
+    later token costs one decode call, none after the last; rows that ended keep 1 in the attention mask
+    (their padding is masked out of the result)."""
+    import rlstack.rollout.hf as hf
+
+    monkeypatch.setattr(hf, "lean_decoder", lambda model, positions: None)
     masks = []
 
     def record(module, args, kwargs):

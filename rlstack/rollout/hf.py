@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from rlstack.errors import TrainingDiverged
+from rlstack.models.decoding import lean_decoder
 from rlstack.models.logprobs import forward_logprobs, run_starts
 from rlstack.models.vision import (
     as_model_positions,
@@ -177,6 +178,8 @@ def sample(
         else {}
     )
     cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
+    lean = not multimodal and all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
+    decoder = lean_decoder(model, P + max_new_tokens) if lean else None
     out = model(
         input_ids=prompt_ids[rows],
         attention_mask=prompt_mask[rows],
@@ -195,6 +198,11 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     attn = prompt_mask
+    if decoder is not None:  # the KV buffers the prefill filled, and the prompt padding no row attends
+        keys = [layer.key_buffer for layer in cache.layers]
+        values = [layer.value_buffer for layer in cache.layers]
+        blocked = torch.zeros(B, P + max_new_tokens, dtype=torch.bool, device=device)
+        blocked[:, :P] = prompt_mask == 0
     for step in range(max_new_tokens):
         logits = next_logits.float()  # [B, V]
         if not bool(torch.isfinite(logits).all()):
@@ -232,10 +240,13 @@ def sample(
         done = done | ended
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         pos = next_pos + step  # [B]: the same id in all three M-RoPE dims
         if between_steps is not None:
             between_steps()
+        if decoder is not None:
+            next_logits = decoder.step(tok, pos, keys, values, P + step, blocked)
+            continue
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         out = model(
             input_ids=tok[:, None],
             attention_mask=attn,
@@ -331,9 +342,14 @@ class _PreallocatedLayer(DynamicLayer):
 
 
 def _preallocated(cache: DynamicCache, capacity: int) -> DynamicCache:
-    """`cache` with its full-attention layers preallocated for `capacity` positions."""
+    """`cache` with its full-attention layers preallocated for `capacity` positions; sliding-window layers
+    too where the window covers them all (nothing slides out)."""
     cache.layers = [
-        _PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+        _PreallocatedLayer(capacity)
+        if type(layer) is DynamicLayer
+        or (type(layer) is DynamicSlidingWindowLayer and layer.sliding_window >= capacity)
+        else layer
+        for layer in cache.layers
     ]
     return cache
 

@@ -1,0 +1,151 @@
+"""One decoding step of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3) on CPU, in as few
+tensor operations as the architecture allows.
+
+A decoding step gives each row one new token; on a small model on CPU its time goes mostly to
+dispatching operations, not to arithmetic. The Hugging Face module makes about 400 top-level calls per
+step for a 3-layer model: it builds a four-dimensional mask, casts, transposes, repeats key/value heads
+and goes through its cache and attention interfaces. `LeanDecoder.step` computes the same function of
+the same parameters with about 25 calls per layer: RMS norms through `F.rms_norm`, the projections as
+single matrix products, RoPE from the model's own rotary module, and attention as two matrix products
+over grouped heads into the KV buffers the prefill filled. It reads the module's parameters at every
+step (never a copy), so weights loaded or trained in place between steps are the weights it uses.
+
+`lean_decoder` says which models qualify; any other model (a vision-language model, LoRA adapters,
+another architecture, a sliding window shorter than the generation, a GPU) decodes through its own
+`forward`, as before. The two agree up to float rounding (tests/test_lean_decoding.py). On the
+benchmark's tiny model, 128 rows and 40 positions, a step takes about 0.75x the module's time
+(`python bench/bench_cpu_paths.py`, "decode_step").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("LlamaDecoderLayer", "LlamaRMSNorm"),
+    "MistralForCausalLM": ("MistralDecoderLayer", "MistralRMSNorm"),
+    "Qwen2ForCausalLM": ("Qwen2DecoderLayer", "Qwen2RMSNorm"),
+    "Qwen3ForCausalLM": ("Qwen3DecoderLayer", "Qwen3RMSNorm"),
+}
+"""Causal LM classes whose decoding step `LeanDecoder` computes, with their decoder layer and norm classes."""
+
+
+def why_not_lean(model: nn.Module, positions: int) -> str | None:
+    """Why `model` cannot decode through `LeanDecoder` for `positions` positions (prompt and response), or
+    None when it can."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"{name} is not one of {sorted(ARCHITECTURES)}"
+    if next(model.parameters()).device.type != "cpu":
+        return "the model is not on the CPU"
+    layer_class, norm_class = ARCHITECTURES[name]
+    core = model.model
+    norms = [core.norm]
+    for i, layer in enumerate(core.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        if type(layer).__name__ != layer_class:
+            return f"layer {i} is a {type(layer).__name__}"
+        linears = [
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ]
+        if any(type(m) is not nn.Linear for m in linears):
+            return f"layer {i} has projections that are not plain linear layers (adapters?)"
+        # Qwen2 / Qwen3 set a window per layer (None: full attention); Mistral's attention reads its config's
+        window = (
+            attn.sliding_window
+            if hasattr(attn, "sliding_window")
+            else getattr(model.config, "sliding_window", None)
+        )
+        if window is not None and window < positions:
+            return (
+                f"layer {i} attends through a sliding window of {window} positions, shorter than {positions}"
+            )
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += (
+            [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)] if name.startswith("Qwen3") else []
+        )
+    if any(type(n).__name__ != norm_class for n in norms):
+        return f"a norm is not a {norm_class}"
+    return None
+
+
+def lean_decoder(model: nn.Module, positions: int) -> LeanDecoder | None:
+    """A `LeanDecoder` over `model`, or None when the model does not qualify (see `why_not_lean`)."""
+    return None if why_not_lean(model, positions) else LeanDecoder(model)
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """The Hugging Face RMSNorm of these models: computed in float32, scaled by the weight in the model's dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x` ([B, heads, D]) at each row's position (`cos`, `sin`: [B, 1, D])."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """`residual + linear(x)` in one matrix product where the layer has no bias."""
+    if linear.bias is None:
+        return torch.addmm(residual, x, linear.weight.t())
+    return residual + linear(x)
+
+
+class LeanDecoder:
+    """The decoding step of a qualifying model (see `why_not_lean`), over its own parameters."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.core = model.model
+        attn = self.core.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.groups = attn.num_key_value_groups
+        self.scaling = attn.scaling
+        self.qk_norm = type(model).__name__.startswith("Qwen3")
+
+    @torch.inference_mode()
+    def step(
+        self,
+        tokens: torch.Tensor,  # [B]: each row's newest token
+        positions: torch.Tensor,  # [B]: its position id
+        keys: list[torch.Tensor],  # per layer, [B, KV, capacity, D]; columns before `column` filled
+        values: list[torch.Tensor],  # per layer, [B, KV, capacity, D]
+        column: int,  # the cache column the new token's keys and values go to
+        blocked: torch.Tensor,  # [B, capacity] bool: columns a row does not attend (its prompt padding)
+    ) -> torch.Tensor:
+        """Next-token logits [B, V] after `tokens`, writing their keys and values into column `column`."""
+        B, D, g = tokens.shape[0], self.head_dim, self.groups
+        x = self.core.embed_tokens(tokens)  # [B, hidden]
+        cos, sin = self.core.rotary_emb(x[:, None], positions[:, None])  # [B, 1, D]
+        L = column + 1
+        mask = blocked[:, None, None, :L]
+        low = torch.finfo(x.dtype).min
+        for layer, k_cache, v_cache in zip(self.core.layers, keys, values):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = _rms_norm(x, layer.input_layernorm)
+            q = attn.q_proj(h).view(B, -1, D)
+            k = attn.k_proj(h).view(B, -1, D)
+            if self.qk_norm:
+                q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
+            k_cache[:, :, column] = _rope(k, cos, sin)
+            v_cache[:, :, column] = attn.v_proj(h).view(B, -1, D)
+            kv = k_cache.shape[1]
+            q = _rope(q, cos, sin).view(B, kv, g, D)  # query heads kv*g .. kv*g+g-1 read key/value head kv
+            scores = torch.matmul(q, k_cache[:, :, :L].transpose(-1, -2)) * self.scaling  # [B, KV, g, L]
+            weights = torch.softmax(scores.masked_fill(mask, low), dim=-1, dtype=torch.float32).to(x.dtype)
+            out = torch.matmul(weights, v_cache[:, :, :L]).view(B, -1)  # [B, H * D]
+            x = _linear_add(x, out, attn.o_proj)
+            h = _rms_norm(x, layer.post_attention_layernorm)
+            x = _linear_add(x, mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), mlp.down_proj)
+        return self.model.lm_head(_rms_norm(x, self.core.norm))
