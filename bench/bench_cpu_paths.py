@@ -10,6 +10,9 @@
    (`_draw` + `_inverse_cdf`), for the tiny model's vocabulary and a 152k one.
 4. `adamw`: clip + AdamW step on the tiny model's parameters, the default implementation against the
    fused kernel.
+5. `decoding`: the HF engine's `sample` on the step's generation (16 prompts x 8 rows, 16 new tokens,
+   temperature 1), its decoding steps taken by the lean step (`rlstack.models.decoding`) against the
+   module's `forward`, alternating call by call; median milliseconds per call.
 
     python bench/bench_cpu_paths.py     # writes bench/results/cpu_paths.json
 """
@@ -152,6 +155,34 @@ def adamw(model_dir: Path) -> dict:
     return out
 
 
+def decoding(model_dir: Path, calls: int = 20) -> dict:
+    import rlstack.rollout.hf as hf
+    from rlstack.data.tasks import builtin_rows
+    from rlstack.models.loading import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(str(model_dir)).eval()
+    tok = load_tokenizer(str(model_dir))
+    messages = [
+        [{"role": "user", "content": r["problem"]}] for r in builtin_rows("builtin:addition@train")[:16]
+    ]
+    texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(8)]
+    lean_decoder = hf.lean_decoder
+    sides = {"lean": lean_decoder, "module": lambda model, positions: None}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    g = torch.Generator().manual_seed(0)
+    for i in range(calls + 2):
+        for name, decoder in sides.items():
+            hf.lean_decoder = decoder
+            t = time.perf_counter()
+            hf.sample(model, prompts, 16, tok.eos_token_id, tok.pad_token_id, 1.0, generator=g)
+            if i >= 2:
+                times[name].append(time.perf_counter() - t)
+    hf.lean_decoder = lean_decoder
+    out = {f"{name}_ms": statistics.median(t) * 1e3 for name, t in times.items()}
+    return out | {"rows": len(prompts), "new_tokens": 16, "calls": calls}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=10, help="blocks of 3 steps per side in `step`")
@@ -171,6 +202,7 @@ def main() -> None:
             "attention": attention_calls(),
             "sampling": sampling(),
             "adamw": adamw(model_dir),
+            "decoding": decoding(model_dir),
         }
     Path(a.output).write_text(json.dumps(result, indent=1) + "\n")
     s = result["step"]
@@ -190,6 +222,11 @@ def main() -> None:
             f"sampling {r['rows']} x {r['vocab']}: multinomial {r['multinomial_us']:.0f} us, inverse CDF {r['inverse_cdf_us']:.0f} us"
         )
     print("clip + AdamW: default {default_us:.0f} us, fused {fused_us:.0f} us".format(**result["adamw"]))
+    d = result["decoding"]
+    print(
+        f"sample {d['rows']} rows x {d['new_tokens']} tokens: lean step {d['lean_ms']:.1f} ms, "
+        f"module forward {d['module_ms']:.1f} ms ({d['module_ms'] / d['lean_ms']:.2f}x)"
+    )
     print(f"wrote {a.output}")
 
 

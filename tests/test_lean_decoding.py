@@ -171,6 +171,9 @@ def test_weights_changed_between_steps_are_the_weights_a_step_uses(eos_model, mo
 
 
 def test_models_the_step_does_not_cover_decode_through_the_module(tiny_model_dir, monkeypatch):
+    training = ARCHITECTURES["llama"]().train()
+    assert "training mode" in why_not_lean(training, 16)
+
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=1, n_head=2)).eval()
     assert "GPT2LMHeadModel is not one of" in why_not_lean(gpt2, 16)
 
