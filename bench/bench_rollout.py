@@ -5,7 +5,8 @@
    once and its KV cache copied to its `n` samples, one model call per further token, sampling at
    temperature 1 with the sampled token's log-prob kept, stopping when every row has ended. The
    minimal loop has none of the engine's checks (finite logits, stop strings, warpers, vision
-   inputs); the ratio is what they and the engine's bookkeeping cost.
+   inputs) and calls the module's `forward` for every token, where the engine's decoding steps take
+   the lean step (`rlstack.models.decoding`) for the models it covers.
 2. `engines` (when vLLM is installed: `pip install 'rlstack[vllm]'`): the HF engine against the
    vLLM engine on the same requests, for the tiny model and for a Qwen2-0.5B-shaped model with
    random weights (built from a config; nothing is downloaded).

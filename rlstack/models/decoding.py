@@ -13,8 +13,8 @@ step (never a copy), so weights loaded or trained in place between steps are the
 `lean_decoder` says which models qualify; any other model (a vision-language model, LoRA adapters,
 another architecture, a sliding window shorter than the generation, a GPU) decodes through its own
 `forward`, as before. The two agree up to float rounding (tests/test_lean_decoding.py). On the GRPO
-benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 77 ms
-with the lean step against 93 ms through the module (`python bench/bench_cpu_paths.py`, "decoding").
+benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 63 ms
+with the lean step against 75 ms through the module (`python bench/bench_cpu_paths.py`, "decoding").
 """
 
 from __future__ import annotations

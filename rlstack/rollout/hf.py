@@ -9,10 +9,12 @@ the model's `get_rope_index`; each decoded token takes the prompt's largest posi
 index, in all three dimensions, which is what `get_rope_index` gives the response tokens of the
 finished sequence. A completion ends at EOS or, optionally, at a stop string (`StopStrings`).
 
-Decoding makes one model call per generated token after the first (the prefill gives the first),
-and a row that has ended keeps attending normally (its tokens are padding, masked out of the
-result), as transformers' `generate` does: masking ended rows in the attention mask sends every
-call onto a slower attention path.
+Decoding takes one step per generated token after the first (the prefill gives the first): for
+Llama, Mistral, Qwen2 and Qwen3 text models on CPU, the lean step of `rlstack.models.decoding` over
+the module's parameters and the prefill's KV buffers; for any other model, a call of its `forward`.
+A row that has ended keeps attending normally (its tokens are padding, masked out of the result), as
+transformers' `generate` does: masking ended rows in the attention mask sends every call onto a
+slower attention path.
 
 Log-probs are under the temperature-scaled distribution before top-k / top-p truncation, which is
 the distribution the policy scores (`logits / temperature`): at temperature 1 with no truncation
