@@ -334,6 +334,8 @@ class JudgeConfig:
     """Longest judge reply, in tokens."""
     seed: int = 0
     """Seed of the backoff jitter."""
+    send_images: bool = False
+    """Send each row's images with its judge request (a vision-language judge, e.g. Qwen2.5-VL under `vllm serve`)."""
 
 
 @dataclass

@@ -62,7 +62,7 @@ def test_the_judge_decides_only_what_the_rule_cannot():
         {"response": "nothing", "ground_truth": "3", "prompt": "q4"},  # no answer: 0, never judged
     ]
     out = compute_score(inputs, judge=judge)
-    assert calls == [[("q3", "a puppy", "a small dog")]]
+    assert calls == [[("q3", "a puppy", "a small dog", ())]]
     assert [o["accuracy"] for o in out] == [1.0, 0.0, 1.0, 0.0]
 
 

@@ -272,3 +272,51 @@ def test_failures_are_not_cached(server):
         result = client.judge(item())
     assert (result.score, result.cached, result.attempts) == (1.0, False, 1)
     assert len(server.chat_requests) == 4
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Images for a vision-language judge
+
+
+def _image(colour: str):
+    from PIL import Image
+
+    return Image.new("RGB", (8, 6), colour)
+
+
+def test_images_go_before_the_text_as_data_urls_and_are_part_of_the_cache_key(server):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from rlstack.rewards.judge import png_images
+
+    red, blue = png_images([_image("red")]), png_images([_image("blue"), _image("red")])
+    with make_client(server) as client:
+        plain = client.judge(item(1))
+        with_red = client.judge(replace(item(1), images=red))
+        with_blue = client.judge(replace(item(1), images=blue))
+        again = client.judge(replace(item(1), images=png_images([_image("red")])))
+    assert not plain.cached and not with_red.cached and not with_blue.cached and again.cached
+    assert len(server.chat_requests) == 3
+    text_only, red_request, blue_request = (r["messages"][-1]["content"] for r in server.chat_requests)
+    assert isinstance(text_only, str)
+    assert [p["type"] for p in red_request] == ["image_url", "text"]
+    assert red_request[-1]["text"] == text_only  # the same prompt, after the images
+    assert [p["type"] for p in blue_request] == ["image_url", "image_url", "text"]
+    url = blue_request[0]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    decoded = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert decoded.size == (8, 6) and decoded.getpixel((0, 0)) == (0, 0, 255)
+
+
+def test_a_failing_sample_with_images_says_how_many(server):
+    from rlstack.rewards.judge import png_images
+
+    server.default = lambda body: ("status", 400)
+    with (
+        make_client(server) as client,
+        pytest.raises(JudgeUnavailable, match=r"response='The answer is 2.', 1 image"),
+    ):
+        client.judge(replace(item(1), images=png_images([_image("red")])))

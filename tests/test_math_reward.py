@@ -245,8 +245,8 @@ def test_fallback_called_only_for_unparseable():
     details = score_details(inputs, fallback=judge)
     assert len(calls) == 1
     assert calls[0] == [
-        ("Q?", r"\text{crimson one}", r"\boxed{\text{the red one}}"),
-        ("empty gold", "", r"\boxed{4}"),
+        ("Q?", r"\text{crimson one}", r"\boxed{\text{the red one}}", ()),
+        ("empty gold", "", r"\boxed{4}", ()),
     ]
     assert [d.accuracy for d in details] == [1.0, 0.0, 0.0, 1.0, 1.0]
     assert [d.used_fallback for d in details] == [False, False, False, True, True]

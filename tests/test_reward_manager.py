@@ -165,3 +165,37 @@ def test_a_routed_function_that_cannot_load_names_its_key(module: Path):
         RewardLoadError, match=r"worker.reward.reward_function_by_source.gsm8k='builtin:maths'"
     ):
         build_reward_manager(cfg, max_response_length=8)
+
+
+def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Path):
+    """Vision-language rows hand their images to the reward function (`images`); the built-in agent reward's
+    judge fallback sends them to the judge only with `judge.send_images`."""
+    from judge_server import JudgeServer
+    from PIL import Image
+
+    from rlstack.rewards.manager import build_reward_manager, reward_inputs
+
+    batch = make_batch(["<answer>a small dog</answer>", "<answer>3</answer>"], ["a puppy", "3"])
+    batch["images"] = [[Image.new("RGB", (4, 4), "green")], []]
+    inputs = reward_inputs(batch)
+    assert inputs[0]["images"][0].getpixel((0, 0)) == (0, 128, 0) and inputs[1]["images"] == []
+    assert "images" not in reward_inputs(make_batch(["4"], ["4"]))  # text rows: no key
+
+    server = JudgeServer()
+    try:
+        for send in (False, True):
+            cfg = RewardConfig(reward_function="builtin:agent")
+            cfg.agent.judge_fallback = True
+            cfg.judge.base_url, cfg.judge.model, cfg.judge.send_images = server.url, "judge", send
+            manager = build_reward_manager(cfg, max_response_length=8)
+            try:
+                out = manager.score(batch)
+            finally:
+                manager.close()
+            assert out["reward_components"][0]["accuracy"] == 1.0  # the judge said 1 for the undecided row
+        assert len(server.chat_requests) == 2  # one undecided row per run; the second carried the image
+        without, with_image = (r["messages"][-1]["content"] for r in server.chat_requests)
+        assert isinstance(without, str)
+        assert [p["type"] for p in with_image] == ["image_url", "text"]
+    finally:
+        server.stop()

@@ -25,8 +25,8 @@ from rlstack.rewards.math import extract_answer_tag, is_equivalent
 
 REWARD_TYPE = "batch"
 
-Judge = Callable[[list[tuple[str, str, str]]], list[float]]
-"""(question, ground truth, answer) triples -> scores in [0, 1]."""
+Judge = Callable[[list[tuple[str, str, str, Any]]], list[float]]
+"""(question, ground truth, extracted answer, the row's images) per undecided row -> scores in [0, 1]."""
 
 _TAG_PAIRS = (("<tool_call>", "</tool_call>"), ("<code>", "</code>"))
 
@@ -68,11 +68,16 @@ def compute_score(
     accuracy = [rule_accuracy(str(x["ground_truth"]), a) for x, a in zip(reward_inputs, answers)]
     undecided = [i for i, acc in enumerate(accuracy) if acc is None]
     if undecided and judge is not None:
-        triples = [
-            (str(reward_inputs[i].get("prompt", "")), str(reward_inputs[i]["ground_truth"]), str(answers[i]))
+        queries = [
+            (
+                str(reward_inputs[i].get("prompt", "")),
+                str(reward_inputs[i]["ground_truth"]),
+                str(answers[i]),
+                reward_inputs[i].get("images") or (),
+            )
             for i in undecided
         ]
-        for i, score in zip(undecided, judge(triples)):
+        for i, score in zip(undecided, judge(queries)):
             accuracy[i] = min(max(float(score), 0.0), 1.0)
     out = []
     for x, acc in zip(reward_inputs, accuracy):

@@ -18,6 +18,8 @@ silent 0.
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import random
 import re
@@ -57,6 +59,9 @@ class JudgeItem:
     response: str
     """The policy's answer being judged."""
     template: TemplateName = "consistency"
+    images: tuple[bytes, ...] = ()
+    """The question's images, PNG-encoded (`png_images`), sent before the prompt's text for a
+    vision-language judge; part of the cache key like the texts."""
 
 
 @dataclass
@@ -314,7 +319,7 @@ class JudgeClient:
 
     def _judge_one(self, item: JudgeItem) -> JudgeResult:
         template = TEMPLATES[item.template]
-        messages = template.prompt(item.question, item.answer, item.response)
+        messages = with_images(template.prompt(item.question, item.answer, item.response), item.images)
         reason = ""
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt > 1:
@@ -356,10 +361,44 @@ class JudgeClient:
             return self.model
 
 
+def png_images(images) -> tuple[bytes, ...]:
+    """A row's images (PIL images, or PNG / JPEG bytes as they are) as the bytes a `JudgeItem` carries."""
+    out = []
+    for image in images or ():
+        if isinstance(image, bytes):
+            out.append(image)
+            continue
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    return tuple(out)
+
+
+def with_images(messages: Messages, images: tuple[bytes, ...]) -> list[dict]:
+    """`messages` with `images` put before the text of the last user message, as OpenAI-style content
+    parts (`image_url` with a base64 data URL, what `vllm serve` takes for Qwen2.5-VL and the like)."""
+    if not images:
+        return messages
+    *head, last = messages
+    parts = [
+        {
+            "type": "image_url",
+            "image_url": {"url": f"data:{_mime(image)};base64,{base64.b64encode(image).decode()}"},
+        }
+        for image in images
+    ]
+    return [*head, {"role": last["role"], "content": [*parts, {"type": "text", "text": last["content"]}]}]
+
+
+def _mime(image: bytes) -> str:
+    return "image/jpeg" if image[:3] == b"\xff\xd8\xff" else "image/png"
+
+
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(item: JudgeItem) -> str:
     question, response = _short(item.question, 80), _short(item.response, 80)
-    return f"template={item.template}, question={question!r}, response={response!r}"
+    images = f", {len(item.images)} image(s)" if item.images else ""
+    return f"template={item.template}, question={question!r}, response={response!r}{images}"

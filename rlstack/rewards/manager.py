@@ -132,13 +132,18 @@ class RewardManager:
             rows.setdefault(-1 if k is None else k, []).append(i)
         return [(default if k < 0 else self.routes[k][1], rows[k]) for k in sorted(rows)]
 
-    def judge_fallback(self, queries: list[tuple[str, str, str]]) -> list[float]:
-        """(question, ground truth, response) -> judge scores, for the built-ins' `judge_fallback`."""
-        from rlstack.rewards.judge import JudgeItem
+    def judge_fallback(self, queries: list[tuple]) -> list[float]:
+        """(question, ground truth, response[, images]) -> judge scores, for the built-ins' `judge_fallback`;
+        the row's images go with the request where `worker.reward.judge.send_images` is set."""
+        from rlstack.rewards.judge import JudgeItem, png_images
 
         assert self.judge is not None
-        template = self.judge.config.template
-        results = self.judge.judge_batch([JudgeItem(q, g, r, template) for q, g, r in queries])
+        template, send = self.judge.config.template, self.judge.config.send_images
+        items = [
+            JudgeItem(q, g, r, template, png_images(rest[0]) if send and rest else ())
+            for q, g, r, *rest in queries
+        ]
+        results = self.judge.judge_batch(items)
         with self._judge_lock:
             self._judge_calls += len(queries)
         return [r.score for r in results]
@@ -322,7 +327,8 @@ def reward_function_for(cfg: RewardConfig, source: str) -> str:
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     """One dict per row for the reward function: the response and its length, the ground truth, prompt and
     data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
-    them; never over a key above), and the agent's tool-call counts."""
+    them; never over a key above), the row's images (PIL images, for vision-language datasets) and the
+    agent's tool-call counts."""
     lengths = batch["response_mask"].sum(-1).tolist()
     return [
         {
@@ -333,6 +339,7 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
             "prompt": batch["prompt"][i],
             "data_source": batch["data_source"][i],
             "extra": batch["extra"][i],
+            **({"images": batch["images"][i]} if "images" in batch else {}),
             **(
                 {
                     "num_tool_calls": int(batch["tool_calls"][i]),

@@ -24,7 +24,8 @@ Pipeline for one sample:
 4. Exceptions and timeouts of math-verify never propagate: a `verify` failure counts as not equal
    with reason "verify error: ..." / "verify timeout".
 
-Judge fallback (`fallback`): a callable taking a list of `(question, gold, response)` tuples and
+Judge fallback (`fallback`): a callable taking a list of `(question, gold, response, images)` tuples
+(`images`: the row's images, empty for text rows) and
 returning one float in [0, 1] per tuple. It is called ONCE per batch, with ONLY the samples for which
 the rule could not decide because math-verify could not parse the extracted answer or the ground
 truth into a mathematical object (and a plain string comparison did not match either). It is never
@@ -49,7 +50,7 @@ from typing import Any
 REWARD_NAME = "math"
 REWARD_TYPE = "batch"
 
-Fallback = Callable[[list[tuple[str, str, str]]], Sequence[float]]
+Fallback = Callable[[list[tuple[str, str, str, Any]]], Sequence[float]]
 
 MAX_ANSWER_CHARS = 1000
 
@@ -402,7 +403,12 @@ def score_details(
         results.append(MathScore(acc_f, fmt, 0.0, reason, answer, gold))
     if fallback is not None and pending:
         queries = [
-            (_question(reward_inputs[i]), results[i].gold, str(reward_inputs[i].get("response") or ""))
+            (
+                _question(reward_inputs[i]),
+                results[i].gold,
+                str(reward_inputs[i].get("response") or ""),
+                reward_inputs[i].get("images") or (),
+            )
             for i in pending
         ]
         judged = list(fallback(queries))
