@@ -173,13 +173,17 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
     from judge_server import JudgeServer
     from PIL import Image
 
-    from rlstack.rewards.manager import build_reward_manager, reward_inputs
+    from rlstack.batch import Batch
+    from rlstack.rewards.manager import REWARD_COLUMNS, build_reward_manager, reward_inputs
 
     batch = make_batch(["<answer>a small dog</answer>", "<answer>3</answer>"], ["a puppy", "3"])
     batch["images"] = [[Image.new("RGB", (4, 4), "green")], []]
     inputs = reward_inputs(batch)
     assert inputs[0]["images"][0].getpixel((0, 0)) == (0, 128, 0) and inputs[1]["images"] == []
     assert "images" not in reward_inputs(make_batch(["4"], ["4"]))  # text rows: no key
+    # what a remote reward worker is sent (REWARD_COLUMNS) gives it the same inputs
+    sent = reward_inputs(Batch({k: batch[k] for k in REWARD_COLUMNS if k in batch}))
+    assert [x.keys() for x in sent] == [x.keys() for x in inputs] and sent[0]["images"] is inputs[0]["images"]
 
     server = JudgeServer()
     try:

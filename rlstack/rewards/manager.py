@@ -303,6 +303,7 @@ REWARD_COLUMNS = (
     "data_source",
     "extra",
     "where",
+    "images",
     "tool_calls",
     "tool_errors",
 )
