@@ -385,9 +385,27 @@ class AgentRewardConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    model_path: str = ""
+    """`builtin:reward_model`: a Hugging Face sequence-classification model with one output (num_labels=1)."""
+    micro_batch_size: int = 8
+    """Texts scored per forward pass."""
+    max_length: int = 4096
+    """Most tokens of one scored text (the row's chat with the response, in the reward model's template)."""
+    truncation: Literal["left", "error"] = "left"
+    """A longer text: `left` keeps its last max_length tokens (counted in reward/rm_truncated), `error` stops naming the row."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The reward model's parameter dtype."""
+    device: str = "auto"
+    """Where it runs: auto (CUDA when available), cpu, cuda, cuda:1, ..."""
+    trust_remote_code: bool = False
+    """Allow the model's own code from its directory."""
+
+
+@dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`)."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `reward_model`)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
     reward_function_by_source: dict[str, str] = field(default_factory=dict)
@@ -416,6 +434,8 @@ class RewardConfig:
     """Settings of `builtin:agent`."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The LLM judge, used by the built-ins' judge_fallback (and available to user functions)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Settings of `builtin:reward_model` (a reward model scoring in the trainer's process)."""
 
 
 @dataclass
@@ -985,6 +1005,14 @@ def validate(cfg: Config) -> list[str]:
             "worker.reward.code.sandbox=fusion needs worker.reward.code.sandbox_url (the SandboxFusion server, "
             "e.g. http://host:8080), or use sandbox=local"
         )
+    uses_model = "builtin:reward_model" in [*functions, *rw.reward_function_by_source.values()]
+    if uses_model and not rw.reward_model.model_path:
+        p.append(
+            "builtin:reward_model needs worker.reward.reward_model.model_path: a Hugging Face sequence-classification "
+            "model directory with one output (num_labels=1)"
+        )
+    if uses_model and (rw.reward_model.micro_batch_size < 1 or rw.reward_model.max_length < 1):
+        p.append("worker.reward.reward_model.micro_batch_size and max_length must be at least 1")
     judged = [s for s, on in (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback)) if on]
     if judged and not (rw.judge.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE")):
         p.append(

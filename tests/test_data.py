@@ -334,6 +334,7 @@ def test_max_samples_and_batch(tmp_path, tok):
     assert set(b.keys()) == {
         "prompt_ids",
         "prompt",
+        "messages",
         "ground_truth",
         "data_source",
         "extra",
@@ -341,6 +342,8 @@ def test_max_samples_and_batch(tmp_path, tok):
         "where",
         "uid",
     }
+    # the chat messages before any template, for reward models that read them in their own
+    assert b["messages"] == [[{"role": "user", "content": "10+20="}], [{"role": "user", "content": "1+2="}]]
 
 
 def test_sft_batch_masks_answer_and_eos(tmp_path, tok):

@@ -58,4 +58,20 @@ def agent(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str
     return agent_reward.compute_score(reward_inputs, **settings)
 
 
-BUILTINS = {"exact_match": exact_match, "math": math, "code": code, "agent": agent}
+def reward_model(reward_inputs: list[dict[str, Any]], model=None) -> list[dict[str, float]]:
+    """A reward model's score of each prompt and response (`rlstack.rewards.reward_model`): overall = rm_score.
+
+    `model`: the loaded `RewardModel` (from `worker.reward.reward_model`, loaded once per run).
+    """
+    if model is None:
+        raise ValueError("builtin:reward_model is called with the model of worker.reward.reward_model")
+    return model.score(reward_inputs)
+
+
+BUILTINS = {
+    "exact_match": exact_match,
+    "math": math,
+    "code": code,
+    "agent": agent,
+    "reward_model": reward_model,
+}

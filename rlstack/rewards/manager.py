@@ -303,6 +303,7 @@ REWARD_COLUMNS = (
     "data_source",
     "extra",
     "where",
+    "messages",
     "images",
     "tool_calls",
     "tool_errors",
@@ -328,8 +329,8 @@ def reward_function_for(cfg: RewardConfig, source: str) -> str:
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     """One dict per row for the reward function: the response and its length, the ground truth, prompt and
     data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
-    them; never over a key above), the row's images (PIL images, for vision-language datasets) and the
-    agent's tool-call counts."""
+    them; never over a key above), the row's chat messages before the policy's template (`messages`), its
+    images (PIL images, for vision-language datasets) and the agent's tool-call counts."""
     lengths = batch["response_mask"].sum(-1).tolist()
     return [
         {
@@ -340,6 +341,7 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
             "prompt": batch["prompt"][i],
             "data_source": batch["data_source"][i],
             "extra": batch["extra"][i],
+            **({"messages": batch["messages"][i]} if "messages" in batch else {}),
             **({"images": batch["images"][i]} if "images" in batch else {}),
             **(
                 {
@@ -433,4 +435,8 @@ def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> d
             "max_answer_chars": a.max_answer_chars,
             "judge": fallback if a.judge_fallback else None,
         }
+    if name == "reward_model":
+        from rlstack.rewards.reward_model import RewardModel
+
+        return {"model": RewardModel(cfg.reward_model)}
     return {}
