@@ -109,10 +109,13 @@ def test_long_texts_keep_their_end_and_are_counted_or_fail_naming_the_row(rm_dir
         strict.score(INPUTS)
 
 
-def test_bad_reward_models_and_settings_say_what_to_fix(tmp_path):
+def test_bad_reward_models_and_settings_say_what_to_fix(rm_dir, tmp_path):
     two = write_reward_model(tmp_path / "two", num_labels=2)
     with pytest.raises(RewardModelError, match="has 2 outputs"):
         RewardModel(RewardModelConfig(model_path=str(two)))
+    if not torch.cuda.is_available():
+        with pytest.raises(RewardModelError, match="no CUDA device: use auto or cpu"):
+            RewardModel(RewardModelConfig(model_path=str(rm_dir), device="cuda"))
     with pytest.raises(RewardModelError, match="cannot be loaded as a reward model"):
         RewardModel(RewardModelConfig(model_path=str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match="builtin:reward_model needs worker.reward.reward_model.model_path"):

@@ -41,6 +41,11 @@ class RewardModel:
                 "with one output (num_labels=1)"
             )
         self.cfg = cfg
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RewardModelError(
+                f"{KEY}.device={cfg.device!r}, but this machine has no CUDA device: use auto or cpu"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(
                 cfg.model_path, trust_remote_code=cfg.trust_remote_code
@@ -59,8 +64,8 @@ class RewardModel:
             )
         text_config = model.config.get_text_config()
         if text_config.pad_token_id is None:  # batches of several rows need one (the score never reads it)
-            text_config.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id or 0
-        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+            ids = (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0)
+            text_config.pad_token_id = next(i for i in ids if i is not None)
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
         self.pad_id = text_config.pad_token_id
