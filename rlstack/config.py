@@ -1011,6 +1011,12 @@ def validate(cfg: Config) -> list[str]:
             "builtin:reward_model needs worker.reward.reward_model.model_path: a Hugging Face sequence-classification "
             "model directory with one output (num_labels=1)"
         )
+    if uses_model and cfg.trainer.backend == "ray":
+        p.append(
+            "builtin:reward_model scores in the trainer's process, but with trainer.backend=ray rewards are scored "
+            "in CPU reward actors, where it would load one CPU copy per actor: use trainer.backend=local, or serve "
+            "the reward model behind an endpoint and call it from a reward function"
+        )
     if uses_model and (rw.reward_model.micro_batch_size < 1 or rw.reward_model.max_length < 1):
         p.append("worker.reward.reward_model.micro_batch_size and max_length must be at least 1")
     judged = [s for s, on in (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback)) if on]

@@ -334,7 +334,7 @@ def test_max_samples_and_batch(tmp_path, tok):
     assert set(b.keys()) == {
         "prompt_ids",
         "prompt",
-        "messages",
+        "prompt_messages",
         "ground_truth",
         "data_source",
         "extra",
@@ -343,7 +343,10 @@ def test_max_samples_and_batch(tmp_path, tok):
         "uid",
     }
     # the chat messages before any template, for reward models that read them in their own
-    assert b["messages"] == [[{"role": "user", "content": "10+20="}], [{"role": "user", "content": "1+2="}]]
+    assert b["prompt_messages"] == [
+        [{"role": "user", "content": "10+20="}],
+        [{"role": "user", "content": "1+2="}],
+    ]
 
 
 def test_sft_batch_masks_answer_and_eos(tmp_path, tok):

@@ -299,6 +299,8 @@ def test_images_go_before_the_text_as_data_urls_and_are_part_of_the_cache_key(se
         with_blue = client.judge(replace(item(1), images=blue))
         again = client.judge(replace(item(1), images=png_images([_image("red")])))
     assert not plain.cached and not with_red.cached and not with_blue.cached and again.cached
+    # the cache keeps the images' digest, not the images (a run judges many)
+    assert all(not isinstance(part, bytes) for key in client._cache for part in key)
     assert len(server.chat_requests) == 3
     text_only, red_request, blue_request = (r["messages"][-1]["content"] for r in server.chat_requests)
     assert isinstance(text_only, str)

@@ -119,7 +119,8 @@ def test_greedy_decoding_matches(eos_model, monkeypatch):
 
 def test_bfloat16_logits_match_the_module():
     """Step by step over a prefilled cache, the logits of a bfloat16 model are the module's full-pass
-    logits at the same columns, within bfloat16's rounding (the norms run in float32, as the module's)."""
+    logits at the same columns, within a tolerance of bfloat16's coarse rounding (a loose check: it
+    catches a wrong step, not a different rounding order)."""
     model = ARCHITECTURES["qwen3"]().to(torch.bfloat16)
     B, P, R = 3, 6, 4
     ids = torch.randint(3, 40, (B, P + R), generator=torch.Generator().manual_seed(0))

@@ -88,7 +88,7 @@ def test_the_rows_messages_are_read_in_the_reward_models_chat_template(rm_dir):
     row = {
         "prompt": "<policy template> 1+2=",
         "response": "3",
-        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2="}],
+        "prompt_messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2="}],
     }
     text = rm.text(row)
     assert (
@@ -120,16 +120,45 @@ def test_bad_reward_models_and_settings_say_what_to_fix(rm_dir, tmp_path):
         RewardModel(RewardModelConfig(model_path=str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match="builtin:reward_model needs worker.reward.reward_model.model_path"):
         load_config(["worker.reward.extra_reward_functions=[builtin:reward_model]"])
+    with pytest.raises(ConfigError, match="with trainer.backend=ray rewards are scored in CPU reward actors"):
+        load_config(
+            [
+                "worker.reward.reward_function=builtin:reward_model",
+                f"worker.reward.reward_model.model_path={rm_dir}",
+                "trainer.backend=ray",
+            ]
+        )
 
 
-def test_the_manager_loads_it_once_and_logs_its_components(rm_dir):
+def test_an_encoder_classifier_is_refused_not_misread(tmp_path):
+    """Encoders (BERT, DeBERTa, RoBERTa) pool their first token or offset their positions: reading them at
+    the last token of left-padded rows would give wrong scores without an error."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = build_char_tokenizer()
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    config.num_labels = 1
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    with pytest.raises(RewardModelError, match="is a BertForSequenceClassification: .* encoder"):
+        RewardModel(RewardModelConfig(model_path=str(tmp_path / "bert")))
+
+
+def test_the_manager_loads_it_once_and_logs_its_components(rm_dir, monkeypatch):
     cfg = load_config(
         [
             "worker.reward.reward_function=builtin:reward_model",
+            "worker.reward.reward_function_by_source={gsm8k: 'builtin:reward_model'}",
             f"worker.reward.reward_model.model_path={rm_dir}",
         ]
     )
+    loads = []
+    init = RewardModel.__init__
+    monkeypatch.setattr(RewardModel, "__init__", lambda self, c: (loads.append(c), init(self, c))[1])
     manager = build_reward_manager(cfg.worker.reward, 16)
+    assert len(loads) == 1  # named twice (a route and the default), loaded once
     batch = make_batch(["3", "46"], ["3", "46"])
     out = manager.score(batch)
     direct = RewardModel(cfg.worker.reward.reward_model).score(reward_inputs(batch))

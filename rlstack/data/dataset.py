@@ -121,7 +121,7 @@ class PromptDataset:
                 {
                     "prompt_ids": list(ids),
                     "prompt": text,
-                    "messages": messages,
+                    "prompt_messages": messages,
                     "ground_truth": row[answer_key],
                     # a known format's own source fields (Nemotron's `source`, `dataset`) sit under `extra`
                     "data_source": str(row.get(data_source_key, nested.get(data_source_key, default_source))),

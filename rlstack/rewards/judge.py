@@ -19,6 +19,7 @@ silent 0.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import os
 import random
@@ -61,7 +62,7 @@ class JudgeItem:
     template: TemplateName = "consistency"
     images: tuple[bytes, ...] = ()
     """The question's images, PNG-encoded (`png_images`), sent before the prompt's text for a
-    vision-language judge; part of the cache key like the texts."""
+    vision-language judge; part of the cache key (by digest) like the texts."""
 
 
 @dataclass
@@ -250,7 +251,8 @@ class JudgeClient:
         self.errors = 0
         """Items scored with error_score because judging failed (cumulative; log as reward/judge_errors)."""
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="judge")
-        self._cache: dict[JudgeItem, Future[JudgeResult]] = {}
+        self._cache: dict[tuple, Future[JudgeResult]] = {}
+        """Results by `_cache_key` (the images by digest: the cache does not keep them)."""
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self._rng = random.Random(config.seed)
@@ -266,11 +268,11 @@ class JudgeClient:
         futures: list[tuple[Future[JudgeResult], bool]] = []
         with self._lock:
             for item in items:
-                future = self._cache.get(item)
+                future = self._cache.get(_cache_key(item))
                 fresh = future is None
                 if fresh:
                     future = self._pool.submit(self._judge_one, item)
-                    self._cache[item] = future
+                    self._cache[_cache_key(item)] = future
                 futures.append((future, fresh))
         results = []
         for i, (future, fresh) in enumerate(futures):
@@ -307,8 +309,8 @@ class JudgeClient:
     def _forget(self, item: JudgeItem, future: Future[JudgeResult]) -> None:
         """Failures are not cached: a later call for the same item tries the endpoint again."""
         with self._lock:
-            if self._cache.get(item) is future:
-                del self._cache[item]
+            if self._cache.get(_cache_key(item)) is future:
+                del self._cache[_cache_key(item)]
 
     def _cancel_pending(
         self, items: list[JudgeItem], futures: list[tuple[Future[JudgeResult], bool]]
@@ -359,6 +361,12 @@ class JudgeClient:
                     raise ValueError(f"judge endpoint {self.base_url} lists no models at /models")
                 self.model = models[0]
             return self.model
+
+
+def _cache_key(item: JudgeItem) -> tuple:
+    """What makes two items the same judgement: the texts, the template and the images' digest."""
+    digest = hashlib.sha256(b"".join(hashlib.sha256(im).digest() for im in item.images)).hexdigest()
+    return item.template, item.question, item.answer, item.response, digest if item.images else ""
 
 
 def png_images(images) -> tuple[bytes, ...]:

@@ -139,10 +139,17 @@ class RewardManager:
 
         assert self.judge is not None
         template, send = self.judge.config.template, self.judge.config.send_images
-        items = [
-            JudgeItem(q, g, r, template, png_images(rest[0]) if send and rest else ())
-            for q, g, r, *rest in queries
-        ]
+        encoded: dict[tuple[int, ...], tuple[bytes, ...]] = {}  # the n samples of a prompt share its images
+
+        def images(rest: list) -> tuple[bytes, ...]:
+            if not (send and rest and rest[0]):
+                return ()
+            key = tuple(id(im) for im in rest[0])
+            if key not in encoded:
+                encoded[key] = png_images(rest[0])
+            return encoded[key]
+
+        items = [JudgeItem(q, g, r, template, images(rest)) for q, g, r, *rest in queries]
         results = self.judge.judge_batch(items)
         with self._judge_lock:
             self._judge_calls += len(queries)
@@ -303,7 +310,7 @@ REWARD_COLUMNS = (
     "data_source",
     "extra",
     "where",
-    "messages",
+    "prompt_messages",
     "images",
     "tool_calls",
     "tool_errors",
@@ -329,7 +336,7 @@ def reward_function_for(cfg: RewardConfig, source: str) -> str:
 def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     """One dict per row for the reward function: the response and its length, the ground truth, prompt and
     data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
-    them; never over a key above), the row's chat messages before the policy's template (`messages`), its
+    them; never over a key above), the row's chat messages before the policy's template (`prompt_messages`), its
     images (PIL images, for vision-language datasets) and the agent's tool-call counts."""
     lengths = batch["response_mask"].sum(-1).tolist()
     return [
@@ -341,7 +348,7 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
             "prompt": batch["prompt"][i],
             "data_source": batch["data_source"][i],
             "extra": batch["extra"][i],
-            **({"messages": batch["messages"][i]} if "messages" in batch else {}),
+            **({"prompt_messages": batch["prompt_messages"][i]} if "prompt_messages" in batch else {}),
             **({"images": batch["images"][i]} if "images" in batch else {}),
             **(
                 {
@@ -395,10 +402,13 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
         judge,
         routes,
     )
+    shared: dict[str, dict[str, Any]] = {}  # one set of settings per built-in: one reward model loaded
     for rf in loaded:
         if rf.name.startswith("builtin:"):
-            settings = _builtin_settings(rf.name.removeprefix("builtin:"), cfg, manager)
-            rf.fn = functools.partial(rf.fn, **settings)
+            name = rf.name.removeprefix("builtin:")
+            if name not in shared:
+                shared[name] = _builtin_settings(name, cfg, manager)
+            rf.fn = functools.partial(rf.fn, **shared[name])
     return manager
 
 

@@ -1,8 +1,9 @@
-"""A reward model served in the trainer's process: a Hugging Face sequence-classification model with one
-output (Skywork-Reward, a Bradley-Terry model trained with TRL's `RewardTrainer`, ...), scoring each
-prompt and response (veRL's `reward_model`, NeMo RL's reward-model environment).
+"""A reward model served in the trainer's process: a Hugging Face decoder sequence-classification model
+with one output (Skywork-Reward, a Bradley-Terry model trained with TRL's `RewardTrainer`, ...), scoring
+each prompt and response (veRL's `reward_model`, NeMo RL's reward-model environment). Encoders (DeBERTa,
+RoBERTa) are refused: they pool another token than the last.
 
-Each row is scored as the model was trained to read it: the row's chat messages with the response as
+Each row is scored as the model was trained to read it: the row's chat messages (`prompt_messages`) with the response as
 the assistant's turn, through the reward model's own chat template (the policy's template may differ,
 veRL's `input_tokenizer` case). Without a template (or without the row's messages) the text is the
 policy's prompt followed by the response. Rows are left-padded into micro-batches of similar length and
@@ -57,6 +58,14 @@ class RewardModel:
             raise RewardModelError(
                 f"{KEY}.model_path={cfg.model_path!r} cannot be loaded as a reward model: {e}"
             ) from e
+        from transformers.modeling_layers import GenericForSequenceClassification
+
+        if not isinstance(model, GenericForSequenceClassification):
+            raise RewardModelError(
+                f"{KEY}.model_path={cfg.model_path!r} is a {type(model).__name__}: reward models here are decoder "
+                "models with a score head read at the text's last token (Qwen, Llama, Mistral, Gemma, ... "
+                "ForSequenceClassification); an encoder (DeBERTa, RoBERTa) pools elsewhere and is not supported"
+            )
         if model.config.num_labels != 1:
             raise RewardModelError(
                 f"{KEY}.model_path={cfg.model_path!r} has {model.config.num_labels} outputs (num_labels); a reward "
@@ -70,10 +79,11 @@ class RewardModel:
         self.device = torch.device(device)
         self.pad_id = text_config.pad_token_id
         self.chat = getattr(self.tokenizer, "chat_template", None) is not None
+        _quiet_padding_warning()
 
     def text(self, x: dict[str, Any]) -> str:
         """What the reward model reads for one reward input (see the module docstring)."""
-        messages = x.get("messages")
+        messages = x.get("prompt_messages")
         if self.chat and messages:
             turns = [*messages, {"role": "assistant", "content": str(x["response"])}]
             return self.tokenizer.apply_chat_template(turns, tokenize=False)
@@ -83,9 +93,9 @@ class RewardModel:
         """Each input's token ids (at most `max_length`) and whether it was cut."""
         ids, cut = [], []
         for i, x in enumerate(reward_inputs):
-            row = self.tokenizer(self.text(x), add_special_tokens=not (self.chat and x.get("messages")))[
-                "input_ids"
-            ]
+            row = self.tokenizer(
+                self.text(x), add_special_tokens=not (self.chat and x.get("prompt_messages"))
+            )["input_ids"]
             too_long = len(row) > self.cfg.max_length
             if too_long and self.cfg.truncation == "error":
                 raise RewardModelError(
@@ -106,26 +116,33 @@ class RewardModel:
         # Pooling: the output at the last position of left-padded rows, which is each row's last token. Hugging
         # Face's classification heads find it from the pad token in `input_ids`, which picks the wrong token
         # where the pad token is also the text's last (pad = EOS); embeddings make it read the last position.
-        quiet = logging.getLogger("transformers.modeling_layers")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)  # its warning about padding in `inputs_embeds`: handled here
-        try:
-            for start in range(0, len(order), size):
-                rows = order[start : start + size]
-                width = max(len(ids[i]) for i in rows)
-                batch = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(rows), width), dtype=torch.long)
-                for r, i in enumerate(rows):
-                    batch[r, width - len(ids[i]) :] = torch.tensor(ids[i])
-                    mask[r, width - len(ids[i]) :] = 1
-                batch, mask = batch.to(self.device), mask.to(self.device)
-                out = self.model(
-                    inputs_embeds=self.model.get_input_embeddings()(batch),
-                    attention_mask=mask,
-                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                )
-                for i, value in zip(rows, out.logits[:, 0].float().tolist()):
-                    scores[i] = value
-        finally:
-            quiet.setLevel(level)
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            width = max(len(ids[i]) for i in rows)
+            batch = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for r, i in enumerate(rows):
+                batch[r, width - len(ids[i]) :] = torch.tensor(ids[i])
+                mask[r, width - len(ids[i]) :] = 1
+            batch, mask = batch.to(self.device), mask.to(self.device)
+            out = self.model(
+                inputs_embeds=self.model.get_input_embeddings()(batch),
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            )
+            for i, value in zip(rows, out.logits[:, 0].float().tolist()):
+                scores[i] = value
         return [{"overall": s, "rm_score": s, "rm_truncated": float(c)} for s, c in zip(scores, cut)]
+
+
+class _PaddingWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "inputs_embeds" not in record.getMessage()
+
+
+def _quiet_padding_warning() -> None:
+    """Drop the classification head's warning about padding in `inputs_embeds`: `score` reads the last
+    position of left-padded rows, which is each row's last token, on purpose."""
+    log = logging.getLogger("transformers.modeling_layers")
+    if not any(isinstance(f, _PaddingWarning) for f in log.filters):
+        log.addFilter(_PaddingWarning())
