@@ -483,6 +483,51 @@ def test_rollout_logprobs_match_a_multimodal_forward_pass(family):
     assert (wrong[1:] - out["rollout_logprobs"][1:]).abs().max() > 1e-2
 
 
+def test_decoding_steps_take_the_lean_step_and_sample_as_the_module_does(family, monkeypatch):
+    """After the multimodal prefill, each decoded token is a text token at one M-RoPE id in all three
+    dimensions: the lean step (`rlstack.models.decoding`) computes it as the module's `forward` does."""
+    import rlstack.rollout.hf as hf
+    from rlstack.models.decoding import LeanDecoder, why_not_lean
+
+    vl_model, proc, encoded = family
+    assert why_not_lean(vl_model, 64) is None
+    steps, step = [0], LeanDecoder.step
+
+    def counted(self, *args, **kwargs):
+        steps[0] += 1
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(LeanDecoder, "step", counted)
+
+    def run(seeds: torch.Tensor, through_module: bool) -> dict:
+        with monkeypatch.context() as mp:
+            if through_module:
+                mp.setattr(hf, "lean_decoder", lambda model, positions: None)
+            return sample(
+                vl_model,
+                [e.input_ids.tolist() for e in encoded],
+                max_new_tokens=10,
+                eos_token_id=proc.tokenizer.eos_token_id,
+                pad_token_id=proc.tokenizer.pad_token_id,
+                temperature=1.0,
+                seeds=seeds,
+                **images_of(encoded),
+            )
+
+    for seed in range(20):  # seeds under which some row decodes several tokens
+        seeds = torch.arange(3) + 10 * seed
+        steps[0] = 0
+        lean = run(seeds, False)
+        R = lean["input_ids"].shape[1] - max(len(e.input_ids) for e in encoded)
+        if R >= 4:
+            break
+    assert R >= 4 and steps[0] == R - 1  # one lean step per token after the prefill's
+    plain = run(seeds, True)
+    assert steps[0] == R - 1  # none through the module's path
+    assert torch.equal(lean["input_ids"], plain["input_ids"])
+    torch.testing.assert_close(lean["rollout_logprobs"], plain["rollout_logprobs"], atol=1e-5, rtol=0)
+
+
 STOP = tuple("aeiou0123456789")
 
 

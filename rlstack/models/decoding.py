@@ -1,5 +1,5 @@
-"""One decoding step of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3) on CPU, in as few
-tensor operations as the architecture allows.
+"""One decoding step of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, and the language model
+of Qwen2-VL, Qwen2.5-VL and Qwen3-VL) on CPU, in as few tensor operations as the architecture allows.
 
 A decoding step gives each row one new token; on a small model on CPU its time goes mostly to
 dispatching operations, not to arithmetic. The Hugging Face module makes about 400 top-level calls per
@@ -10,8 +10,8 @@ single matrix products, RoPE from the model's own rotary module, and attention a
 over grouped heads into the KV buffers the prefill filled. It reads the module's parameters at every
 step (never a copy), so weights loaded or trained in place between steps are the weights it uses.
 
-`lean_decoder` says which models qualify; any other model (a vision-language model, LoRA adapters,
-another architecture, a sliding window shorter than the generation, a GPU) decodes through its own
+`lean_decoder` says which models qualify; any other model (LoRA adapters, another architecture, a
+sliding window shorter than the generation, a GPU) decodes through its own
 `forward`, as before. The two agree up to float rounding (tests/test_lean_decoding.py). On the GRPO
 benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 63 ms
 with the lean step against 75 ms through the module (`python bench/bench_cpu_paths.py`, "decoding").
@@ -28,8 +28,19 @@ ARCHITECTURES = {
     "MistralForCausalLM": ("MistralDecoderLayer", "MistralRMSNorm"),
     "Qwen2ForCausalLM": ("Qwen2DecoderLayer", "Qwen2RMSNorm"),
     "Qwen3ForCausalLM": ("Qwen3DecoderLayer", "Qwen3RMSNorm"),
+    "Qwen2VLForConditionalGeneration": ("Qwen2VLDecoderLayer", "Qwen2VLRMSNorm"),
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLDecoderLayer", "Qwen2_5_VLRMSNorm"),
+    "Qwen3VLForConditionalGeneration": ("Qwen3VLTextDecoderLayer", "Qwen3VLTextRMSNorm"),
 }
-"""Causal LM classes whose decoding step `LeanDecoder` computes, with their decoder layer and norm classes."""
+"""Classes whose decoding step `LeanDecoder` computes, with their decoder layer and norm classes. For the
+Qwen-VL families it is the language model's step: a decoded token carries no image, and its M-RoPE
+position is the same id in all three dimensions, which the model's own rotary module turns into the
+plain rotary embedding of that id."""
+
+
+def _text_model(model: nn.Module) -> nn.Module:
+    """The decoder stack (embeddings, layers, final norm, rotary module): a vision-language model's language model."""
+    return getattr(model.model, "language_model", model.model)
 
 
 def why_not_lean(model: nn.Module, positions: int) -> str | None:
@@ -43,7 +54,7 @@ def why_not_lean(model: nn.Module, positions: int) -> str | None:
     if model.training:
         return "the model is in training mode (the step has no dropout)"
     layer_class, norm_class = ARCHITECTURES[name]
-    core = model.model
+    core = _text_model(model)
     norms = [core.norm]
     for i, layer in enumerate(core.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -64,7 +75,7 @@ def why_not_lean(model: nn.Module, positions: int) -> str | None:
         window = (
             attn.sliding_window
             if hasattr(attn, "sliding_window")
-            else getattr(model.config, "sliding_window", None)
+            else getattr(model.config.get_text_config(), "sliding_window", None)
         )
         if window is not None and window < positions:
             return (
@@ -109,7 +120,9 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.core = model.model
+        self.core = _text_model(model)
+        self.mrope = type(model).__name__.endswith("ForConditionalGeneration")
+        """Positions go to the rotary module as M-RoPE's three (equal) rows."""
         attn = self.core.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.groups = attn.num_key_value_groups
@@ -129,7 +142,8 @@ class LeanDecoder:
         """Next-token logits [B, V] after `tokens`, writing their keys and values into column `column`."""
         B, D, g = tokens.shape[0], self.head_dim, self.groups
         x = self.core.embed_tokens(tokens)  # [B, hidden]
-        cos, sin = self.core.rotary_emb(x[:, None], positions[:, None])  # [B, 1, D]
+        rows = positions[None, :, None].expand(3, B, 1) if self.mrope else positions[:, None]
+        cos, sin = self.core.rotary_emb(x[:, None], rows)  # [B, 1, D]
         L = column + 1
         mask = blocked[:, None, None, :L]
         low = torch.finfo(x.dtype).min

@@ -10,8 +10,9 @@ index, in all three dimensions, which is what `get_rope_index` gives the respons
 finished sequence. A completion ends at EOS or, optionally, at a stop string (`StopStrings`).
 
 Decoding takes one step per generated token after the first (the prefill gives the first): for
-Llama, Mistral, Qwen2 and Qwen3 text models on CPU, the lean step of `rlstack.models.decoding` over
-the module's parameters and the prefill's KV buffers; for any other model, a call of its `forward`.
+Llama, Mistral, Qwen2, Qwen3 and the Qwen-VL families on CPU, the lean step of
+`rlstack.models.decoding` over the module's parameters and the prefill's KV buffers; for any other
+model, a call of its `forward`.
 A row that has ended keeps attending normally (its tokens are padding, masked out of the result), as
 transformers' `generate` does: masking ended rows in the attention mask sends every call onto a
 slower attention path.
@@ -180,7 +181,7 @@ def sample(
         else {}
     )
     cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
-    lean = not multimodal and all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
+    lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
     decoder = lean_decoder(model, P + max_new_tokens) if lean else None
     out = model(
         input_ids=prompt_ids[rows],
