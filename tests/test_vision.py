@@ -451,19 +451,25 @@ def rescore(model, out, images, positions=None, temperature=1.0):
     return logp * out["response_mask"]
 
 
+def sample_rows(vl_model, proc, encoded, **settings) -> dict[str, torch.Tensor]:
+    """`sample` over the encoded image prompts, 10 new tokens at most."""
+    return sample(
+        vl_model,
+        [e.input_ids.tolist() for e in encoded],
+        max_new_tokens=10,
+        eos_token_id=proc.tokenizer.eos_token_id,
+        pad_token_id=proc.tokenizer.pad_token_id,
+        **settings,
+        **images_of(encoded),
+    )
+
+
 def test_rollout_logprobs_match_a_multimodal_forward_pass(family):
     vl_model, proc, encoded = family
     images = images_of(encoded)
     for seed in range(10):
-        out = sample(
-            vl_model,
-            [e.input_ids.tolist() for e in encoded],
-            max_new_tokens=10,
-            eos_token_id=proc.tokenizer.eos_token_id,
-            pad_token_id=proc.tokenizer.pad_token_id,
-            temperature=0.8,
-            generator=torch.Generator().manual_seed(seed),
-            **images,
+        out = sample_rows(
+            vl_model, proc, encoded, temperature=0.8, generator=torch.Generator().manual_seed(seed)
         )
         if len(set(out["response_mask"].sum(-1).tolist())) > 1:
             break  # rows that end at different steps
@@ -503,16 +509,7 @@ def test_decoding_steps_take_the_lean_step_and_sample_as_the_module_does(family,
         with monkeypatch.context() as mp:
             if through_module:
                 mp.setattr(hf, "lean_decoder", lambda model, positions: None)
-            return sample(
-                vl_model,
-                [e.input_ids.tolist() for e in encoded],
-                max_new_tokens=10,
-                eos_token_id=proc.tokenizer.eos_token_id,
-                pad_token_id=proc.tokenizer.pad_token_id,
-                temperature=1.0,
-                seeds=seeds,
-                **images_of(encoded),
-            )
+            return sample_rows(vl_model, proc, encoded, temperature=1.0, seeds=seeds)
 
     for seed in range(20):  # seeds under which some row decodes several tokens
         seeds = torch.arange(3) + 10 * seed
