@@ -51,7 +51,7 @@ def small_query_attention(
 ) -> tuple[torch.Tensor, None]:
     """Hugging Face's attention-function signature; returns `[B, Q, H, D]` as `sdpa_attention_forward`."""
     B, H, Q, D = query.shape
-    KV, L = key.shape[1], key.shape[2]
+    KV = key.shape[1]
     usable = (
         query.device.type == "cpu"
         and Q <= SMALL_QUERY
@@ -68,22 +68,39 @@ def small_query_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     g = H // KV  # query heads kv*g .. kv*g+g-1 read key/value head kv (as `repeat_kv` lays them out)
-    scale = scaling if scaling is not None else D**-0.5
-    q = query.reshape(B, KV, g * Q, D)
-    scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # [B, KV, g*Q, L]
-    if attention_mask is not None:
-        grouped = scores.view(B, KV, g, Q, L)
-        if attention_mask.dtype == torch.bool:
-            # The dtype's lowest value rather than -inf: a row that may attend to nothing (a padding
-            # query) gets finite weights, whose output nothing reads, instead of NaNs in the gradient.
-            low = torch.finfo(scores.dtype).min
-            grouped = grouped.masked_fill(~attention_mask[:, :, None], low)
-        else:
-            grouped = grouped + attention_mask[:, :, None]
-        scores = grouped.view(B, KV, g * Q, L)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(weights, value)  # [B, KV, g*Q, D]
+    grouped = query.reshape(B, KV, g, Q, D)
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        blocked = None if attention_mask is None else ~attention_mask[:, :, None]
+        out = grouped_attention(grouped, key, value, scaling, blocked=blocked)
+    else:
+        out = grouped_attention(grouped, key, value, scaling, bias=attention_mask[:, :, None])
     return out.view(B, H, Q, D).transpose(1, 2).contiguous(), None
+
+
+def grouped_attention(
+    query: torch.Tensor,  # [B, KV, g, Q, D]: the g query heads that read each key/value head
+    key: torch.Tensor,  # [B, KV, L, D]
+    value: torch.Tensor,  # [B, KV, L, D]
+    scaling: float | None = None,
+    blocked: torch.Tensor | None = None,  # bool, broadcast to [B, KV, g, Q, L]: True where not attended
+    bias: torch.Tensor | None = None,  # float, broadcast to [B, KV, g, Q, L]: added to the scores
+) -> torch.Tensor:
+    """Grouped-query attention as two matrix products, without repeating key/value heads: `[B, KV, g*Q, D]`.
+
+    A blocked score takes the dtype's lowest value rather than -inf: a row that may attend to nothing (a
+    padding query) gets finite weights, whose output nothing reads, instead of NaNs in the gradient."""
+    B, KV, g, Q, D = query.shape
+    L = key.shape[2]
+    scale = scaling if scaling is not None else D**-0.5
+    scores = (torch.matmul(query.reshape(B, KV, g * Q, D), key.transpose(-1, -2)) * scale).view(
+        B, KV, g, Q, L
+    )
+    if blocked is not None:
+        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+    if bias is not None:
+        scores = scores + bias
+    weights = torch.softmax(scores.view(B, KV, g * Q, L), dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(weights, value)
 
 
 AttentionInterface.register(NAME, small_query_attention)

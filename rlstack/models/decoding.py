@@ -6,22 +6,27 @@ dispatching operations, not to arithmetic. The Hugging Face module makes about 4
 step for a 3-layer model: it builds a four-dimensional mask, casts, transposes, repeats key/value heads
 and goes through its cache and attention interfaces. `LeanDecoder.step` computes the same function of
 the same parameters with about 25 calls per layer: RMS norms through `F.rms_norm`, the projections as
-single matrix products, RoPE from the model's own rotary module, and attention as two matrix products
-over grouped heads into the KV buffers the prefill filled. It reads the module's parameters at every
+single matrix products, RoPE from the model's own rotary module and function, and attention as two
+matrix products over grouped heads (`grouped_attention`, shared with `small_query_attention`) into the
+KV buffers the prefill filled. It reads the module's parameters at every
 step (never a copy), so weights loaded or trained in place between steps are the weights it uses.
 
 `lean_decoder` says which models qualify; any other model (LoRA adapters, another architecture, a
 sliding window shorter than the generation, a GPU) decodes through its own
 `forward`, as before. The two agree up to float rounding (tests/test_lean_decoding.py). On the GRPO
-benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 63 ms
-with the lean step against 75 ms through the module (`python bench/bench_cpu_paths.py`, "decoding").
+benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 57-63 ms
+with the lean step against 67-75 ms through the module (two runs) (`python bench/bench_cpu_paths.py`, "decoding").
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rlstack.models.attention import grouped_attention
 
 ARCHITECTURES = {
     "LlamaForCausalLM": ("LlamaDecoderLayer", "LlamaRMSNorm"),
@@ -82,9 +87,7 @@ def why_not_lean(model: nn.Module, positions: int) -> str | None:
                 f"layer {i} attends through a sliding window of {window} positions, shorter than {positions}"
             )
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
-        norms += (
-            [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)] if name.startswith("Qwen3") else []
-        )
+        norms += [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
     if any(type(n).__name__ != norm_class for n in norms):
         return f"a norm is not a {norm_class}"
     return None
@@ -102,12 +105,6 @@ def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of `x` ([B, heads, D]) at each row's position (`cos`, `sin`: [B, 1, D])."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """`residual + linear(x)` in one matrix product where the layer has no bias."""
     if linear.bias is None:
@@ -121,13 +118,15 @@ class LeanDecoder:
     def __init__(self, model: nn.Module):
         self.model = model
         self.core = _text_model(model)
-        self.mrope = type(model).__name__.endswith("ForConditionalGeneration")
-        """Positions go to the rotary module as M-RoPE's three (equal) rows."""
+        self.mrope = self.core is not model.model
+        """A vision-language model: positions go to its rotary module as M-RoPE's three (equal) rows."""
         attn = self.core.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.groups = attn.num_key_value_groups
         self.scaling = attn.scaling
-        self.qk_norm = type(model).__name__.startswith("Qwen3")
+        self.qk_norm = hasattr(attn, "q_norm")
+        self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        """The model's own RoPE function (its module's `apply_rotary_pos_emb`)."""
 
     @torch.inference_mode()
     def step(
@@ -144,9 +143,9 @@ class LeanDecoder:
         x = self.core.embed_tokens(tokens)  # [B, hidden]
         rows = positions[None, :, None].expand(3, B, 1) if self.mrope else positions[:, None]
         cos, sin = self.core.rotary_emb(x[:, None], rows)  # [B, 1, D]
+        cos, sin = cos[:, 0], sin[:, 0]  # [B, D]: unsqueezed to [B, 1, D] against [B, heads, D]
         L = column + 1
-        mask = blocked[:, None, None, :L]
-        low = torch.finfo(x.dtype).min
+        mask = blocked[:, None, None, None, :L]  # [B, KV, g, Q=1, L]
         for layer, k_cache, v_cache in zip(self.core.layers, keys, values):
             attn, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm)
@@ -154,13 +153,14 @@ class LeanDecoder:
             k = attn.k_proj(h).view(B, -1, D)
             if self.qk_norm:
                 q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-            k_cache[:, :, column] = _rope(k, cos, sin)
+            q, k = self.rope(q, k, cos, sin, unsqueeze_dim=1)
+            k_cache[:, :, column] = k
             v_cache[:, :, column] = attn.v_proj(h).view(B, -1, D)
-            kv = k_cache.shape[1]
-            q = _rope(q, cos, sin).view(B, kv, g, D)  # query heads kv*g .. kv*g+g-1 read key/value head kv
-            scores = torch.matmul(q, k_cache[:, :, :L].transpose(-1, -2)) * self.scaling  # [B, KV, g, L]
-            weights = torch.softmax(scores.masked_fill(mask, low), dim=-1, dtype=torch.float32).to(x.dtype)
-            out = torch.matmul(weights, v_cache[:, :, :L]).view(B, -1)  # [B, H * D]
+            grouped = q.view(
+                B, k_cache.shape[1], g, 1, D
+            )  # query heads kv*g .. kv*g+g-1 read key/value head kv
+            out = grouped_attention(grouped, k_cache[:, :, :L], v_cache[:, :, :L], self.scaling, blocked=mask)
+            out = out.view(B, -1)  # [B, H * D]
             x = _linear_add(x, out, attn.o_proj)
             h = _rms_norm(x, layer.post_attention_layernorm)
             x = _linear_add(x, mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), mlp.down_proj)
