@@ -92,7 +92,7 @@ def test_read_directory_of_mixed_files_in_sorted_order(tmp_path):
 
 def test_empty_directory_is_an_error(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(DataError, match="holds no .jsonl, .json or .parquet files"):
+    with pytest.raises(DataError, match="holds no .jsonl, .jsonl.gz, .json or .parquet files"):
         read_rows(str(tmp_path))
 
 
