@@ -19,9 +19,6 @@ SMALL = SandboxLimits(
     wall_s=2.0, cpu_s=2.0, memory_mb=256, file_size_mb=16, max_processes=16, max_output_bytes=1 << 16
 )
 ONE_TEST = {"verifier_metadata": {"unit_tests": {"inputs": ["1 2\n"], "outputs": ["3\n"]}}}
-PRIVATE = sandbox._scratch_available()
-"""Whether runs get private scratch space here (a mount namespace and a tmpfs; see rewards/sandbox.py)."""
-needs_private = pytest.mark.skipif(not PRIVATE, reason="no mount namespaces here: scratch is shared")
 
 
 def _fence(code: str) -> str:
@@ -82,11 +79,11 @@ HOSTILE = {
     # 480 MiB in RAM-backed /dev/shm, a file at a time: each is under the file size limit
     "fill_dev_shm": (
         "for i in range(480):\n    open(f'/dev/shm/rlstack-fill-{i}', 'wb').write(b'x' * 1024**2)",
-        "disk_limit" if PRIVATE else None,
+        "disk_limit",
     ),
     "many_files": (
         "import os\nos.mkdir('/tmp/d')\nfor i in range(100_000):\n    open(f'/tmp/d/{i}', 'w').close()",
-        "disk_limit" if PRIVATE else None,
+        "disk_limit",
     ),
     "write_outside": (
         "import os\nfor p in ['/tmp/rlstack-escape', '/dev/shm/rlstack-escape', '/rlstack-escape']:\n"
@@ -151,19 +148,7 @@ def test_socket_to_localhost_cannot_connect(listener):
     assert accepted == []
     r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL)
     assert r.status == "runtime_error" and "Error" in r.error_line
-    assert r.network in ("namespace", "blocked")
-
-
-def test_blocked_socket_fallback(listener, monkeypatch):
-    port, accepted = listener
-    monkeypatch.setattr(sandbox, "_netns_available", lambda: False)
-    r = sandbox.run_python_here(
-        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", limits=SMALL
-    )
-    assert r.network == "blocked"
-    assert r.status == "runtime_error" and "PermissionError" in r.error_line, r
-    assert accepted == []
-    assert sandbox.run_python_here("print(input())", "ok", SMALL).stdout == "ok\n"
+    assert r.network == "namespace"
 
 
 @pytest.fixture(params=["kill_helper", "proc_scan"])
@@ -224,7 +209,7 @@ def test_files_and_workdir_removed():
 
 def _owned_by(uid: int) -> list[str]:
     found = []
-    for d in sandbox._scratch_dirs():
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
         for entry in os.scandir(d):
             try:
                 if entry.stat(follow_symlinks=False).st_uid == uid:
@@ -234,7 +219,6 @@ def _owned_by(uid: int) -> list[str]:
     return found
 
 
-@needs_private
 def test_scratch_files_are_not_on_the_machine_while_the_program_runs():
     name = f"rlstack-scratch-{os.getpid()}-{threading.get_ident()}"
     script = (
@@ -256,13 +240,12 @@ def test_scratch_files_are_not_on_the_machine_while_the_program_runs():
             os.path.exists(os.path.join(d, name)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
         )
         assert os.listdir(process.workdir) == []  # the machine's side of the work dir is an empty mount point
-        assert process.uid is None or _owned_by(process.uid) == []
+        assert _owned_by(process.uid) == []
     finally:
         process.close()
     assert not os.path.exists(process.workdir)
 
 
-@needs_private
 def test_disk_budget_is_shared_and_overrun_is_reported():
     limits = SMALL._replace(disk_mb=4)
     write = "def fill(path, mib):\n    with open(path, 'wb') as f:\n        f.write(b'x' * (mib << 20))\n"
@@ -282,7 +265,6 @@ def test_disk_budget_is_shared_and_overrun_is_reported():
     assert r.status == "sandbox_error" and "disk budget of 4 MiB" in r.error_line
 
 
-@needs_private
 def test_read_only_dirs_under_tmp_stay_visible():
     shared = tempfile.mkdtemp(prefix="rlstack-read-only-", dir="/tmp")
     try:
@@ -304,38 +286,30 @@ def test_read_only_dirs_under_tmp_stay_visible():
         shutil.rmtree(shared)
 
 
-def test_shared_scratch_fallback_cleans_up(monkeypatch):
-    monkeypatch.setattr(sandbox, "_scratch_available", lambda: False)
-    name = f"rlstack-shared-{os.getpid()}"
-    r = sandbox.run_python_here(
-        f"open('/tmp/{name}', 'w').write('x')\nprint(open('main.py').read() != '')", limits=SMALL
-    )
-    left = os.path.exists(f"/tmp/{name}")
-    if left:
-        os.unlink(f"/tmp/{name}")
-    assert (r.status, r.scratch, r.stdout) == ("ok", "shared", "True\n"), r
-    assert not left or r.uid is None  # as root the run's files are found by uid and removed
-
-
-@needs_private
-def test_private_scratch_is_available_with_the_trainer_python_under_tmp(monkeypatch):
-    """A checkout (and its .venv) in a temporary folder under /tmp: the probe's interpreter is covered by
-    the private /tmp unless its prefix is mounted back, which once made every run fall back to shared."""
+def test_isolation_is_available_with_the_trainer_python_under_tmp(monkeypatch):
+    """A checkout (and its .venv) in a temporary folder under /tmp: the run's root has its own /tmp, so
+    the interpreter's prefix must be bound into it."""
     venv = tempfile.mkdtemp(prefix="rlstack-venv-", dir="/tmp")
     try:
         os.mkdir(f"{venv}/bin")
         os.symlink(os.path.realpath(sys.executable), f"{venv}/bin/python")
         monkeypatch.setattr(sys, "executable", f"{venv}/bin/python")
-        sandbox._scratch_available.cache_clear()
-        assert sandbox._scratch_available()
+        sandbox.isolation_problem.cache_clear()
+        assert sandbox.isolation_problem() is None
     finally:
-        sandbox._scratch_available.cache_clear()
+        sandbox.isolation_problem.cache_clear()
         shutil.rmtree(venv)
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_runs_start_in_a_launcher_not_in_the_caller(monkeypatch):
-    """`run_python` hands the run to a small launcher process: with starting disabled in this process
-    it still runs, the program's parent is a launcher, and concurrent callers get launchers of their own."""
+    """`run_python` and `SandboxProcess` hand their programs to small launcher processes: with starting
+    disabled in this process they still run, the program's ancestors are the run's init, the run's
+    first process and a launcher (never this process), and concurrent callers get launchers of their own."""
     from concurrent.futures import ThreadPoolExecutor
 
     from rlstack.rewards import launcher
@@ -344,9 +318,16 @@ def test_runs_start_in_a_launcher_not_in_the_caller(monkeypatch):
         raise AssertionError("started in the caller's process")
 
     monkeypatch.setattr(sandbox, "_spawn", refuse)
-    r = run_python("import os\nprint(os.getppid())", limits=SMALL)
-    assert r.status == "ok", r
-    assert int(r.stdout) in launcher.pool().pids() and int(r.stdout) != os.getpid()
+    r = run_python("import os\nprint(os.getpid(), os.getppid())", limits=SMALL)
+    assert (r.status, r.stdout) == ("ok", "2 1\n"), r  # process 2 of its own PID namespace, under its init
+    process = sandbox.SandboxProcess("import sys\nsys.stdin.read()", {}, SMALL)
+    try:
+        (program,) = processes_of_uid(process.uid)
+        init = _parent(program)
+        assert _parent(init) == process.pid and _parent(process.pid) in launcher.pool().pids()
+        assert os.getpid() not in (init, process.pid, _parent(process.pid))
+    finally:
+        process.close()
     with ThreadPoolExecutor(3) as ex:
         outs = list(
             ex.map(lambda i: run_python(f"import time\ntime.sleep(0.3)\nprint({i})", limits=SMALL), range(3))
@@ -372,14 +353,20 @@ def test_a_dead_launcher_is_replaced_and_the_run_still_happens():
     assert pool.pids() == []
 
 
-def test_run_python_starts_the_run_itself_when_no_launcher_can(monkeypatch):
+def test_without_a_launcher_nothing_starts_in_the_caller(monkeypatch):
     from rlstack.rewards import launcher
 
+    def refuse(*args, **kwargs):
+        raise AssertionError("started in the caller's process")
+
     closed = launcher.LauncherPool()
-    closed.shutdown()  # its run() raises LauncherError
+    closed.shutdown()  # its run() and acquire() raise LauncherError
     monkeypatch.setattr(launcher, "pool", lambda: closed)
-    r = run_python("import os\nprint(os.getppid())", limits=SMALL)
-    assert r.status == "ok" and int(r.stdout) == os.getpid()  # started by this process
+    monkeypatch.setattr(sandbox, "_spawn", refuse)
+    r = run_python("print(1)", limits=SMALL)
+    assert r.status == "sandbox_error" and "no launcher could start the run" in r.error_line
+    with pytest.raises(OSError, match="no launcher could start the sandboxed process"):
+        sandbox.SandboxProcess("print(1)", {}, SMALL)
 
 
 def test_uids_are_reserved_across_processes():

@@ -1,18 +1,26 @@
-"""Small helper processes that start sandboxed runs on behalf of the trainer.
+"""Small helper processes that start sandboxed programs on behalf of the trainer.
 
 Starting a sandboxed program forks the calling process (`subprocess` with a `preexec_fn` cannot use
 vfork). Forked from a trainer that holds a model, that copies the page tables of gigabytes: on this
 machine a run costs ~73 ms from a process holding 600 MB against ~40 ms from a small one, and a
-GPU trainer has a CUDA context that should never be forked at all. So `sandbox.run_python` hands its
-runs to launchers: plain `python -m rlstack.rewards.launcher` processes (started once, with vfork,
-importing only the standard library and the sandbox module) that run `sandbox.run_python_here` and
-send back the result. One launcher serves one run at a time; concurrent callers (the reward's
-worker threads) each take an idle launcher or start a new one.
+GPU trainer has a CUDA context that should never be forked at all. So every sandboxed program is
+started by a launcher: a plain `python -m rlstack.rewards.launcher` process (started once, with
+vfork, importing only the standard library and the sandbox module). Nothing sandboxed is ever a
+fork of the trainer; where no launcher can be had, the run fails (status `sandbox_error`) rather
+than starting here.
 
-Protocol: length-prefixed pickles over the launcher's stdin/stdout (both ends are ours; nothing
-untrusted is ever unpickled: the sandboxed program's output reaches the launcher as bytes and comes
-back inside a `SandboxResult`). A launcher exits when its stdin closes (the trainer exited or
-`shutdown()` ran); a launcher that dies mid-run is replaced, and that run is done in process.
+- One-shot runs (`sandbox.run_python`): the launcher runs `sandbox.run_python_here` and sends back
+  the result. One launcher serves one call at a time; concurrent callers (the reward's worker
+  threads) each take an idle launcher or start a new one.
+- Long-lived programs (`sandbox.SandboxProcess`, the Python tool's interpreter): the launcher starts
+  the program and passes the caller its stdin, stdout and stderr pipes (SCM_RIGHTS over the
+  launcher's socket); it keeps the process and answers `poll`, `kill_strays` and `close` for it. The
+  launcher is the caller's alone until `close`, then goes back to the pool.
+
+Protocol: length-prefixed pickles over a Unix socket pair (both ends are ours; nothing untrusted is
+ever unpickled: the sandboxed program's output reaches the launcher as bytes and comes back inside
+a `SandboxResult`). A launcher exits when its socket closes (the trainer exited or `shutdown()`
+ran), killing the program it holds; a launcher that dies mid-call is replaced.
 """
 
 from __future__ import annotations
@@ -21,53 +29,82 @@ import atexit
 import contextlib
 import os
 import pickle
+import socket
 import struct
 import subprocess
 import sys
 import threading
 from typing import Any
 
-_HEADER = struct.Struct("<Q")
+_HEADER = struct.Struct("<QB")
+"""A message's length and how many descriptors came with it."""
+_MAX_FDS = 3
 
 
-def _write(stream, obj: Any) -> None:
+def _send(sock: socket.socket, obj: Any, fds: tuple[int, ...] = ()) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
+    header = _HEADER.pack(len(data), len(fds))
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
 
 
-def _read(stream) -> Any:
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        raise EOFError("launcher closed its pipe")
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError("launcher closed its pipe mid-message")
-    return pickle.loads(data)  # noqa: S301 - our own process on the other end
+def _receive(sock: socket.socket) -> tuple[Any, list[int]]:
+    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    header += _exactly(sock, _HEADER.size - len(header), fds)
+    size, _ = _HEADER.unpack(header)
+    return pickle.loads(_exactly(sock, size, fds)), fds  # noqa: S301 - our own process on the other end
+
+
+def _exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("launcher closed its socket")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 class Launcher:
-    """One helper process; `run` sends it a call and waits for the answer."""
+    """One helper process; `call` sends it a request and waits for the answer (and any descriptors)."""
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlstack.rewards.launcher"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rlstack.rewards.launcher", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self._lock = threading.Lock()
+
+    def call(self, request: tuple) -> tuple[Any, list[int]]:
+        with self._lock:
+            _send(self.sock, request)
+            return _receive(self.sock)
 
     def run(self, args: tuple) -> Any:
-        _write(self.proc.stdin, args)
-        return _read(self.proc.stdout)
+        reply, _ = self.call(("run", args))
+        return reply
 
     def close(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -86,6 +123,17 @@ class LauncherPool:
 
     def run(self, args: tuple) -> Any:
         """`sandbox.run_python_here(*args)` in a launcher; raises `LauncherError` when none can do it."""
+        launcher = self.acquire()
+        try:
+            result = launcher.run(args)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self.discard(launcher)
+            raise LauncherError(f"launcher pid {launcher.proc.pid} failed: {type(e).__name__}: {e}") from e
+        self.release(launcher)
+        return result
+
+    def acquire(self) -> Launcher:
+        """An idle launcher, or a new one: the caller's alone until `release` (or `_discard`)."""
         with self._lock:
             if self._closed:
                 raise LauncherError("the launcher pool is shut down")
@@ -97,19 +145,17 @@ class LauncherPool:
                 raise LauncherError(f"cannot start a launcher: {e}") from e
             with self._lock:
                 self._all.append(launcher)
-        try:
-            result = launcher.run(args)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
-            self._discard(launcher)
-            raise LauncherError(f"launcher pid {launcher.proc.pid} failed: {type(e).__name__}: {e}") from e
+        return launcher
+
+    def release(self, launcher: Launcher) -> None:
         with self._lock:
             if self._closed:
                 launcher.close()
             else:
                 self._idle.append(launcher)
-        return result
 
-    def _discard(self, launcher: Launcher) -> None:
+    def discard(self, launcher: Launcher) -> None:
+        """Stop `launcher` and forget it (it failed, or what it held is in doubt)."""
         with self._lock:
             if launcher in self._all:
                 self._all.remove(launcher)
@@ -145,19 +191,45 @@ def pool() -> LauncherPool:
         return _pool
 
 
-def _serve() -> None:
-    """The launcher's loop: run each call in this (small) process, answer, exit on end of input."""
-    from rlstack.rewards.sandbox import run_python_here
+def _serve(fd: int) -> None:
+    """The launcher's loop: answer each request in this (small) process; exit when the socket closes."""
+    from rlstack.rewards import sandbox
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but answers on the pipe
-    while True:
-        try:
-            args = _read(stdin)
-        except EOFError:
-            return
-        _write(stdout, run_python_here(*args))
+    sock = socket.socket(fileno=fd)
+    sys.stdout = sys.stderr  # nothing but answers on the socket
+    process: sandbox.LocalProcess | None = None
+    try:
+        while True:
+            try:
+                request, _ = _receive(sock)
+            except EOFError:
+                return
+            kind, fds = request[0], ()
+            if kind == "run":
+                reply = sandbox.run_python_here(*request[1])
+            elif kind == "start":
+                try:
+                    process = sandbox.LocalProcess(*request[1])
+                except (OSError, ValueError) as e:
+                    reply = ("error", type(e).__name__, str(e))
+                else:
+                    fds = (process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno())
+                    reply = ("started", process.pid, process.uid, process.workdir)
+            elif kind == "poll":
+                reply = process.poll()
+            elif kind == "kill_strays":
+                reply = process.kill_strays()
+            else:  # "close"
+                reply = process.close() if process is not None else None
+                process = None
+            _send(sock, reply, fds)
+            if fds:  # the caller holds them now: the program's end of file is its alone to see
+                for pipe in (process.stdin, process.stdout, process.stderr):
+                    pipe.close()
+    finally:
+        if process is not None:
+            process.close()
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[1]))

@@ -83,40 +83,42 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from rlstack.errors import RLStackError
 from rlstack.rewards import launcher
 
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000
-_MS_RDONLY = 0x1
+_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWUTS = (
+    0x40000000,
+    0x00020000,
+    0x08000000,
+    0x20000000,
+    0x04000000,
+)
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_MNT_DETACH = 0x2
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
+"""The pivot_root system call's number per machine (glibc has no wrapper for it)."""
 _SCRATCH_INODES = 16384
 _PAGE = 4096
 _UID_BASE = 200_000
 _UID_RANGE = 60_000
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+_SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+"""World-writable directories of the program's root (on its tmpfs, so inside `disk_mb`)."""
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/fonts")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_IPC_OFF = ("kernel/shmmni", "kernel/shmall", "kernel/msgmni", "fs/mqueue/queues_max")
+"""Per-IPC-namespace limits set to 0 in the run's namespace: no System V shared memory or message
+queues, no POSIX message queues (POSIX shared memory is files in /dev/shm, inside `disk_mb`)."""
+_SETUP_FAILED = "rlstack sandbox: setting up the run failed: "
+_SETUP_EXIT = 125
 _READ_CHUNK = 1 << 16
-
-_PRELUDE_NAME = "_prelude.py"
-_SOCKET_PRELUDE = """\
-import runpy, socket, _socket, sys
-
-def _refuse(*args, **kwargs):
-    raise PermissionError("network access is disabled in the sandbox")
-
-class _NoSocket(_socket.socket):
-    def __init__(self, *args, **kwargs):
-        _refuse()
-
-socket.socket = socket.SocketType = _socket.socket = _NoSocket
-socket.create_connection = socket.socketpair = socket.fromfd = socket.getaddrinfo = _refuse
-sys.argv = [{script!r}]
-runpy.run_path({script!r}, run_name="__main__")
-"""
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_LIBC.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 class SandboxLimits(NamedTuple):
@@ -152,12 +154,11 @@ class SandboxResult:
     """For errors: the last line of the traceback, the signal, or what went wrong in the sandbox."""
     wall_s: float
     network: str
-    """How the network was cut off: `namespace` (empty network namespace) or `blocked` (socket layer)."""
+    """How the network was cut off: `namespace` (an empty network namespace) or `remote` (SandboxFusion)."""
     uid: int | None
-    """The unprivileged uid the program ran under; None when the trainer is not root."""
+    """The unprivileged uid the program ran under; None when it did not run here (SandboxFusion)."""
     scratch: str
-    """Where its work dir and /tmp, /dev/shm were: `private` (own tmpfs, `disk_mb`), `shared` (the
-    machine's, cleaned after the run) or `remote` (SandboxFusion)."""
+    """Where its files were: `private` (its own tmpfs of `disk_mb`) or `remote` (SandboxFusion)."""
 
 
 def run_python(
@@ -168,13 +169,18 @@ def run_python(
 ) -> SandboxResult:
     """Run `code` as `main.py` in a fresh sandbox (see module docstring) and return what happened.
 
-    The run is started by a small launcher process (`rlstack.rewards.launcher`), not by the caller,
-    so that a trainer holding a model is never forked; where no launcher can run it, it starts here.
+    The run is started by a small launcher process (`rlstack.rewards.launcher`), never by the caller,
+    so that a trainer holding a model is never forked. A launcher that dies is replaced once; when
+    no launcher can run it, the result is `sandbox_error`.
     """
+    start = time.monotonic()
     try:
         return launcher.pool().run((code, stdin, limits, files))
     except launcher.LauncherError:
-        return run_python_here(code, stdin, limits, files)
+        try:
+            return launcher.pool().run((code, stdin, limits, files))
+        except launcher.LauncherError as e:
+            return _failed(f"no launcher could start the run: {e}", start)
 
 
 def run_python_here(
@@ -183,51 +189,45 @@ def run_python_here(
     limits: SandboxLimits = DEFAULT_LIMITS,
     files: dict[str, bytes] | None = None,
 ) -> SandboxResult:
-    """`run_python`, started from this process."""
+    """`run_python`, started from this process (a launcher's: see `run_python`)."""
     start = time.monotonic()
-    network = "namespace" if _netns_available() else "blocked"
-    scratch = "private" if _scratch_available() else "shared"
+    problem = isolation_problem()
+    if problem is not None:
+        return _failed(problem, start)
     python = _interpreter()
     if python is None:
-        return _failed("no Python interpreter the sandbox uid can execute", network, scratch, start)
-    uid = _allocate_uid() if os.geteuid() == 0 else None
-    workdir = _new_workdir(scratch)
+        return _failed("no Python interpreter the sandbox uid can execute", start)
+    uid = _allocate_uid()
+    root = _new_root()
     try:
-        private = _stage(
-            workdir, {**(files or {}), "main.py": code.encode()}, limits, network, uid, scratch, python, ()
-        )
+        jail = _jail(root, {**(files or {}), "main.py": code.encode()}, limits, uid, python, ())
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
-            proc = _spawn(python, workdir, stdin_file, limits, uid, network, private)
-            return _run(proc, limits, uid, network, scratch, start)
+            proc = _spawn(python, stdin_file, limits, jail)
+            return _run(proc, limits, uid, start)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
-        return _failed(f"{type(e).__name__}: {e}", network, scratch, start)
+        return _failed(f"{type(e).__name__}: {e}", start)
     finally:
-        _release_run(uid, workdir, scratch)
+        _release_run(uid, root)
 
 
-def _release_run(uid: int | None, workdir: str, scratch: str) -> None:
-    """After a run: kill what is left of the uid, remove its files and the work dir, free the uid.
+def _release_run(uid: int, root: str) -> None:
+    """After a run: kill what is left of the uid, free it, remove the (empty) mount point of its root.
 
-    With private scratch the program's files went away with its mount namespace when its last
-    process died; `workdir` is then the empty directory its tmpfs was mounted on.
+    The program's files went away with its mount namespace when its last process died.
     """
-    if uid is not None:
-        _kill_uid(uid)
-        if scratch == "shared":
-            _remove_uid_files(uid)
-        _release_uid(uid)
-    shutil.rmtree(workdir, ignore_errors=True)
+    _kill_uid(uid)
+    _release_uid(uid)
+    shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(proc: subprocess.Popen, limits: SandboxLimits, uid, network, scratch, start) -> SandboxResult:
+def _run(proc: subprocess.Popen, limits: SandboxLimits, uid: int, start: float) -> SandboxResult:
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
     _kill_group(proc.pid)
-    if uid is not None:
-        _kill_uid(uid)
+    _kill_uid(uid)
     stdout, stderr = _drain(bufs, limits.max_output_bytes)
     proc.stdout.close()
     proc.stderr.close()
@@ -235,131 +235,223 @@ def _run(proc: subprocess.Popen, limits: SandboxLimits, uid, network, scratch, s
     wall_s = time.monotonic() - start
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
-    status, error_line = _classify(proc.returncode, err, killed_for, limits, scratch == "private")
-    return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, network, uid, scratch)
+    status, error_line = _classify(proc.returncode, err, killed_for, limits)
+    return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, "namespace", uid, "private")
 
 
 @dataclass(frozen=True)
-class _Scratch:
-    """What the child needs to set up its private scratch space (`_mount_scratch`), prepared in the parent."""
+class _Jail:
+    """What the child needs to build the program's file system (`_enter_jail`), prepared in the parent."""
 
+    root: str
+    """An empty root-only directory under the machine's /tmp: the mount point of the run's tmpfs,
+    which becomes the program's `/`."""
     workdir: str
-    """The work dir: an empty root-only directory under the machine's /tmp (the tmpfs's mount point),
-    made again, at the same path, inside the private /tmp."""
+    """The program's working directory inside its root (`root`'s own path, under the private /tmp)."""
     payload: dict[str, bytes]
     """Files to write into the work dir (names already checked to stay inside it)."""
     disk_mb: int
-    """Size of the tmpfs: the budget for the work dir and every scratch directory together."""
-    dirs: tuple[str, ...]
-    """The world-writable directories to cover with the tmpfs."""
+    """Size of the tmpfs: the budget for everything the program writes (work dir, /tmp, /dev/shm, ...)."""
     read_only: tuple[str, ...]
-    """Directories under them to bind back, read-only (the interpreter's prefix, the tool's packages)."""
+    """Directories and files of the machine bound in at the same paths, read-only: the system's
+    programs and libraries, the interpreter's prefix, the caller's `read_only` (e.g. packages)."""
+    links: tuple[tuple[str, str], ...]
+    """Symbolic links to make, (path, target): `/bin -> usr/bin` on a merged-/usr system, `/dev/fd`."""
+    uid: int
 
 
-def _new_workdir(scratch: str) -> str:
-    """A fresh, root-only work dir; with private scratch directly under /tmp (see `_Scratch.workdir`)."""
-    return tempfile.mkdtemp(
-        prefix="rlstack-sandbox-", dir=_scratch_dirs()[0] if scratch == "private" else None
-    )
+def _new_root() -> str:
+    """A fresh, root-only mount point for a run's root directory."""
+    return tempfile.mkdtemp(prefix="rlstack-sandbox-", dir="/tmp")
 
 
-def _stage(
-    workdir: str,
+def _jail(
+    root: str,
     files: dict[str, bytes],
     limits: SandboxLimits,
-    network: str,
-    uid: int | None,
-    scratch: str,
+    uid: int,
     python: str,
     read_only: tuple[str, ...],
-) -> _Scratch | None:
-    """Check the run's files; write them now (shared scratch) or describe them for the child (private),
-    with `python`'s prefix and `read_only` bound back where they lie under a scratch directory.
+) -> _Jail:
+    """Check the run's files and describe its file system.
 
     Raises ValueError for a file outside the work dir or files larger than the disk budget.
     """
-    payload = _payload(workdir, files, network)
-    if scratch == "shared":
-        _write_files(workdir, payload, uid)
-        return None
+    payload = _payload(root, files)
     size = sum(-(-len(data) // _PAGE) * _PAGE for data in payload.values())
     if size > limits.disk_mb << 20:
         raise ValueError(
             f"the sandbox's files ({size / (1 << 20):.1f} MiB) do not fit its disk budget of "
             f"{limits.disk_mb} MiB (SandboxLimits.disk_mb)"
         )
-    exposed = _under_scratch((os.path.dirname(os.path.dirname(python)), *read_only))
-    return _Scratch(workdir, payload, limits.disk_mb, _scratch_dirs(), exposed)
+    system, links = _system_paths()
+    prefix = os.path.dirname(os.path.dirname(python))
+    shown = [*system]
+    for path in (prefix, *read_only):
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
+            shown.append(real)
+    return _Jail(root, root, payload, limits.disk_mb, tuple(shown), links, uid)
 
 
-def _spawn(
-    python: str,
-    workdir: str,
-    stdin,
-    limits: SandboxLimits,
-    uid: int | None,
-    network: str,
-    private: _Scratch | None,
-) -> subprocess.Popen:
-    """Start `main.py` (in `workdir`, or in `private`'s payload) under the sandbox; stdout and stderr are pipes."""
+@functools.cache
+def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(what of the machine every sandbox sees read-only, the links to make): the system's program and
+    library directories (a link such as `/lib -> usr/lib` is made as a link), the dynamic loader's
+    cache, the time zone, and the harmless devices."""
+    shown: list[str] = []
+    links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
+    links += [(f"/dev/{name}", f"/proc/self/fd/{i}") for i, name in enumerate(("stdin", "stdout", "stderr"))]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            shown.append(path)
+    for path in _SYSTEM_FILES + _DEVICES:
+        if os.path.exists(path) and not os.path.islink(path):
+            shown.append(path)
+    return tuple(shown), tuple(links)
+
+
+def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> subprocess.Popen:
+    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "PYTHONIOENCODING": "utf-8",
-        "HOME": workdir,
-        "TMPDIR": workdir,
+        "HOME": jail.workdir,
+        "TMPDIR": jail.workdir,
     }
     return subprocess.Popen(
-        [python, "-I", "-S", "-B", "main.py" if network == "namespace" else _PRELUDE_NAME],
-        cwd=workdir,
+        [python, "-I", "-S", "-B", "main.py"],
         env=env,
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=functools.partial(_child_setup, limits, uid, network == "namespace", private),
+        preexec_fn=functools.partial(_child_setup, limits, jail),
     )
 
 
 class SandboxProcess:
-    """A long-lived program in the sandbox that talks to its parent over pipes (see module docstring).
+    """A long-lived program in the sandbox that talks to its caller over pipes (the Python tool).
 
-    `stdin` / `stdout` are the parent's ends of the program's stdin and stdout (a protocol of the
-    caller's choosing), `stderr` the read end of its console. `read_only`: directories the program
-    reads from (e.g. packages it imports) that must stay visible when they lie under /tmp. Raises
-    `OSError` (or `ValueError` for a file name outside the work dir, or files past `disk_mb`) when it
-    cannot start; everything is cleaned up by then. `close()` kills every process of the run and
-    removes its files; it also runs when the object is garbage-collected or the trainer exits, so a
-    forgotten close leaves nothing behind for long.
+    Started by a launcher of its own (`rlstack.rewards.launcher`), never by the caller: the launcher
+    starts a `LocalProcess` and passes back the program's pipes. `stdin` / `stdout` are the caller's
+    ends of the program's stdin and stdout (a protocol of the caller's choosing), `stderr` the read
+    end of its console. `read_only`: directories of the machine the program reads from (e.g.
+    packages it imports), bound into its root at their own paths, read-only. Raises `OSError` (or
+    `ValueError` for a file name outside the work dir, or files past `disk_mb`) when it cannot
+    start; everything is cleaned up by then. `close()` kills every process of the run and removes
+    its files; it also runs when the object is garbage-collected or the trainer exits (the
+    launcher kills what it holds when its caller goes away), so a forgotten close leaves nothing
+    behind for long.
     """
+
+    network = "namespace"
+    scratch = "private"
 
     def __init__(
         self, script: str, files: dict[str, bytes], limits: SandboxLimits, read_only: tuple[str, ...] = ()
     ) -> None:
-        self.network = "namespace" if _netns_available() else "blocked"
-        self.scratch = "private" if _scratch_available() else "shared"
+        pool = launcher.pool()
+        try:
+            helper = pool.acquire()
+        except launcher.LauncherError as e:
+            raise OSError(f"no launcher could start the sandboxed process: {e}") from e
+        try:
+            reply, fds = helper.call(("start", (script, files, limits, tuple(read_only))))
+        except (OSError, EOFError) as e:
+            pool.discard(helper)
+            raise OSError(
+                f"the launcher starting the sandboxed process failed: {type(e).__name__}: {e}"
+            ) from e
+        if reply[0] == "error":
+            pool.release(helper)
+            raise (ValueError if reply[1] == "ValueError" else OSError)(reply[2])
+        _, self.pid, self.uid, self.workdir = reply
+        self.stdin = os.fdopen(fds[0], "wb", buffering=0)
+        self.stdout = os.fdopen(fds[1], "rb", buffering=0)
+        self.stderr = os.fdopen(fds[2], "rb", buffering=0)
+        self._helper = helper
+        self._returncode: int | None = None
+        self._finalizer = weakref.finalize(
+            self, _close_remote, pool, helper, (self.stdin, self.stdout, self.stderr)
+        )
+
+    def poll(self) -> int | None:
+        """The exit status once the program has exited (negative: killed by that signal), else None."""
+        if self._returncode is None and self._finalizer.alive:
+            self._returncode = self._ask("poll")
+        return self._returncode
+
+    def kill_strays(self) -> None:
+        """Kill every process of the run except the program itself (children it left running)."""
+        if self._finalizer.alive:
+            self._ask("kill_strays")
+
+    def close(self) -> int | None:
+        """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
+        if self._finalizer.alive:
+            returncode = self._finalizer()
+            if self._returncode is None:
+                self._returncode = returncode
+        return self._returncode
+
+    def _ask(self, what: str) -> Any:
+        try:
+            return self._helper.call((what,))[0]
+        except (OSError, EOFError) as e:
+            raise OSError(f"the sandboxed process's launcher is gone ({type(e).__name__}: {e})") from e
+
+
+def _close_remote(pool: launcher.LauncherPool, helper: launcher.Launcher, pipes: tuple) -> int | None:
+    """Close our ends of the pipes, have the launcher end the run, and give the launcher back."""
+    for pipe in pipes:
+        with contextlib.suppress(OSError):
+            pipe.close()
+    try:
+        returncode = helper.call(("close",))[0]
+    except (OSError, EOFError):
+        pool.discard(helper)
+        return None
+    pool.release(helper)
+    return returncode
+
+
+class LocalProcess:
+    """`SandboxProcess` as its launcher runs it: the program started from this process."""
+
+    network = "namespace"
+    scratch = "private"
+
+    def __init__(
+        self, script: str, files: dict[str, bytes], limits: SandboxLimits, read_only: tuple[str, ...] = ()
+    ) -> None:
+        problem = isolation_problem()
+        if problem is not None:
+            raise OSError(problem)
         python = _interpreter()
         if python is None:
             raise OSError("no Python interpreter the sandbox uid can execute")
-        self.uid = _allocate_uid() if os.geteuid() == 0 else None
-        self.workdir = _new_workdir(self.scratch)
+        self.uid = _allocate_uid()
+        self.workdir = _new_root()
         try:
-            files = {**files, "main.py": script.encode()}
-            private = _stage(
-                self.workdir, files, limits, self.network, self.uid, self.scratch, python, read_only
+            jail = _jail(
+                self.workdir, {**files, "main.py": script.encode()}, limits, self.uid, python, read_only
             )
-            proc = _spawn(python, self.workdir, subprocess.PIPE, limits, self.uid, self.network, private)
+            proc = _spawn(python, subprocess.PIPE, limits, jail)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            _release_run(self.uid, self.workdir, self.scratch)
+            _release_run(self.uid, self.workdir)
             if isinstance(e, ValueError):
                 raise
             raise OSError(f"starting the sandboxed process failed: {type(e).__name__}: {e}") from e
         self._proc = proc
         self.pid = proc.pid
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
-        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir, self.scratch)
+        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir)
 
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
@@ -367,10 +459,7 @@ class SandboxProcess:
 
     def kill_strays(self) -> None:
         """Kill every process of the run except the program itself (children it left running)."""
-        if self.uid is not None:
-            _kill_all(lambda: [p for p in processes_of_uid(self.uid) if p != self.pid])
-        else:
-            _kill_all(lambda: [p for p in _processes_in_group(self.pid) if p != self.pid])
+        _kill_all(lambda: [p for p in processes_of_uid(self.uid) if not _is_program(p)])
 
     def close(self) -> int | None:
         """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
@@ -378,15 +467,27 @@ class SandboxProcess:
         return self._proc.returncode
 
 
-def _end_process(proc: subprocess.Popen, uid: int | None, workdir: str, scratch: str) -> None:
+def _is_program(pid: int) -> bool:
+    """Whether `pid` is the program of its run: process 2 of the run's PID namespace (1 is its init)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return line.split()[-1] == "2"
+    except OSError:
+        pass
+    return False
+
+
+def _end_process(proc: subprocess.Popen, uid: int, root: str) -> None:
     _kill_group(proc.pid)
-    if uid is not None:
-        _kill_uid(uid)
+    _kill_uid(uid)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
-            pipe.close()
+            if pipe is not None:
+                pipe.close()
     proc.wait()
-    _release_run(uid, workdir, scratch)
+    _release_run(uid, root)
 
 
 def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
@@ -434,12 +535,12 @@ def _drain(bufs: dict[int, bytearray], cap: int) -> tuple[bytes, bytes]:
     return bytes(out[:cap]), bytes(err[:cap])
 
 
-def _classify(
-    returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits, private_scratch: bool = False
-) -> tuple[str, str]:
-    """(status, error line) of a finished run; `private_scratch`: ENOSPC means the run's own disk budget."""
+def _classify(returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits) -> tuple[str, str]:
+    """(status, error line) of a finished run; ENOSPC means the run's own disk budget."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
+    if returncode == _SETUP_EXIT and stderr.startswith(_SETUP_FAILED):
+        return "sandbox_error", stderr.strip()
     if killed_for == "time_limit":
         return "time_limit", f"wall-clock limit of {limits.wall_s:g}s exceeded"
     if killed_for == "output_limit":
@@ -455,58 +556,157 @@ def _classify(
         return "runtime_error", f"killed by signal {sig.name}"
     if last.startswith("MemoryError") or "Cannot allocate memory" in last:
         return "memory_limit", last
-    if private_scratch and is_disk_full(last):
+    if is_disk_full(last):
         return "disk_limit", f"disk budget of {limits.disk_mb} MiB exceeded ({last})"
     return "runtime_error", last or f"exit status {returncode}"
 
 
 def is_disk_full(error: str) -> bool:
-    """Whether an error line (a traceback's last line) is ENOSPC: with private scratch, the disk budget."""
+    """Whether an error line (a traceback's last line) is ENOSPC: the run's disk budget."""
     return "No space left on device" in error or "[Errno 28]" in error
 
 
-def _child_setup(limits: SandboxLimits, uid: int | None, netns: bool, private: _Scratch | None) -> None:
-    """Runs in the forked child, before exec: namespaces, scratch, rlimits, then the uid drop (order matters)."""
-    flags = (_CLONE_NEWNET if netns else 0) | (_CLONE_NEWNS if private is not None else 0)
-    if flags:
-        _unshare(flags)
-    if private is not None:
-        _mount_scratch(private, uid)
+def _child_setup(limits: SandboxLimits, jail: _Jail) -> None:
+    """Runs in the forked child (P) before exec; see the module docstring for the three processes.
+
+    P: new namespaces (mount, network, IPC, PID, host name) and the run's root built on its tmpfs,
+    then P forks X, the first process of the new PID namespace, and only waits. X moves into the
+    root (`pivot_root`, the machine's tree detached), mounts the namespace's own /proc, turns System
+    V IPC off, and forks Y. X waits too: when Y ends, X passes Y's wait status to P and exits, which
+    kills whatever else is left in the namespace. Y sets the limits, drops to the run's uid and
+    returns here, so `subprocess` closes the other descriptors and execs the program as Y. P ends
+    the way Y ended (the same exit status, or the same signal).
+    """
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.umask(0o022)
+    _unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWUTS)
+    _build_root(jail)
+    status_read, status_write = os.pipe()
+    if os.fork():
+        _close_all_but(status_read)
+        _follow(status_read)
+    os.close(status_read)
+    try:
+        _enter_root(jail.root)
+    except BaseException as e:  # noqa: BLE001 - X must never return into subprocess's code
+        with contextlib.suppress(OSError):
+            os.write(2, f"{_SETUP_FAILED}{type(e).__name__}: {e}\n".encode())
+        os._exit(_SETUP_EXIT)
+    program = os.fork()
+    if program:
+        _close_all_but(status_write)
+        _init(program, status_write)
+    os.close(status_write)
     cpu = max(1, math.ceil(limits.cpu_s))
     mib = 1 << 20
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mib, limits.memory_mb * mib))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mib, limits.file_size_mb * mib))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    os.setgroups([])
+    os.setgid(jail.uid)
+    os.setuid(jail.uid)
+    os.chdir(jail.workdir)
 
 
-def _mount_scratch(s: _Scratch, uid: int | None) -> None:
-    """In the child's new mount namespace: one tmpfs of `s.disk_mb` MiB over every world-writable dir,
-    the read-only dirs bound back, the work dir made inside the private /tmp with its files; cd there."""
+def _build_root(jail: _Jail) -> None:
+    """In P's new mount namespace: the tmpfs at `jail.root`, the machine's read-only parts bound into
+    it at their own paths, the scratch directories, links, /proc's mount point and the work dir."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the machine
-    kept = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in s.read_only]  # before they are covered
-    options = f"size={s.disk_mb}m,nr_inodes={_SCRATCH_INODES},mode=0700"
-    _mount("tmpfs", s.workdir, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-    for i in range(len(s.dirs)):
-        os.mkdir(f"{s.workdir}/{i}")
-        os.chmod(f"{s.workdir}/{i}", 0o1777)
-    root = os.open(s.workdir, os.O_PATH | os.O_DIRECTORY)  # reachable after /tmp (and the path) is covered
-    for i, directory in enumerate(s.dirs):
-        _mount(f"/proc/self/fd/{root}/{i}", directory, None, _MS_BIND)
-    os.close(root)
-    for path, fd in zip(s.read_only, kept):
-        os.makedirs(path, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-        _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-        os.close(fd)
-    os.mkdir(s.workdir, 0o700)
-    _write_files(s.workdir, s.payload, uid)
-    os.chdir(s.workdir)
+    root = jail.root
+    options = f"size={jail.disk_mb}m,nr_inodes={_SCRATCH_INODES},mode=0755"
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+    for path in jail.read_only:
+        target = root + path
+        if os.path.isdir(path):
+            os.makedirs(target, 0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
+        _mount(path, target, None, _MS_BIND | _MS_REC)
+        if not path.startswith("/dev/"):  # a device must stay writable (/dev/null)
+            _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    for path, target in jail.links:
+        os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
+        os.symlink(target, root + path)
+    for path in _SCRATCH_DIRS:
+        os.makedirs(root + path, 0o755, exist_ok=True)
+        os.chmod(root + path, 0o1777)
+    os.makedirs(root + "/proc", 0o555, exist_ok=True)
+    os.mkdir(root + jail.workdir, 0o700)
+    _write_files(root + jail.workdir, jail.payload, jail.uid)
+
+
+def _enter_root(root: str) -> None:
+    """In X, the first process of the new PID namespace: make `root` the file system's root (the
+    machine's detached), mount this namespace's /proc, turn System V IPC off."""
+    old = root + "/.old-root"
+    os.mkdir(old, 0o700)
+    number = _PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root's system call number is not known for {os.uname().machine}")
+    if _LIBC.syscall(number, os.fsencode(root), os.fsencode(old)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root({root}): {os.strerror(err)}")
+    os.chdir("/")
+    if _LIBC.umount2(b"/.old-root", _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount of the machine's root: {os.strerror(err)}")
+    os.rmdir("/.old-root")
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for name in _IPC_OFF:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(f"/proc/sys/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+    _LIBC.sethostname(b"sandbox", 7)
+
+
+def _init(program: int, status_write: int) -> None:
+    """X's life after forking the program: reap every process of the namespace (orphans come here)
+    until the program ends, hand its wait status to P, and exit (which ends the namespace)."""
+    try:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == program:
+                os.write(status_write, status.to_bytes(4, "little"))
+                break
+    finally:
+        os._exit(0)
+
+
+def _follow(status_read: int) -> None:
+    """P's life after forking X: wait for the program's wait status (from X) and end the same way."""
+    try:
+        data = b""
+        while len(data) < 4:
+            chunk = os.read(status_read, 4 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        _, x_status = os.waitpid(-1, 0)
+        status = int.from_bytes(data, "little") if len(data) == 4 else x_status
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            os._exit(128 + sig)
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+    finally:
+        os._exit(1)
+
+
+def _close_all_but(fd: int) -> None:
+    """Close every descriptor but `fd`: the pipes and `subprocess`'s error pipe are the program's alone."""
+    os.closerange(0, fd)
+    os.closerange(fd + 1, 1 << 20)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -522,71 +722,58 @@ def _unshare(flags: int) -> None:
         raise OSError(err, f"unshare({flags:#x}): {os.strerror(err)}")
 
 
-@functools.cache
-def _netns_available() -> bool:
-    """Whether this kernel and these privileges allow a network namespace (probed once, in a child)."""
-    return _probe(functools.partial(_unshare, _CLONE_NEWNET))
+_ISOLATION_FIX = (
+    "The local sandbox needs root: each run switches to an unprivileged uid of its own and gets new "
+    "network, IPC, PID and mount namespaces (a root of its own holding only the interpreter, its "
+    "libraries and the run's scratch space). Fix: run the trainer as root (e.g. in its container; "
+    "a container needs CAP_SYS_ADMIN and a seccomp profile that allows unshare and mount), or run "
+    "programs elsewhere with worker.reward.code.sandbox=fusion and a SandboxFusion server."
+)
 
 
 @functools.cache
-def _scratch_available() -> bool:
-    """Whether private scratch space can be set up here (probed once, in a child, the way a run does it)."""
-    dirs = _scratch_dirs()
-    if not dirs or dirs[0] != os.path.realpath("/tmp"):
-        return False
-    workdir = _new_workdir("private")
-    try:
-        # the probe runs sys.executable: keep its prefix (a venv under /tmp) and its target's visible
-        prefixes = tuple(
-            os.path.dirname(os.path.dirname(p)) for p in (sys.executable, os.path.realpath(sys.executable))
-        )
-        private = _Scratch(workdir, {}, 1, dirs, _under_scratch(prefixes))
-        return _probe(lambda: (_unshare(_CLONE_NEWNS), _mount_scratch(private, None)))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def isolation_problem() -> str | None:
+    """Why the sandbox cannot run here (with the fix), or None: probed once by a full run.
 
-
-def _probe(preexec_fn: Callable[[], object]) -> bool:
-    """Whether the trainer's Python starts after `preexec_fn` ran in the child."""
+    There is no weaker fallback: without every namespace, nothing runs.
+    """
+    if os.geteuid() != 0:
+        return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
+    python = _interpreter()
+    if python is None:
+        return "no Python interpreter the sandbox uid can execute"
+    uid = _allocate_uid()
+    root = _new_root()
     try:
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", ""],
-            preexec_fn=preexec_fn,
-            check=True,
+        jail = _jail(root, {"main.py": b""}, DEFAULT_LIMITS, uid, python, ())
+        proc = subprocess.run(
+            [python, "-I", "-S", "-B", "main.py"],
+            preexec_fn=functools.partial(_child_setup, DEFAULT_LIMITS, jail),
             env={},
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            capture_output=True,
             timeout=30,
         )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return True
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return f"a test run failed ({type(e).__name__}: {e}). {_ISOLATION_FIX}"
+    finally:
+        _release_run(uid, root)
+    if proc.returncode != 0:
+        return f"a test run failed ({proc.stderr.decode(errors='replace').strip()[-500:]}). {_ISOLATION_FIX}"
+    return None
 
 
-@functools.cache
-def _scratch_dirs() -> tuple[str, ...]:
-    """The machine's world-writable directories that exist (real paths, /tmp first)."""
-    dirs: list[str] = []
-    for d in _WORLD_WRITABLE:
-        real = os.path.realpath(d)
-        if os.path.isdir(real) and real not in dirs:
-            dirs.append(real)
-    return tuple(dirs)
+def require_isolation(what: str) -> None:
+    """Raise `SandboxUnavailable` naming `what` (the setting that needs the sandbox) when it cannot run."""
+    problem = isolation_problem()
+    if problem is not None:
+        raise SandboxUnavailable(
+            f"{what} runs programs in the local sandbox, which cannot run here: {problem}"
+        )
 
 
-def _under_scratch(paths: tuple[str, ...]) -> tuple[str, ...]:
-    """The existing directories among `paths` (real paths) that lie under a world-writable directory."""
-    found: list[str] = []
-    for path in paths:
-        real = os.path.realpath(path)
-        if (
-            os.path.isdir(real)
-            and real not in found
-            and any(real.startswith(d + os.sep) for d in _scratch_dirs())
-        ):
-            found.append(real)
-    return tuple(found)
+class SandboxUnavailable(RLStackError, RuntimeError):
+    """This machine cannot give sandboxed runs their isolation (say so at load, never run weaker)."""
 
 
 @functools.cache
@@ -604,23 +791,24 @@ def _interpreter() -> str | None:
 
 
 def _world_executable(path: str) -> bool:
-    """Whether any uid can exec `path` and read its standard library (every parent dir o+x)."""
+    """Whether any uid can exec `path` and read its standard library: every directory from the
+    interpreter's prefix down is o+x (the prefix is bound into the run's root at its own path, under
+    directories of the root's own, so what lies above it does not matter)."""
     prefix = os.path.dirname(os.path.dirname(path))
+    start = len(prefix.split(os.sep))
     lib = os.path.join(prefix, "lib")
     for p in (path, lib):
         parts = p.split(os.sep)
-        for i in range(2, len(parts) + 1):
+        for i in range(start, len(parts) + 1):
             mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
             if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
                 return False
     return bool(os.stat(path).st_mode & stat.S_IXOTH)
 
 
-def _payload(workdir: str, files: dict[str, bytes], network: str) -> dict[str, bytes]:
-    """The files of a run (`main.py` and the socket prelude included); ValueError for a name outside `workdir`."""
+def _payload(workdir: str, files: dict[str, bytes]) -> dict[str, bytes]:
+    """The files of a run (`main.py` included); ValueError for a name outside `workdir`."""
     payload = dict(files)
-    if network == "blocked":
-        payload[_PRELUDE_NAME] = _SOCKET_PRELUDE.format(script="main.py").encode()
     for name in payload:
         path = os.path.realpath(os.path.join(workdir, name))
         if not path.startswith(os.path.realpath(workdir) + os.sep):
@@ -628,7 +816,7 @@ def _payload(workdir: str, files: dict[str, bytes], network: str) -> dict[str, b
     return payload
 
 
-def _write_files(workdir: str, payload: dict[str, bytes], uid: int | None) -> None:
+def _write_files(workdir: str, payload: dict[str, bytes], uid: int) -> None:
     """Write `payload` into `workdir` and hand it all to `uid` (also called in the child: plain os calls)."""
     for name, data in payload.items():
         path = os.path.join(workdir, name)
@@ -640,11 +828,10 @@ def _write_files(workdir: str, payload: dict[str, bytes], uid: int | None) -> No
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-    if uid is not None:
-        for root, dirs, names in os.walk(workdir):
-            for name in dirs + names:
-                os.chown(os.path.join(root, name), uid, uid)
-        os.chown(workdir, uid, uid)
+    for root, dirs, names in os.walk(workdir):
+        for name in dirs + names:
+            os.chown(os.path.join(root, name), uid, uid)
+    os.chown(workdir, uid, uid)
 
 
 _uids_in_use: dict[int, int] = {}
@@ -801,23 +988,7 @@ def _kill_all(find: Callable[[], list[int]]) -> None:
         time.sleep(0.005)
 
 
-def _remove_uid_files(uid: int) -> None:
-    for d in _WORLD_WRITABLE:
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-
-
-def _failed(why: str, network: str, scratch: str, start: float) -> SandboxResult:
-    return SandboxResult("sandbox_error", None, "", "", why, time.monotonic() - start, network, None, scratch)
+def _failed(why: str, start: float) -> SandboxResult:
+    return SandboxResult(
+        "sandbox_error", None, "", "", why, time.monotonic() - start, "namespace", None, "private"
+    )
