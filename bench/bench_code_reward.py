@@ -2,13 +2,12 @@
 
 Baseline: what veRL forks do by default, `subprocess.run([python, "-c", program], input=stdin,
 timeout=...)` in the trainer's own environment, one process per test, no isolation. rlstack:
-`rlstack.rewards.code.score_code` (a fresh sandbox per test: own uid, network namespace, rlimits,
-private scratch space, group kill), sequentially and through the reward manager with
-`num_workers` threads, each run started by a launcher process (`rlstack.rewards.launcher`);
-sequentially with each run started by the caller itself (`sandbox_in_process`, the behaviour
-before the launchers), and so with shared scratch (the machine's /tmp, cleaned by uid after each
-run: the sandbox before private scratch, and what it falls back to where the kernel refuses mount
-namespaces). The same problems, solutions and tests on each side, in ABBA order.
+`rlstack.rewards.code.score_code` (a fresh sandbox per test: own uid; new mount, network, IPC and
+PID namespaces with a root of its own; rlimits; group kill), sequentially and through the reward
+manager with `num_workers` threads, each run started by a launcher process
+(`rlstack.rewards.launcher`); and sequentially with each run started by the caller itself
+(`sandbox_in_process`, the behaviour before the launchers). The same problems, solutions and tests
+on each side, in ABBA order.
 
 The caller holds `--ballast-mb` of touched memory (default 600, a small trainer's model and
 optimizer) for every side: starting a run from the caller forks it, and a fork costs more the
@@ -27,14 +26,12 @@ existed) and once with the default (the tests stop at the first timeout).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -100,17 +97,6 @@ def run_sandboxed(n_tests: int, in_process: bool = False) -> tuple[int, float]:
         result = score_code(f"```python\n{program}```", _tests(name, n_tests), runner=runner)
         passed += result["passed"]
     return passed, time.perf_counter() - start
-
-
-@contextlib.contextmanager
-def shared_scratch() -> Iterator[None]:
-    """Runs inside use the machine's /tmp and /dev/shm (the sandbox's fallback; its behaviour before)."""
-    real = sandbox._scratch_available
-    sandbox._scratch_available = lambda: False
-    try:
-        yield
-    finally:
-        sandbox._scratch_available = real
 
 
 def run_hanging(test_time_s: float, stop_at_first_timeout: bool) -> float:
@@ -179,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     ballast = torch.ones(args.ballast_mb * 2**20 // 4)  # touched: resident, like a model's weights
     total = 3 * args.tests
-    sides = ("baseline", "sandbox", "sandbox_in_process", "sandbox_shared_scratch", "sandbox_workers")
+    sides = ("baseline", "sandbox", "sandbox_in_process", "sandbox_workers")
     times: dict[str, list[float]] = {side: [] for side in sides}
     for order in (sides, sides[::-1]):
         for side in order:
@@ -189,9 +175,6 @@ def main() -> None:
                 passed, t = run_sandboxed(args.tests)
             elif side == "sandbox_in_process":
                 passed, t = run_sandboxed(args.tests, in_process=True)
-            elif side == "sandbox_shared_scratch":
-                with shared_scratch():  # patches this process: the runs start here
-                    passed, t = run_sandboxed(args.tests, in_process=True)
             else:
                 passed, t = run_manager(args.tests, args.workers)
             assert passed == total, f"{side}: {passed} of {total} tests passed"
@@ -207,8 +190,6 @@ def main() -> None:
         "sandbox_vs_baseline": round(rate["sandbox"] / rate["baseline"], 3),
         "sandbox_workers_vs_baseline": round(rate["sandbox_workers"] / rate["baseline"], 3),
         "launcher_vs_in_process": round(rate["sandbox"] / rate["sandbox_in_process"], 3),
-        "private_vs_shared_scratch": round(rate["sandbox_in_process"] / rate["sandbox_shared_scratch"], 3),
-        "scratch": "private" if sandbox._scratch_available() else "shared",
         "hanging_program": {
             "tests": 5,
             "test_time_s": args.hang_test_s,

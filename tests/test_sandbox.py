@@ -385,3 +385,26 @@ def test_uids_are_reserved_across_processes():
         assert int(out) != held
     finally:
         sandbox._release_uid(held)
+
+
+def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
+    """No silent fallback: where the namespaces cannot be made (here: not root), a config that runs
+    programs locally is refused at load, naming the setting and the fix; nothing runs weaker."""
+    from rlstack.config import ConfigError, load_config
+
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    sandbox.isolation_problem.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as e:
+            load_config(["worker.reward.reward_function=builtin:code"])
+        assert "builtin:code (worker.reward.code.sandbox=local)" in str(e.value)
+        assert "Fix: run the trainer as root" in str(e.value) and "sandbox=fusion" in str(e.value)
+        tools = 'worker.rollout.agent.tools=[{import_path: "builtin:python"}]'
+        with pytest.raises(ConfigError, match=r"worker.rollout.agent.tools\[0\] \(builtin:python\)"):
+            load_config([tools])
+        fusion = ["worker.reward.reward_function=builtin:code", "worker.reward.code.sandbox=fusion"]
+        load_config([*fusion, "worker.reward.code.sandbox_url=http://127.0.0.1:1"])  # no local runs: fine
+        r = sandbox.run_python_here("print(1)", limits=SMALL)
+        assert r.status == "sandbox_error" and "not root" in r.error_line
+    finally:
+        sandbox.isolation_problem.cache_clear()

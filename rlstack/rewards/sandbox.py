@@ -1,64 +1,65 @@
-"""Running untrusted Python (model-written code, later the agent's Python tool) without harming the trainer.
+"""Running untrusted Python (model-written code, the agent's Python tool) without harming the trainer.
 
-Every run is a fresh `python -I -S -B main.py` subprocess, never the calling process, started by a
-small launcher process rather than by the caller (`run_python`; see `rlstack/rewards/launcher.py`:
-forking a trainer that holds a model is slow, and a CUDA context must not be forked), in its own
-session and process group, in a fresh temporary directory that is removed afterwards, with a scrubbed
-environment (PATH, LANG, PYTHONHASHSEED, HOME=the work dir: nothing of the parent's, so no secrets).
+Every program is a fresh `python -I -S -B main.py` process, never the calling process, started by a
+small launcher process rather than by the caller (`run_python`, `SandboxProcess`; see
+`rlstack/rewards/launcher.py`: forking a trainer that holds a model is slow, and a CUDA context
+must not be forked), with a scrubbed environment (PATH, LANG, PYTHONHASHSEED, HOME=TMPDIR=the work
+dir: nothing of the parent's, so no secrets).
 
-Isolation, in the order `preexec_fn` applies it in the child before `exec`:
+What the program sees (set up by `_child_setup` in the forked child before `exec`):
 
-- **Network.** `unshare(CLONE_NEWNET)` (via libc; `os.unshare` is 3.12+) puts the child in an empty
-  network namespace: no interfaces but a loopback that is down, so even 127.0.0.1 is unreachable.
-  Where the kernel refuses (not root, no CAP_SYS_ADMIN), a prelude replaces `socket.socket` with one
-  that raises; that only stops ordinary Python code (ctypes can still make syscalls), and the result
-  says which of the two was used (`network`: `namespace` or `blocked`).
-- **Private scratch space.** `unshare(CLONE_NEWNS)` gives the child a mount namespace of its own
-  (mounts made private first, so nothing propagates back to the machine), and one tmpfs of
-  `disk_mb` MiB (and at most 16384 files) is mounted there. Its subdirectories are bind-mounted over
-  the world-writable `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock` (those that exist), and the work
-  dir is created inside that private `/tmp` at the same path the trainer reserved for it, with the
-  run's files written into it before `exec`. So the work dir and every scratch directory share one
-  budget: writing past it fails with ENOSPC (`OSError: [Errno 28] No space left on device`), which
-  the result reports as status `disk_limit` naming the budget. Nothing the program writes is seen by
-  the machine or by any other run, even while it runs, and it all goes away with the namespace when
-  the run's last process dies. Directories under those paths the program needs (the interpreter's
-  prefix, the Python tool's packages) are bind-mounted back read-only. Where the kernel refuses
-  (not root, no CAP_SYS_ADMIN, a seccomp profile that forbids `mount`), scratch is `shared`: the work
-  dir is an ordinary temporary directory, TMPDIR points into it, the program can still write to the
-  machine's world-writable directories while it runs (files there are visible to other uids), those
-  files are removed after the run (root only: they are found by uid), and `disk_mb` is not enforced,
-  only the per-file `file_size_mb`. The result says which was used (`scratch`: `private` or `shared`).
-  The tmpfs is memory: a run holds at most `memory_mb` + `disk_mb` MiB of RAM.
+- **Its own root.** A new mount namespace whose `/` is a tmpfs of `disk_mb` MiB (at most 16384
+  files) holding only: the system's program and library directories (`/usr`, and `/bin`, `/lib`,
+  ... as on the machine), the dynamic loader's cache, the time zone and `/etc/fonts`, the
+  interpreter's own prefix when it lies elsewhere (e.g. pyenv's, under an otherwise invisible
+  `/root`), and the caller's `read_only` directories (the Python tool's packages), all bound
+  read-only at their own paths; `/dev/null`, `zero`, `full`, `random`, `urandom`; world-writable
+  `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock`; the work dir (its files written there first).
+  The machine's tree is detached (`pivot_root`): the dataset, checkpoints, the project, `/home`,
+  `/root` and the machine's `/tmp` and `/dev/shm` do not exist for it. Everything it writes is on
+  that tmpfs, so one budget covers it all: writing past it fails with ENOSPC (status `disk_limit`).
+  Nothing it writes is seen by the machine or another run, and it all goes away with the run.
+- **Its own processes.** A new PID namespace with its own `/proc`: the program is process 2, under
+  an init (process 1) that reaps orphans and, when the program ends, exits, which kills everything
+  left in the namespace. It cannot see or signal any process of the machine.
+- **No IPC with anything.** A new IPC namespace in which System V shared memory and message queues
+  and POSIX message queues are off (their limits are 0): `shmget` / `msgget` fail with ENOSPC.
+  POSIX shared memory is files in its `/dev/shm`, inside `disk_mb`.
+- **No network.** A new, empty network namespace: no interface but a loopback that is down, so even
+  127.0.0.1 is unreachable. A new UTS namespace hides the host name.
 - **Limits.** `setrlimit` of CPU time (SIGXCPU at `cpu_s`, SIGKILL a second later), address space,
-  file size (SIGXFSZ), process count, and no core files.
-- **Unprivileged uid.** When the trainer runs as root, the child drops to a uid of its own
-  (`_UID_BASE` + random, no passwd entry needed; supplementary groups cleared). This is what makes
-  the process limit work (RLIMIT_NPROC counts the processes of the real uid and is ignored for
-  root), takes away every capability (a sandboxed program cannot signal the trainer, read its
-  `/proc/<pid>/environ`, or write to root-owned places), and marks every process of the run, so
-  that after the run all processes of that uid are killed, including a double-forked daemon that
-  left the process group with `setsid`. Files it left in the world-writable `/tmp`, `/var/tmp`,
-  `/dev/shm` and `/run/lock` are removed too (where scratch is `shared`, above). Not root: no uid switch, the process
-  group is the only handle. (cgroup v1 is mounted read-only-in-practice in containers; we do not use
-  cgroups.)
+  file size (SIGXFSZ), process count, POSIX message-queue bytes (0), and no core files.
+- **An unprivileged uid of its own** (`_UID_BASE` + random, no passwd entry; supplementary groups
+  cleared): no capabilities, the process limit applies (RLIMIT_NPROC counts the real uid's
+  processes), and every process of the run is marked, so that after the run all processes of that
+  uid are killed too.
 
-The interpreter must be reachable by that uid: `sys.executable` when every directory on its path is
-world-searchable, else the first `python3` on the sandbox PATH (e.g. pyenv under a 0700 `/root`
-falls back to `/usr/bin/python3`).
+Three processes do this (`_child_setup`): P, the forked child, makes the namespaces and builds the
+root, forks X (process 1 of the new PID namespace: it enters the root, mounts `/proc`, turns IPC
+off) and waits; X forks Y, which sets the limits, drops to the uid and execs the program. P ends
+as the program did (its exit status, or its signal), so callers see the program's own status.
+
+There is no weaker fallback: where these namespaces cannot be made (not root; a container without
+CAP_SYS_ADMIN or whose seccomp profile forbids `unshare`/`mount`), `isolation_problem()` says so
+with the fix, config validation refuses `builtin:code` with `sandbox=local` and `builtin:python`
+at load, and a run that gets here anyway returns `sandbox_error`.
+
+The interpreter must be one the sandbox uid can run: `sys.executable` when every directory from
+its prefix down is world-searchable, else the first `python3` on the sandbox PATH.
 
 The wall-clock limit kills the whole process group (SIGKILL, so ignoring SIGTERM does not help),
 then every process of the uid. stdout/stderr are read incrementally and the run is killed once
 either passes `max_output_bytes`.
 
 `SandboxProcess` is the long-lived form (the agent's Python interpreter tool): the same isolation and
-clean-up, but the program keeps running between exchanges and talks to its parent over its stdin and
-stdout pipes; stderr is its console. Its CPU limit is a budget for its whole life; wall-clock and
-output limits are per exchange, so they are the caller's to enforce.
+clean-up, but the program keeps running between exchanges and talks to its caller over its stdin
+and stdout pipes (passed to the caller by the launcher); stderr is its console. Its CPU limit is a
+budget for its whole life; wall-clock and output limits are per exchange, so they are the caller's
+to enforce.
 
-`preexec_fn` runs in the forked child of a possibly multi-threaded trainer, so it only makes plain
-system calls (`os.*`, libc's `unshare` and `mount` via ctypes; libc is loaded once, in the parent, at
-import) and imports nothing: paths and file contents are prepared in the parent.
+`preexec_fn` runs in the forked child of a launcher (a small single-threaded process), so it only
+makes plain system calls (`os.*`, libc's `unshare`, `mount`, `pivot_root` via ctypes; libc is loaded
+once, at import) and imports nothing: paths and file contents are prepared in the parent.
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from rlstack.errors import RLStackError
 from rlstack.rewards import launcher
 
 _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWUTS = (
@@ -761,19 +761,6 @@ def isolation_problem() -> str | None:
     if proc.returncode != 0:
         return f"a test run failed ({proc.stderr.decode(errors='replace').strip()[-500:]}). {_ISOLATION_FIX}"
     return None
-
-
-def require_isolation(what: str) -> None:
-    """Raise `SandboxUnavailable` naming `what` (the setting that needs the sandbox) when it cannot run."""
-    problem = isolation_problem()
-    if problem is not None:
-        raise SandboxUnavailable(
-            f"{what} runs programs in the local sandbox, which cannot run here: {problem}"
-        )
-
-
-class SandboxUnavailable(RLStackError, RuntimeError):
-    """This machine cannot give sandboxed runs their isolation (say so at load, never run weaker)."""
 
 
 @functools.cache

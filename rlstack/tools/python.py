@@ -18,32 +18,34 @@ What the model gets (also in `PythonTool.schema`'s description):
   `file_size_mb` (`OSError: File too large`) or more than `disk_mb` in all (`OSError: No space left
   on device`, with a note naming the budget) are ordinary exceptions that keep the state. Processes
   a call starts do not outlive the call; threads do (the CPU budget bounds them).
-- Scratch space is private: the working directory, `/tmp`, `/var/tmp` and `/dev/shm` are one tmpfs
-  of `disk_mb` MiB of the interpreter's own, so a file one trajectory writes in `/tmp` is not there
-  for another (where the kernel allows mount namespaces; see `rewards/sandbox.py` for the fallback).
+- Scratch space is private: the working directory, `/tmp`, `/var/tmp` and `/dev/shm` are on one
+  tmpfs of `disk_mb` MiB, the interpreter's own root, so a file one trajectory writes in `/tmp` is
+  not there for another, and the machine's files (datasets, checkpoints, the project) are not there
+  at all (`rewards/sandbox.py`).
 
 Cost: an interpreter starts on the first call of its trajectory (about 0.1 s: it imports only
 Pillow; NumPy and Matplotlib, most of a second together, are imported by the cells that use them,
 and `plt.show()` is hooked at that moment) and holds about 17 MB of memory (66 MB once a cell
 imports Matplotlib) until `close()`; a batch of trajectories in flight holds one each.
 
-Where the code runs: never in the trainer. Each interpreter is `tools/python_worker.py` in a
-`SandboxProcess` (`rewards/sandbox.py`): own process group and unprivileged uid, no network,
-rlimits on address space (`memory_mb`), file size (`file_size_mb`), processes (`max_processes`) and
-CPU, private scratch space of `disk_mb` holding the working directory (gone after `close`), a
-scrubbed environment. Trainer and worker exchange length-prefixed JSON frames over the worker's
-stdin/stdout (images as base64 PNG); the worker moves that protocol off fds 0-2 before any user
-code runs, so printing cannot corrupt it, and the trainer treats any reply it cannot parse as a
-crash.
+Where the code runs: never in the trainer, and never in a fork of it. Each interpreter is
+`tools/python_worker.py` in a `SandboxProcess` (`rewards/sandbox.py`), started by a launcher
+process of its own that passes back its pipes: own uid, own root with only the interpreter, its
+libraries and the packages below (read-only) and its scratch space; own PID namespace and /proc,
+own IPC namespace, no network; rlimits on address space (`memory_mb`), file size
+(`file_size_mb`), processes (`max_processes`) and CPU; a scrubbed environment. Trainer and worker
+exchange length-prefixed JSON frames over the worker's stdin/stdout (images as base64 PNG); the
+worker moves that protocol off fds 0-2 before any user code runs, so printing cannot corrupt it,
+and the trainer treats any reply it cannot parse as a crash.
 
 Pillow, NumPy and Matplotlib come from the trainer's own environment: the worker appends the
 directories the trainer imports them from to `sys.path`. The sandbox's interpreter is the trainer's
-when the sandbox uid can run it, else the system `python3` (pyenv under a 0700 `/root`); their C
-extensions load when its minor version matches the trainer's (3.11.7 vs 3.11.2 here). When the
-sandbox uid cannot read those directories (a venv under a 0700 folder), the three distributions and
-their dependencies are copied once, root-owned and world-readable, to the temp folder (keyed by
-their versions; about 170 MB here) and that copy is used. Package directories under the
-machine's `/tmp` are bound, read-only, into the interpreter's private `/tmp`. A start-up failure
+when the sandbox uid can run it (every directory from its prefix down world-searchable), else the
+system `python3`; their C extensions load when its minor version matches the trainer's. The
+package directories are bound, read-only, into the interpreter's root at their own paths. When the
+sandbox uid cannot read them (a venv under a 0700 folder), the three distributions and their
+dependencies are copied once, root-owned and world-readable, to the temp folder (keyed by their
+versions; about 170 MB here) and that copy is used. A start-up failure
 (e.g. a version mismatch) is an observation naming the interpreter, the error and the fix.
 """
 
@@ -183,7 +185,7 @@ class PythonTool:
             self.close()
             return self._lost(reply, output)
         self._interpreter.process.kill_strays()
-        return self._observation(reply, output, self._interpreter.process.scratch)
+        return self._observation(reply, output)
 
     def close(self) -> None:
         """Stop the interpreter and remove its files (also between trajectories, via `reset`)."""
@@ -248,14 +250,14 @@ class PythonTool:
         )
         return failed(f"{error}; interpreter state lost", text.lstrip("\n"))
 
-    def _observation(self, reply: dict, output: str, scratch: str) -> Observation:
+    def _observation(self, reply: dict, output: str) -> Observation:
         parts = [output.rstrip("\n")] if output.strip() else []
         if reply["value"] is not None:
             parts.append(reply["value"])
         images, notes = [], list(reply["notes"])
         if not reply["ok"]:
             parts.append("\n".join(reply["traceback"].rstrip("\n").splitlines()[-_TRACEBACK_LINES:]))
-            if scratch == "private" and is_disk_full(reply["error"]):
+            if is_disk_full(reply["error"]):
                 notes.append(
                     f"disk budget of {self.limits.disk_mb} MiB exceeded: the working directory, /tmp and "
                     "/dev/shm share it; delete files to free space"
