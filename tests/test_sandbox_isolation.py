@@ -76,13 +76,21 @@ def _probes(planted: dict[str, str]) -> dict[str, str]:
             f"import os\nprint('CLOSED' if not os.path.exists({os.path.dirname(planted['data.jsonl'])!r}) "
             "and set(os.listdir('/tmp')) <= {os.path.basename(os.getcwd())} else 'OPEN')"
         ),
+        # a namespace of its own (root in a new user namespace) would let it mount a tmpfs or make
+        # shared memory past its budget: no unshare, setns or clone with a new namespace
+        "new_namespace": (
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "made = [libc.unshare(flags) for flags in (0x10000000, 0x10020000, 0x18000000)]\n"
+            "pid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+            "print('CLOSED' if made == [-1, -1, -1] else f'OPEN {made}')"
+        ),
         "write_root": (
             "import os\ntry:\n    open('/planted', 'w')\n    print('OPEN')\nexcept OSError:\n    print('CLOSED')"
         ),
     }
 
 
-PROBES = ("sysv_shm", "sysv_msg", "proc", "files", "machine_tmp", "write_root")
+PROBES = ("sysv_shm", "sysv_msg", "proc", "files", "machine_tmp", "new_namespace", "write_root")
 
 
 def _shm_segments() -> str:

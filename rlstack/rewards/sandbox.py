@@ -29,6 +29,9 @@ What the program sees (set up by `_child_setup` in the forked child before `exec
   127.0.0.1 is unreachable. A new UTS namespace hides the host name.
 - **Limits.** `setrlimit` of CPU time (SIGXCPU at `cpu_s`, SIGKILL a second later), address space,
   file size (SIGXFSZ), process count, POSIX message-queue bytes (0), and no core files.
+- **No namespaces of its own.** A seccomp filter refuses `unshare`, `setns` and a `clone` that
+  asks for a new namespace (threads and forks are fine): without it, a program could become root
+  of a new user namespace and mount a tmpfs, or make shared memory, past its budget.
 - **An unprivileged uid of its own** (`_UID_BASE` + random, no passwd entry; supplementary groups
   cleared): no capabilities, the process limit applies (RLIMIT_NPROC counts the real uid's
   processes), and every process of the run is marked, so that after the run all processes of that
@@ -76,6 +79,7 @@ import selectors
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -98,8 +102,26 @@ _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWUTS = (
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 _MNT_DETACH = 0x2
-_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
-"""The pivot_root system call's number per machine (glibc has no wrapper for it)."""
+
+
+class _Machine(NamedTuple):
+    """System call numbers and the seccomp architecture of a machine the sandbox supports."""
+
+    audit_arch: int
+    pivot_root: int
+    clone: int
+    clone3: int
+    unshare: int
+    setns: int
+
+
+_MACHINES = {
+    "x86_64": _Machine(0xC000003E, pivot_root=155, clone=56, clone3=435, unshare=272, setns=308),
+    "aarch64": _Machine(0xC00000B7, pivot_root=41, clone=220, clone3=435, unshare=97, setns=268),
+}
+_MACHINE = _MACHINES.get(os.uname().machine)
+_NEW_NAMESPACES = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x02000000
+"""CLONE_NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS, NEWCGROUP: what `clone` may not ask for."""
 _SCRATCH_INODES = 16384
 _PAGE = 4096
 _UID_BASE = 200_000
@@ -608,6 +630,59 @@ def _child_setup(limits: SandboxLimits, jail: _Jail) -> None:
     os.setgid(jail.uid)
     os.setuid(jail.uid)
     os.chdir(jail.workdir)
+    _no_new_namespaces()
+
+
+def _seccomp_program() -> ctypes.Array:
+    """A seccomp filter (classic BPF) that lets the program make no namespace of its own.
+
+    Without it, an unprivileged program can still `unshare(CLONE_NEWUSER)` where the kernel allows
+    user namespaces, become root there, and mount a tmpfs or make System V shared memory of any size
+    outside its disk budget. So: `unshare` and `setns` fail (EPERM), `clone` fails when it asks for
+    a new namespace (a thread or a fork is fine), `clone3` (whose flags a filter cannot read) says
+    ENOSYS so that the C library falls back to `clone`, x32 system calls fail, and a system call of
+    another architecture kills the process.
+    """
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    kill, errno, allow = 0x80000000, 0x00050000, 0x7FFF0000
+    m = _MACHINE
+    program = [
+        (ld, 0, 0, 4),  # the architecture
+        (jeq, 1, 0, m.audit_arch),
+        (ret, 0, 0, kill),
+        (ld, 0, 0, 0),  # the system call's number
+        (jge, 0, 1, 0x40000000),
+        (ret, 0, 0, errno | 1),
+        (jeq, 0, 1, m.clone3),
+        (ret, 0, 0, errno | 38),  # ENOSYS
+        (jeq, 1, 0, m.unshare),
+        (jeq, 0, 1, m.setns),
+        (ret, 0, 0, errno | 1),  # EPERM
+        (jeq, 0, 3, m.clone),
+        (ld, 0, 0, 16),  # clone's flags (the low half of its first argument)
+        (jset, 0, 1, _NEW_NAMESPACES),
+        (ret, 0, 0, errno | 1),
+        (ret, 0, 0, allow),
+    ]
+    raw = b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+    return ctypes.create_string_buffer(raw, len(raw))
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_SECCOMP = _seccomp_program() if _MACHINE is not None else None
+_SECCOMP_FPROG = _SockFprog(len(_SECCOMP) // 8, ctypes.addressof(_SECCOMP)) if _SECCOMP is not None else None
+
+
+def _no_new_namespaces() -> None:
+    """In Y, last thing before exec: no new privileges, and the seccomp filter (`_seccomp_program`)."""
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if _LIBC.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if _LIBC.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(_SECCOMP_FPROG), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def _build_root(jail: _Jail) -> None:
@@ -643,10 +718,7 @@ def _enter_root(root: str) -> None:
     machine's detached), mount this namespace's /proc, turn System V IPC off."""
     old = root + "/.old-root"
     os.mkdir(old, 0o700)
-    number = _PIVOT_ROOT.get(os.uname().machine)
-    if number is None:
-        raise OSError(f"pivot_root's system call number is not known for {os.uname().machine}")
-    if _LIBC.syscall(number, os.fsencode(root), os.fsencode(old)) != 0:
+    if _LIBC.syscall(_MACHINE.pivot_root, os.fsencode(root), os.fsencode(old)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"pivot_root({root}): {os.strerror(err)}")
     os.chdir("/")
@@ -739,6 +811,8 @@ def isolation_problem() -> str | None:
     """
     if os.geteuid() != 0:
         return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
+    if _MACHINE is None:
+        return f"this machine's architecture ({os.uname().machine}) is not one the sandbox supports (x86_64, aarch64)"
     python = _interpreter()
     if python is None:
         return "no Python interpreter the sandbox uid can execute"
