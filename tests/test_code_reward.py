@@ -431,3 +431,42 @@ def test_real_humaneval_canonical_pass_and_early_exit_stubs_fail():
             )
         )
     assert not [(s, out) for s, out in zip(stubs, scores) if out["overall"] != 0.0]
+
+
+ALWAYS_EQUAL = {
+    "instance": "class Any:\n    def __eq__(self, other):\n        return True\ndef gcd(a, b):\n    return Any()",
+    "int_subclass": "class I(int):\n    __eq__ = lambda self, other: True\n    __hash__ = int.__hash__\ndef gcd(a, b):\n    return I(0)",
+    "in_a_list": "class Any:\n    __eq__ = lambda self, other: True\ndef gcd(a, b):\n    return [Any()][0:1][0]",
+    "lambda": "class Any:\n    __eq__ = lambda self, other: True\ngcd = lambda a, b: Any()",
+    "ne_false": "class Any:\n    __eq__ = lambda s, o: False\n    __ne__ = lambda s, o: False\ndef gcd(a, b):\n    return Any()",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALWAYS_EQUAL))
+def test_an_object_equal_to_anything_gets_no_credit(name):
+    tests = {
+        "asserts": ["assert gcd(12, 18) == 6", "assert [gcd(7, 13)] == [1]", "assert not (gcd(1, 1) != 1)"]
+    }
+    out = score_code(_fence(ALWAYS_EQUAL[name]), tests, test_time_s=2.0)
+    assert out["overall"] == 0.0, out
+    if name != "ne_false":
+        assert "says it equals anything" in out["reason"], out
+
+
+def test_honest_objects_with_their_own_equality_still_pass():
+    program = (
+        "from dataclasses import dataclass\nfrom collections import Counter\nfrom fractions import Fraction\n"
+        "@dataclass\nclass Point:\n    x: int\n    y: int\n"
+        "def mid(a, b):\n    return Point((a.x + b.x) // 2, (a.y + b.y) // 2)\n"
+        "def count(s):\n    return Counter(s)\n"
+        "def half(n):\n    return Fraction(n, 2)\n"
+    )
+    tests = {
+        "asserts": [
+            "assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)",
+            "assert count('aab') == {'a': 2, 'b': 1}",
+            "assert half(3) == 1.5 and half(4) == 2",
+        ]
+    }
+    out = score_code(_fence(program), tests, test_time_s=5.0)
+    assert out["overall"] == 1.0, out

@@ -15,6 +15,9 @@ a signal handler that exits) passed every test it never ran. Now the sandbox run
   copy), the attributes of the modules that were loaded before it are restored, and trace and
   profile hooks are removed. The test's globals are the program's names minus those that shadow a
   builtin.
+- Each function the program defined is handed to the test through a check of what it returns: a
+  value holding an object that says it equals a fresh object (an `__eq__` that always answers
+  True, the "always equal" hack; any type but the plain built-ins is asked) fails the test.
 - Only when the test returns does the harness write `<secret> passed` to a copy of stdout it made
   before the program ran, then ends the process at once (`os._exit`, so exit hooks the program
   registered never run). The functions it needs were taken before the program ran.
@@ -24,6 +27,11 @@ redirected stdout) leaves no report and gets no credit: the reward counts a test
 when the report with the secret is there. What this cannot stop is a program that finds the
 secret in the harness's own memory (it runs in the same process): that takes reading the
 interpreter's frames or objects, not an exit; the secret is one run's only.
+
+Forgetting the modules the program imported has one cost: a test that compares an instance of a
+pure-Python standard-library class the program made with one it makes itself (`fractions.Fraction`)
+sees two copies of the class; classes from C modules (`deque`, `Decimal`, `datetime`) and the
+built-in types are the same objects, and equality of `dict`/`list` subclasses (`Counter`) holds.
 
 The harness is one self-contained program (the program and the test are string literals in it),
 so it runs the same in the local sandbox and on a SandboxFusion server.
@@ -65,6 +73,48 @@ def _rlstack_run_test(program, test):
         finally:
             exit_now(1)
 
+    function_type, plain = type(fail), (int, float, complex, bool, str, bytes, bytearray, type(None))
+    containers, mapping, to_id, get_type = (list, tuple, set, frozenset), dict, id, type
+
+    class Probe:  # a fresh object nothing honest is equal to
+        pass
+
+    def equal_to_anything(value):
+        # whether `value` holds an object (not of a plain built-in type) that says it equals a fresh
+        # object: a reward hack that passes every `==` test without computing anything
+        todo, seen = [value], set()
+        while todo and len(seen) < 100000:
+            item = todo.pop()
+            kind = get_type(item)
+            if kind in plain or to_id(item) in seen:
+                continue
+            seen.add(to_id(item))
+            if kind in containers:
+                todo.extend(item)
+                continue
+            if kind is mapping:
+                todo.extend(item.keys())
+                todo.extend(item.values())
+                continue
+            try:
+                if bool(item == Probe()) or not bool(item != Probe()):
+                    return True
+            except catch:
+                pass
+        return False
+
+    def checked(function):  # `function` for the test: a result equal to anything fails the test
+
+        def call(*args, **kwargs):
+            result = function(*args, **kwargs)
+            if equal_to_anything(result):
+                raise AssertionError({hacked!r})
+            return result
+
+        call.__name__, call.__qualname__, call.__doc__ = function.__name__, function.__qualname__, function.__doc__
+        call.__wrapped__ = function
+        return call
+
     def restore():
         settrace(None)
         setprofile(None)
@@ -95,6 +145,9 @@ def _rlstack_run_test(program, test):
         if key not in builtins_before or value is builtins_before[key]
     }}
     test_globals["__builtins__"] = builtins
+    for key, value in to_list(test_globals.items()):
+        if get_type(value) is function_type and value.__globals__ is namespace:
+            test_globals[key] = checked(value)
     try:
         exec(compile(test, "test", "exec"), test_globals)
     except catch as error:
@@ -113,11 +166,12 @@ _rlstack_run_test({program!r}, {test!r})
 """
 
 EXITED = "the program exited before its test ran to the end: no credit for that test"
+HACKED = "the function returned an object that says it equals anything: no credit for that test"
 
 
 def harness_program(program: str, test: str) -> str:
     """The harness (see module docstring) that runs `program` and then `test`."""
-    return _TEMPLATE.format(program=program, test=test, exited=EXITED)
+    return _TEMPLATE.format(program=program, test=test, exited=EXITED, hacked=HACKED)
 
 
 def new_secret() -> str:

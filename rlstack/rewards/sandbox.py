@@ -137,6 +137,7 @@ _IPC_OFF = ("kernel/shmmni", "kernel/shmall", "kernel/msgmni", "fs/mqueue/queues
 queues, no POSIX message queues (POSIX shared memory is files in /dev/shm, inside `disk_mb`)."""
 _SETUP_FAILED = "rlstack sandbox: setting up the run failed: "
 _SETUP_EXIT = 125
+_DONE = b"\x01"
 _READ_CHUNK = 1 << 16
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -221,44 +222,63 @@ def run_python_here(
         return _failed("no Python interpreter the sandbox uid can execute", start)
     uid = _allocate_uid()
     root = _new_root()
+    gone = False
     try:
         jail = _jail(root, {**(files or {}), "main.py": code.encode()}, limits, uid, python, ())
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
-            proc = _spawn(python, stdin_file, limits, jail)
-            return _run(proc, limits, uid, start)
+            proc, done = _spawn(python, stdin_file, limits, jail)
+            result, gone = _run(proc, done, limits, uid, start)
+            return result
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return _failed(f"{type(e).__name__}: {e}", start)
     finally:
-        _release_run(uid, root)
+        _release_run(uid, root, gone)
 
 
-def _release_run(uid: int, root: str) -> None:
-    """After a run: kill what is left of the uid, free it, remove the (empty) mount point of its root.
+def _release_run(uid: int, root: str, gone: bool = False) -> None:
+    """After a run: kill what is left of the uid (unless it is known to be `gone`), free it, remove
+    the (empty) mount point of its root.
 
     The program's files went away with its mount namespace when its last process died.
     """
-    _kill_uid(uid)
+    if not gone:
+        _kill_uid(uid)
     _release_uid(uid)
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(proc: subprocess.Popen, limits: SandboxLimits, uid: int, start: float) -> SandboxResult:
+def _run(
+    proc: subprocess.Popen, done: int, limits: SandboxLimits, uid: int, start: float
+) -> tuple[SandboxResult, bool]:
+    """Watch a started run to its end: (its result, whether every process of the run is known gone)."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
     _kill_group(proc.pid)
-    _kill_uid(uid)
+    gone = _ended(proc, done)
+    if not gone:
+        _kill_uid(uid)
     stdout, stderr = _drain(bufs, limits.max_output_bytes)
     proc.stdout.close()
     proc.stderr.close()
-    proc.wait()
     wall_s = time.monotonic() - start
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
     status, error_line = _classify(proc.returncode, err, killed_for, limits)
-    return SandboxResult(status, proc.returncode, out, err, error_line, wall_s, "namespace", uid, "private")
+    result = SandboxResult(status, proc.returncode, out, err, error_line, wall_s, "namespace", uid, "private")
+    return result, True
+
+
+def _ended(proc: subprocess.Popen, done: int) -> bool:
+    """Reap P; whether its run's PID namespace is empty: P said so on `done` (it does once it has
+    reaped X, the namespace's init, whose end ends every other process of the namespace)."""
+    proc.wait()
+    try:
+        return os.read(done, 1) == _DONE
+    finally:
+        os.close(done)
 
 
 @dataclass(frozen=True)
@@ -335,8 +355,9 @@ def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     return tuple(shown), tuple(links)
 
 
-def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> subprocess.Popen:
-    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes."""
+def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> tuple[subprocess.Popen, int]:
+    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes. Also returns the
+    read end of a pipe on which P says that the whole run has ended (`_ended`)."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
@@ -345,16 +366,25 @@ def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> subprocess
         "HOME": jail.workdir,
         "TMPDIR": jail.workdir,
     }
-    return subprocess.Popen(
-        [python, "-I", "-S", "-B", "main.py"],
-        env=env,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-        preexec_fn=functools.partial(_child_setup, limits, jail),
-    )
+    done_read, done_write = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [python, "-I", "-S", "-B", "main.py"],
+            env=env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(done_write,),
+            preexec_fn=functools.partial(_child_setup, limits, jail, done_write),
+        )
+    except BaseException:
+        os.close(done_read)
+        raise
+    finally:
+        os.close(done_write)
+    return proc, done_read
 
 
 class SandboxProcess:
@@ -464,7 +494,7 @@ class LocalProcess:
             jail = _jail(
                 self.workdir, {**files, "main.py": script.encode()}, limits, self.uid, python, read_only
             )
-            proc = _spawn(python, subprocess.PIPE, limits, jail)
+            proc, done = _spawn(python, subprocess.PIPE, limits, jail)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             _release_run(self.uid, self.workdir)
             if isinstance(e, ValueError):
@@ -473,7 +503,7 @@ class LocalProcess:
         self._proc = proc
         self.pid = proc.pid
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
-        self._finalizer = weakref.finalize(self, _end_process, proc, self.uid, self.workdir)
+        self._finalizer = weakref.finalize(self, _end_process, proc, done, self.uid, self.workdir)
 
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
@@ -501,15 +531,14 @@ def _is_program(pid: int) -> bool:
     return False
 
 
-def _end_process(proc: subprocess.Popen, uid: int, root: str) -> None:
+def _end_process(proc: subprocess.Popen, done: int, uid: int, root: str) -> None:
     _kill_group(proc.pid)
-    _kill_uid(uid)
+    gone = _ended(proc, done)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
             if pipe is not None:
                 pipe.close()
-    proc.wait()
-    _release_run(uid, root)
+    _release_run(uid, root, gone)
 
 
 def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
@@ -588,7 +617,7 @@ def is_disk_full(error: str) -> bool:
     return "No space left on device" in error or "[Errno 28]" in error
 
 
-def _child_setup(limits: SandboxLimits, jail: _Jail) -> None:
+def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     """Runs in the forked child (P) before exec; see the module docstring for the three processes.
 
     P: new namespaces (mount, network, IPC, PID, host name) and the run's root built on its tmpfs,
@@ -597,7 +626,8 @@ def _child_setup(limits: SandboxLimits, jail: _Jail) -> None:
     V IPC off, and forks Y. X waits too: when Y ends, X passes Y's wait status to P and exits, which
     kills whatever else is left in the namespace. Y sets the limits, drops to the run's uid and
     returns here, so `subprocess` closes the other descriptors and execs the program as Y. P ends
-    the way Y ended (the same exit status, or the same signal).
+    the way Y ended (the same exit status, or the same signal), after saying on `done` that X (and
+    so every process of the run) is gone.
     """
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.umask(0o022)
@@ -605,9 +635,10 @@ def _child_setup(limits: SandboxLimits, jail: _Jail) -> None:
     _build_root(jail)
     status_read, status_write = os.pipe()
     if os.fork():
-        _close_all_but(status_read)
-        _follow(status_read)
+        _close_all_but(status_read, done)
+        _follow(status_read, done)
     os.close(status_read)
+    os.close(done)
     try:
         _enter_root(jail.root)
     except BaseException as e:  # noqa: BLE001 - X must never return into subprocess's code
@@ -753,8 +784,9 @@ def _init(program: int, status_write: int) -> None:
         os._exit(0)
 
 
-def _follow(status_read: int) -> None:
-    """P's life after forking X: wait for the program's wait status (from X) and end the same way."""
+def _follow(status_read: int, done: int) -> None:
+    """P's life after forking X: wait for the program's wait status (from X), reap X, say the run is
+    over on `done`, and end the way the program did."""
     try:
         data = b""
         while len(data) < 4:
@@ -763,6 +795,9 @@ def _follow(status_read: int) -> None:
                 break
             data += chunk
         _, x_status = os.waitpid(-1, 0)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            os.write(done, _DONE)
         status = int.from_bytes(data, "little") if len(data) == 4 else x_status
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -775,10 +810,13 @@ def _follow(status_read: int) -> None:
         os._exit(1)
 
 
-def _close_all_but(fd: int) -> None:
-    """Close every descriptor but `fd`: the pipes and `subprocess`'s error pipe are the program's alone."""
-    os.closerange(0, fd)
-    os.closerange(fd + 1, 1 << 20)
+def _close_all_but(*keep: int) -> None:
+    """Close every descriptor but `keep`: the pipes and `subprocess`'s error pipe are the program's alone."""
+    low = 0
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -820,20 +858,15 @@ def isolation_problem() -> str | None:
     root = _new_root()
     try:
         jail = _jail(root, {"main.py": b""}, DEFAULT_LIMITS, uid, python, ())
-        proc = subprocess.run(
-            [python, "-I", "-S", "-B", "main.py"],
-            preexec_fn=functools.partial(_child_setup, DEFAULT_LIMITS, jail),
-            env={},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-        )
+        proc, done = _spawn(python, subprocess.DEVNULL, DEFAULT_LIMITS, jail)
+        os.close(done)
+        _, stderr = proc.communicate(timeout=30)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return f"a test run failed ({type(e).__name__}: {e}). {_ISOLATION_FIX}"
     finally:
         _release_run(uid, root)
     if proc.returncode != 0:
-        return f"a test run failed ({proc.stderr.decode(errors='replace').strip()[-500:]}). {_ISOLATION_FIX}"
+        return f"a test run failed ({stderr.decode(errors='replace').strip()[-500:]}). {_ISOLATION_FIX}"
     return None
 
 
