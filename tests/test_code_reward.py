@@ -246,6 +246,16 @@ EARLY_EXITS = {
     "exit_inside_test_via_del": "import os\nclass Exit:\n    def __del__(self):\n        os._exit(0)\ndef gcd(a, b):\n    return Exit()",
     "fake_report": "print('0123456789abcdef0123456789abcdef passed')\nimport os\nos._exit(0)",
     "read_secret_from_stdin": "import sys\nprint(sys.stdin.read().strip(), 'passed')\nimport os\nos._exit(0)",
+    "rewind_stdin_for_the_secret": (
+        "import os\nos.lseek(0, 0, 0)\nos.write(1, os.read(0, 99).strip() + b' passed\\n')\nos._exit(0)"
+    ),
+    "reopen_stdin_for_the_secret": (
+        "import os\nos.write(1, open('/proc/self/fd/0', 'rb').read().strip() + b' passed\\n')\nos._exit(0)"
+    ),
+    "read_the_secret_from_the_report_fd": (
+        "import os\nfor fd in range(3, 10):\n    try:\n        os.lseek(fd, 0, 0)\n"
+        "        os.write(1, os.read(fd, 99).strip() + b' passed\\n')\n    except OSError:\n        pass\nos._exit(0)"
+    ),
 }
 """Programs that leave before (or while) the assert tests run: none may get credit for them."""
 
@@ -257,31 +267,79 @@ def test_early_exit_gets_no_credit_for_assert_tests(name):
     assert out["status"] != "passed"
 
 
-@pytest.mark.parametrize(
-    "patch",
-    [
-        "import builtins\nbuiltins.AssertionError = type('E', (BaseException,), {})",
-        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True",
-        "abs = lambda x: 0",
-        "import sys, types\nm = types.ModuleType('math')\nm.isclose = lambda *a, **k: True\nsys.modules['math'] = m",
-        "import math\nmath.isclose = lambda *a, **k: True",
-        "import sys\ndef t(frame, event, arg):\n    return None\nsys.settrace(t)\nsys.excepthook = lambda *a: None",
-    ],
-)
-def test_patching_builtins_and_sys_before_the_tests_gets_no_credit(patch):
-    """What the program patched is put back before the test runs: a wrong answer stays wrong."""
+SKIP_THE_ASSERT = """
+import sys
+def tracer(frame, event, arg):
+    if frame.f_code.co_filename != "test":
+        return None
+    def jump(frame, event, arg):
+        if event == "line" and frame.f_lineno == 2:
+            frame.f_lineno = 3
+        return jump
+    return jump
+sys.settrace(tracer)
+"""
+PATCHES = {
+    "builtins": "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True",
+    "shadowing": "abs = lambda x: 0\nall = lambda x: True",
+    "fake_module": "import sys, types\nm = types.ModuleType('math')\nm.isclose = lambda *a, **k: True\nsys.modules['math'] = m",
+    "module_attribute": "import math\nmath.isclose = lambda *a, **k: True",
+    "trace_jumps_over_the_assert": SKIP_THE_ASSERT,
+    "patched_inside_the_function": "",  # gcd itself patches, below
+    "patched_by_a_finalizer": (
+        "import builtins\nclass Later:\n    def __del__(self):\n        builtins.abs = lambda x: 0\n"
+        "        builtins.all = lambda x: True\nimport math\nmath.planted = Later()"
+    ),
+    "patched_by_a_thread": (
+        "import builtins, threading, time\ndef keep_patching():\n    while True:\n"
+        "        builtins.abs = lambda x: 0\n        builtins.all = lambda x: True\n        time.sleep(0.001)\n"
+        "threading.Thread(target=keep_patching, daemon=True).start()"
+    ),
+    "patched_by_a_signal_handler": (
+        "import builtins, signal\ndef handler(*args):\n    builtins.abs = lambda x: 0\n    builtins.all = lambda x: True\n"
+        "signal.signal(signal.SIGALRM, handler)\nsignal.setitimer(signal.ITIMER_REAL, 0.05)"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATCHES))
+def test_patching_builtins_and_sys_gets_no_credit(name):
+    """What the program patched is put back before the test runs and after each call into the
+    program; a thread it leaves running fails the test: a wrong answer stays wrong."""
     tests = {
         "asserts": [
-            "assert abs(gcd(12, 18) - 6) < 1e-9",
-            "assert all([gcd(7, 13) == 1])",
-            "import math\nassert math.isclose(gcd(48, 36), 12)",
+            "r = gcd(12, 18)\nassert abs(r - 6) < 1e-9\ny = 2",
+            "r = gcd(7, 13)\nassert all([r == 1])\ny = 2",
+            "import math; r = gcd(48, 36)\nassert all([math.isclose(r, 12)])\ny = 2",
         ]
     }
-    wrong = patch + "\ndef gcd(a, b):\n    return 0"
-    out = score_code(_fence(wrong), tests, test_time_s=2.0)
+    body = "    return 0"
+    if name in ("patched_by_a_signal_handler", "patched_by_a_thread"):
+        body = "    import time\n    time.sleep(0.1)\n    return 0"  # the handler or thread gets its turn
+    if name == "patched_inside_the_function":
+        body = (
+            "    import builtins, math\n    builtins.abs = lambda x: 0\n    builtins.all = lambda x: True\n"
+        )
+        body += "    math.isclose = lambda *a, **k: True\n    return 0"
+    wrong = PATCHES[name] + "\ndef gcd(a, b):\n" + body
+    out = score_code(_fence(wrong), tests, test_time_s=3.0)
     assert (out["overall"], out["passed"]) == (0.0, 0), out
-    right = patch + "\n" + GCD_OK
-    assert score_code(_fence(right), tests, test_time_s=2.0)["overall"] == 1.0
+    if name != "patched_by_a_thread":  # a thread left running costs the credit even when right
+        right = PATCHES[name] + "\n" + GCD_OK
+        assert score_code(_fence(right), tests, test_time_s=3.0)["overall"] == 1.0
+
+
+def test_the_harness_and_its_test_are_not_on_disk():
+    program = "import os\nprint(sorted(os.listdir('.')))\n" + GCD_OK
+    seen = []
+
+    def spy(program, stdin, limits):
+        result = run_python(program, stdin, limits)
+        seen.append(result.stdout)
+        return result
+
+    assert score_code(_fence(program), ASSERT_TESTS, runner=spy)["overall"] == 1.0
+    assert all(out.startswith("[]\n") for out in seen), seen
 
 
 def test_programs_that_finish_normally_still_pass():
@@ -453,6 +511,24 @@ def test_an_object_equal_to_anything_gets_no_credit(name):
         assert "says it equals anything" in out["reason"], out
 
 
+def test_humaneval_helpers_in_the_prompt_cannot_be_replaced():
+    """HumanEval/38's test builds its inputs with the prompt's `encode_cyclic`: a response that
+    redefines it (and decodes with the identity) must not pass."""
+    row = {
+        "task_id": "Test/38",
+        "prompt": "def encode(s: str) -> str:\n    return s[1:] + s[:1]\n\n\ndef decode(s: str) -> str:\n"
+        '    """Undo encode."""\n',
+        "canonical_solution": "    return s[-1:] + s[:-1]\n",
+        "test": "def check(candidate):\n    for s in ('abc', 'hello', 'xy'):\n"
+        "        assert candidate(encode(s)) == s\n",
+        "entry_point": "decode",
+    }
+    answer = _humaneval_answer(row)
+    assert score_code(row["canonical_solution"], answer)["overall"] == 1.0
+    cheat = "```python\ndef encode(s):\n    return s\n\ndef decode(s):\n    return s\n```"
+    assert score_code(cheat, answer)["overall"] == 0.0
+
+
 def test_honest_objects_with_their_own_equality_still_pass():
     program = (
         "from dataclasses import dataclass\nfrom collections import Counter\nfrom fractions import Fraction\n"
@@ -466,6 +542,9 @@ def test_honest_objects_with_their_own_equality_still_pass():
             "assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)",
             "assert count('aab') == {'a': 2, 'b': 1}",
             "assert half(3) == 1.5 and half(4) == 2",
+            "from collections import Counter\nassert count('aab') == Counter('aba')",
+            "from fractions import Fraction\nassert half(3) == Fraction(3, 2)",
+            "import pickle\nassert pickle.loads(pickle.dumps(Point(1, 2))) == Point(1, 2)",
         ]
     }
     out = score_code(_fence(program), tests, test_time_s=5.0)

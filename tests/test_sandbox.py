@@ -294,10 +294,12 @@ def test_isolation_is_available_with_the_trainer_python_under_tmp(monkeypatch):
         os.mkdir(f"{venv}/bin")
         os.symlink(os.path.realpath(sys.executable), f"{venv}/bin/python")
         monkeypatch.setattr(sys, "executable", f"{venv}/bin/python")
-        sandbox.isolation_problem.cache_clear()
-        assert sandbox.isolation_problem() is None
+        sandbox._interpreter.cache_clear()
+        sandbox._prefixes.cache_clear()
+        assert sandbox._probe() is None
     finally:
-        sandbox.isolation_problem.cache_clear()
+        sandbox._interpreter.cache_clear()
+        sandbox._prefixes.cache_clear()
         shutil.rmtree(venv)
 
 
@@ -408,3 +410,33 @@ def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
         assert r.status == "sandbox_error" and "not root" in r.error_line
     finally:
         sandbox.isolation_problem.cache_clear()
+
+
+def test_a_program_dies_with_its_launcher():
+    """A launcher killed while it holds a program (a tool's interpreter, a run in progress) leaves
+    nothing running: P dies with the launcher, X with P, and the namespace with X."""
+    import time
+
+    from rlstack.rewards import launcher
+
+    process = sandbox.SandboxProcess("import sys\nsys.stdin.read()", {}, SMALL)
+    (program,) = processes_of_uid(process.uid)
+    helper = process._helper
+    os.kill(helper.proc.pid, 9)
+    helper.proc.wait()
+    deadline = time.monotonic() + 5
+    while processes_of_uid(process.uid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert processes_of_uid(process.uid) == []
+    assert not os.path.exists(f"/proc/{program}")
+    process.close()  # its launcher is gone: closing still returns
+    assert helper not in launcher.pool()._all
+
+
+def test_passed_pipes_do_not_leak_into_the_callers_children():
+    process = sandbox.SandboxProcess("import sys\nsys.stdin.read()", {}, SMALL)
+    try:
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            assert not os.get_inheritable(pipe.fileno())
+    finally:
+        process.close()

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from rlstack.rewards.harness import EXITED, harness_program, new_secret, passed
+from rlstack.rewards.harness import EXITED, HACKED, THREADS, harness_program, new_secret, passed
 from rlstack.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 REWARD_TYPE = "batch"
@@ -77,6 +77,10 @@ def _tokens_match(x: str, y: str) -> bool:
 class _Case(NamedTuple):
     test: str | None
     """Code to run after the program in the harness (assert-style), or None (stdin/stdout)."""
+    fixed: str
+    """Code whose definitions the test sees instead of the program's (a HumanEval prompt's helpers)."""
+    keep: str
+    """The name in `fixed` the program does define for the test (the function under test)."""
     expected: str | None
     """The stdout a stdin/stdout test expects (compared here: it never enters the sandbox)."""
     stdin: str
@@ -94,16 +98,16 @@ def _parse_tests(tests: dict[str, Any] | str) -> tuple[str, list[_Case]]:
             raise ValueError(
                 "HumanEval tests need string 'prompt' and 'test' and an identifier 'entry_point'"
             )
-        return prompt, [_Case(f"{test}\n\ncheck({entry_point})\n", None, "")]
+        return prompt, [_Case(f"{test}\n\ncheck({entry_point})\n", prompt, entry_point, None, "")]
     if "asserts" in tests:
         asserts = tests["asserts"]
         if isinstance(asserts, str) or not all(isinstance(a, str) for a in asserts):
             raise ValueError("'asserts' should be a list of strings")
-        return "", [_Case(a + "\n", None, "") for a in asserts]
+        return "", [_Case(a + "\n", "", "", None, "") for a in asserts]
     inputs, outputs = tests["inputs"], tests["outputs"]
     if len(inputs) != len(outputs):
         raise ValueError(f"{len(inputs)} test inputs but {len(outputs)} outputs")
-    return "", [_Case(None, str(out), str(inp)) for inp, out in zip(inputs, outputs)]
+    return "", [_Case(None, "", "", str(out), str(inp)) for inp, out in zip(inputs, outputs)]
 
 
 def _program(response: str, prefix: str) -> str | None:
@@ -125,13 +129,15 @@ def _run_case(case: _Case, program: str, limits: SandboxLimits, runner: Runner) 
             return ("passed", "") if outputs_match(result.stdout, case.expected) else ("wrong_answer", "")
         return result.status, result.error_line
     secret = new_secret()
-    result = runner(harness_program(program, case.test), secret + "\n", limits)
+    result = runner(harness_program(program, case.test, case.fixed, case.keep), secret + "\n", limits)
     if result.status == "ok" and passed(result.stdout, secret):
         return "passed", ""
     if result.status == "ok":  # it ended without an error, but before the harness could report
         return "early_exit", f"{EXITED} (exit status {result.exit_code}, no report)"
     if result.error_line.startswith(EXITED):
         return "early_exit", result.error_line
+    if HACKED in result.error_line or THREADS in result.error_line:
+        return "runtime_error", result.error_line
     return result.status, result.error_line
 
 

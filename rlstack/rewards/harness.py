@@ -6,32 +6,37 @@ a signal handler that exits) passed every test it never ran. Now the sandbox run
 `main.py` instead, with the program, the test and a per-run secret:
 
 - The secret (a random token the reward draws for each run) arrives on the harness's stdin and is
-  read before any of the program's code runs; it is in no file, argument or variable of the
-  environment, and the reward checks for it outside the sandbox.
-- The program runs with `exec` in a namespace of its own, as `__main__`; then the test runs. Any
-  exception on the way (`AssertionError`, `SystemExit`, `KeyboardInterrupt`, ...) fails the test.
-- Before the test runs, what the program may have patched is put back: the builtins (from a copy
-  taken before the program ran), every module it imported is forgotten (the test imports a fresh
-  copy), the attributes of the modules that were loaded before it are restored, and trace and
-  profile hooks are removed. The test's globals are the program's names minus those that shadow a
-  builtin.
-- Each function the program defined is handed to the test through a check of what it returns: a
-  value holding an object that says it equals a fresh object (an `__eq__` that always answers
-  True, the "always equal" hack; any type but the plain built-ins is asked) fails the test.
+  read before any of the program's code runs; then stdin is replaced by /dev/null (its file cannot
+  be rewound to read the secret again) and `main.py` is deleted (the test's text is in no file).
+  The reward checks for the secret outside the sandbox.
+- The modules the test imports are imported first, so that they are among the modules whose
+  state is put back below (and the program gets the same modules, not copies).
+- A row's fixed code (a HumanEval prompt's helpers, e.g. `encode_cyclic`) is run first in a
+  namespace of its own; the test sees those definitions, not the program's, except the function
+  under test.
+- The program runs with `exec` as the `__main__` module; then the test runs. Any exception on the
+  way (`AssertionError`, `SystemExit`, `KeyboardInterrupt`, ...) fails the test.
+- Before the test runs, and again after each call the test makes into the program's functions,
+  what the program may have patched is put back: the builtins, the attributes of every module
+  loaded before it ran and the entries of `sys.modules` for them, `sys.path` and the import hooks,
+  trace and profile hooks, signal handlers and interval timers (finalizers the restoring sets off
+  run, and it is done again). A program that leaves threads running gets no credit (they could
+  change what the test sees). The test's globals are the program's names minus those that shadow
+  a builtin.
+- Each function the program defined reaches the test through a check of what it returns: a value
+  holding an object that says it equals a fresh object (an `__eq__` that always answers True, the
+  "always equal" hack; any type but the plain built-ins is asked) fails the test.
 - Only when the test returns does the harness write `<secret> passed` to a copy of stdout it made
   before the program ran, then ends the process at once (`os._exit`, so exit hooks the program
   registered never run). The functions it needs were taken before the program ran.
 
 So every route out of the run before the test's end (an exit, an exception, a kill, a closed or
 redirected stdout) leaves no report and gets no credit: the reward counts a test as passed only
-when the report with the secret is there. What this cannot stop is a program that finds the
-secret in the harness's own memory (it runs in the same process): that takes reading the
-interpreter's frames or objects, not an exit; the secret is one run's only.
-
-Forgetting the modules the program imported has one cost: a test that compares an instance of a
-pure-Python standard-library class the program made with one it makes itself (`fractions.Fraction`)
-sees two copies of the class; classes from C modules (`deque`, `Decimal`, `datetime`) and the
-built-in types are the same objects, and equality of `dict`/`list` subclasses (`Counter`) holds.
+when the report with the secret is there. What this cannot stop is a program that reads the
+harness's own memory (it runs in the same process: its frames, its objects) for the secret or to
+undo the checks; that takes knowing the harness, not an exit, and the secret is one run's only.
+Patches to the classes of modules loaded before the program (rather than to the modules'
+attributes) are not put back.
 
 The harness is one self-contained program (the program and the test are string literals in it),
 so it runs the same in the local sandbox and on a SandboxFusion server.
@@ -39,49 +44,116 @@ so it runs the same in the local sandbox and on a SandboxFusion server.
 
 from __future__ import annotations
 
+import ast
+import functools
 import secrets
 
-_TEMPLATE = """\
-def _rlstack_run_test(program, test):
+_TEMPLATE = r"""
+def _rlstack_run_test(program, test, fixed, keep, preload):
+    import _signal
+    import _thread
     import builtins
+    import gc
     import os
     import sys
 
-    write, exit_now, read, dup = os.write, os._exit, os.read, os.dup
-    catch, to_list, to_dict, is_instance = BaseException, list, dict, isinstance
+    write, exit_now, read, dup, dup2 = os.write, os._exit, os.read, os.dup, os.dup2
+    catch, to_list, to_dict, get_type, to_id = BaseException, list, dict, type, id
+    exit_types = (SystemExit, KeyboardInterrupt)
     secret = b""
-    while not secret.endswith(b"\\n"):
+    while not secret.endswith(b"\n"):
         chunk = read(0, 256)
         if not chunk:
             break
         secret += chunk
+    null = os.open(os.devnull, os.O_RDONLY)
+    dup2(null, 0)
+    os.close(null)
+    try:
+        os.unlink(sys.argv[0])
+    except OSError:
+        pass
     report = dup(1)
+    for name in preload:
+        try:
+            __import__(name)
+        except catch:
+            pass
     settrace, setprofile, modules, importer_cache = sys.settrace, sys.setprofile, sys.modules, sys.path_importer_cache
+    collect, thread_count, stdout = gc.collect, _thread._count, sys.stdout
+    set_signal, get_signal, set_timer, alarm = _signal.signal, _signal.getsignal, _signal.setitimer, _signal.alarm
+    timers = (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF)
+    handlers = {}
+    for number in range(1, _signal.NSIG):
+        try:
+            handlers[number] = get_signal(number)
+        except catch:
+            pass
+    reference = {"__name__": "__main__", "__builtins__": builtins}
+    if fixed:
+        exec(compile(fixed, "fixed", "exec"), reference)
+    main = get_type(sys)("__main__")
+    namespace = main.__dict__
+    namespace["__builtins__"] = builtins
+    modules["__main__"] = main
     builtins_before = to_dict(builtins.__dict__)
-    modules_before = to_dict(sys.modules)
-    attributes_before = {{name: to_dict(m.__dict__) for name, m in modules_before.items() if m is not None}}
-    sys_lists = {{name: to_list(getattr(sys, name)) for name in ("path", "meta_path", "path_hooks")}}
+    modules_before = to_dict(modules)
+    attributes_before = [
+        (m.__dict__, to_dict(m.__dict__))
+        for m in modules_before.values()
+        if m is not main and get_type(getattr(m, "__dict__", None)) is dict
+    ]
+    lists_before = [(getattr(sys, name), to_list(getattr(sys, name))) for name in ("path", "meta_path", "path_hooks")]
 
     def fail(error, why=""):
         import traceback
 
         text = "".join(traceback.format_exception(error))
         if why:
-            text += f"{{why}} ({{text.strip().splitlines()[-1]}})\\n"
+            text += why + " (" + text.strip().splitlines()[-1] + ")\n"
         try:
             write(2, text.encode(errors="replace"))
         finally:
             exit_now(1)
 
-    function_type, plain = type(fail), (int, float, complex, bool, str, bytes, bytearray, type(None))
-    containers, mapping, to_id, get_type = (list, tuple, set, frozenset), dict, id, type
+    def restore_once():
+        settrace(None)
+        setprofile(None)
+        alarm(0)
+        for timer in timers:
+            set_timer(timer, 0)
+        for number, handler in handlers.items():
+            try:
+                set_signal(number, handler)
+            except catch:
+                pass
+        for name in preload:
+            if name not in modules_before and name in modules:
+                del modules[name]
+        modules.update(modules_before)
+        for current, attributes in attributes_before:
+            for key in to_list(current):
+                if key not in attributes:
+                    del current[key]
+            current.update(attributes)
+        for current, items in lists_before:
+            current[:] = items
+        importer_cache.clear()
 
-    class Probe:  # a fresh object nothing honest is equal to
+    def restore():
+        restore_once()
+        collect()
+        restore_once()
+        if thread_count():
+            raise RuntimeError(__THREADS__)
+
+    class Probe:
         pass
 
+    plain = (int, float, complex, bool, str, bytes, bytearray, type(None))
+    containers, mapping = (list, tuple, set, frozenset), dict
+
     def equal_to_anything(value):
-        # whether `value` holds an object (not of a plain built-in type) that says it equals a fresh
-        # object: a reward hack that passes every `==` test without computing anything
         todo, seen = [value], set()
         while todo and len(seen) < 100000:
             item = todo.pop()
@@ -91,87 +163,105 @@ def _rlstack_run_test(program, test):
             seen.add(to_id(item))
             if kind in containers:
                 todo.extend(item)
-                continue
-            if kind is mapping:
+            elif kind is mapping:
                 todo.extend(item.keys())
                 todo.extend(item.values())
-                continue
-            try:
-                if bool(item == Probe()) or not bool(item != Probe()):
-                    return True
-            except catch:
-                pass
+            else:
+                try:
+                    if bool(item == Probe()) or not bool(item != Probe()):
+                        return True
+                except catch:
+                    pass
         return False
 
-    def checked(function):  # `function` for the test: a result equal to anything fails the test
-
+    def checked(function):
         def call(*args, **kwargs):
-            result = function(*args, **kwargs)
+            try:
+                result = function(*args, **kwargs)
+            finally:
+                restore()
             if equal_to_anything(result):
-                raise AssertionError({hacked!r})
+                raise AssertionError(__HACKED__)
             return result
 
         call.__name__, call.__qualname__, call.__doc__ = function.__name__, function.__qualname__, function.__doc__
         call.__wrapped__ = function
         return call
 
-    def restore():
-        settrace(None)
-        setprofile(None)
-        for name in to_list(modules):
-            if name not in modules_before:
-                del modules[name]
-        modules.update(modules_before)
-        for name, attributes in attributes_before.items():
-            current = modules_before[name].__dict__
-            for key in to_list(current):
-                if key not in attributes:
-                    del current[key]
-            current.update(attributes)
-        for name, items in sys_lists.items():
-            attributes_before["sys"][name][:] = items
-        importer_cache.clear()
-
-    namespace = {{"__name__": "__main__", "__builtins__": builtins}}
     try:
         exec(compile(program, "main.py", "exec"), namespace)
-    except catch as error:
         restore()
-        fail(error, {exited!r} if is_instance(error, (SystemExit, KeyboardInterrupt)) else "")
-    restore()
-    test_globals = {{
+    except catch as error:
+        fail(error, __EXITED__ if isinstance(error, exit_types) else "")
+    test_globals = {
         key: value
         for key, value in namespace.items()
-        if key not in builtins_before or value is builtins_before[key]
-    }}
-    test_globals["__builtins__"] = builtins
+        if get_type(key) is str and (key not in builtins_before or value is builtins_before[key])
+    }
     for key, value in to_list(test_globals.items()):
-        if get_type(value) is function_type and value.__globals__ is namespace:
+        if get_type(value) is get_type(fail) and value.__globals__ is namespace:
             test_globals[key] = checked(value)
+    for key, value in reference.items():
+        if key != keep and not key.startswith("__"):
+            test_globals[key] = value
+    test_globals["__builtins__"] = builtins
     try:
         exec(compile(test, "test", "exec"), test_globals)
-    except catch as error:
         restore()
-        fail(error, {exited!r} if is_instance(error, (SystemExit, KeyboardInterrupt)) else "")
+    except catch as error:
+        fail(error, __EXITED__ if isinstance(error, exit_types) else "")
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        stdout.flush()
     except catch:
         pass
-    write(report, b"\\n" + secret.strip() + b" passed\\n")
+    write(report, b"\n" + secret.strip() + b" passed\n")
     exit_now(0)
 
 
-_rlstack_run_test({program!r}, {test!r})
+_rlstack_run_test(__PROGRAM__, __TEST__, __FIXED__, __KEEP__, __PRELOAD__)
 """
 
 EXITED = "the program exited before its test ran to the end: no credit for that test"
 HACKED = "the function returned an object that says it equals anything: no credit for that test"
+THREADS = "the program left threads running while its test ran: no credit for that test"
 
 
-def harness_program(program: str, test: str) -> str:
-    """The harness (see module docstring) that runs `program` and then `test`."""
-    return _TEMPLATE.format(program=program, test=test, exited=EXITED, hacked=HACKED)
+def harness_program(program: str, test: str, fixed: str = "", keep: str = "") -> str:
+    """The harness (see module docstring) that runs `program` and then `test`; `fixed`: code whose
+    definitions the test sees instead of the program's, except `keep` (the function under test)."""
+    values = {
+        "__PROGRAM__": program,
+        "__TEST__": test,
+        "__FIXED__": fixed,
+        "__KEEP__": keep,
+        "__PRELOAD__": test_imports(test + "\n" + fixed),
+        "__EXITED__": EXITED,
+        "__HACKED__": HACKED,
+        "__THREADS__": THREADS,
+    }
+    text = _TEMPLATE
+    for name, value in values.items():
+        text = text.replace(name, repr(value))
+    return text
+
+
+@functools.lru_cache(maxsize=4096)
+def test_imports(code: str) -> tuple[str, ...]:
+    """The absolute modules `code` imports anywhere (top level or inside functions), in order."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return ()
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found = [node.module]
+        else:
+            continue
+        names += [name for name in found if name not in names]
+    return tuple(names)
 
 
 def new_secret() -> str:

@@ -52,7 +52,9 @@ def _send(sock: socket.socket, obj: Any, fds: tuple[int, ...] = ()) -> None:
 
 
 def _receive(sock: socket.socket) -> tuple[Any, list[int]]:
-    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    for fd in fds:  # the program's pipes are never inherited by the caller's own children
+        os.set_inheritable(fd, False)
     header += _exactly(sock, _HEADER.size - len(header), fds)
     size, _ = _HEADER.unpack(header)
     return pickle.loads(_exactly(sock, size, fds)), fds  # noqa: S301 - our own process on the other end
@@ -92,15 +94,20 @@ class Launcher:
             theirs.close()
         self.sock = ours
         self._lock = threading.Lock()
+        self.broken = False
+        """A call was cut off between its request and its answer (an exception, Ctrl-C): the socket
+        may hold a stale answer, so the launcher is never used again."""
 
     def call(self, request: tuple) -> tuple[Any, list[int]]:
         with self._lock:
-            _send(self.sock, request)
-            return _receive(self.sock)
-
-    def run(self, args: tuple) -> Any:
-        reply, _ = self.call(("run", args))
-        return reply
+            if self.broken:
+                raise OSError(f"launcher pid {self.proc.pid} was cut off in an earlier call")
+            try:
+                _send(self.sock, request)
+                return _receive(self.sock)
+            except BaseException:
+                self.broken = True
+                raise
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -123,14 +130,7 @@ class LauncherPool:
 
     def run(self, args: tuple) -> Any:
         """`sandbox.run_python_here(*args)` in a launcher; raises `LauncherError` when none can do it."""
-        launcher = self.acquire()
-        try:
-            result = launcher.run(args)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
-            self.discard(launcher)
-            raise LauncherError(f"launcher pid {launcher.proc.pid} failed: {type(e).__name__}: {e}") from e
-        self.release(launcher)
-        return result
+        return self.ask(("run", args))
 
     def acquire(self) -> Launcher:
         """An idle launcher, or a new one: the caller's alone until `release` (or `_discard`)."""
@@ -148,11 +148,25 @@ class LauncherPool:
         return launcher
 
     def release(self, launcher: Launcher) -> None:
+        if launcher.broken:
+            self.discard(launcher)
+            return
         with self._lock:
             if self._closed:
                 launcher.close()
             else:
                 self._idle.append(launcher)
+
+    def ask(self, request: tuple) -> Any:
+        """Any launcher's answer to `request` (e.g. `("probe",)`); `LauncherError` when none can give it."""
+        launcher = self.acquire()
+        try:
+            reply, _ = launcher.call(request)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self.discard(launcher)
+            raise LauncherError(f"launcher pid {launcher.proc.pid} failed: {type(e).__name__}: {e}") from e
+        self.release(launcher)
+        return reply
 
     def discard(self, launcher: Launcher) -> None:
         """Stop `launcher` and forget it (it failed, or what it held is in doubt)."""
@@ -179,6 +193,17 @@ class LauncherError(RuntimeError):
 
 _pool: LauncherPool | None = None
 _pool_lock = threading.Lock()
+IN_LAUNCHER = False
+"""True in a launcher process itself (its sandbox module starts runs directly)."""
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child must not share its parent's launchers (their sockets are the parent's)."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def pool() -> LauncherPool:
@@ -193,7 +218,9 @@ def pool() -> LauncherPool:
 
 def _serve(fd: int) -> None:
     """The launcher's loop: answer each request in this (small) process; exit when the socket closes."""
-    from rlstack.rewards import sandbox
+    from rlstack.rewards import launcher, sandbox
+
+    launcher.IN_LAUNCHER = True  # this file runs as __main__: the flag the sandbox reads is the module's
 
     sock = socket.socket(fileno=fd)
     sys.stdout = sys.stderr  # nothing but answers on the socket
@@ -215,6 +242,8 @@ def _serve(fd: int) -> None:
                 else:
                     fds = (process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno())
                     reply = ("started", process.pid, process.uid, process.workdir)
+            elif kind == "probe":
+                reply = sandbox.isolation_problem()
             elif kind == "poll":
                 reply = process.poll()
             elif kind == "kill_strays":

@@ -158,8 +158,8 @@ class SandboxLimits(NamedTuple):
     max_output_bytes: int = 1 << 20
     """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
     disk_mb: int = 128
-    """Total MiB (and at most 16384 files) of the work dir, /tmp, /var/tmp, /dev/shm (one private tmpfs);
-    past it writes fail with ENOSPC (status `disk_limit`). Enforced only where scratch is `private`."""
+    """Total MiB (and at most 16384 files) of everything the program writes: its root is one tmpfs holding
+    the work dir, /tmp, /var/tmp and /dev/shm; past it writes fail with ENOSPC (status `disk_limit`)."""
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -300,6 +300,8 @@ class _Jail:
     links: tuple[tuple[str, str], ...]
     """Symbolic links to make, (path, target): `/bin -> usr/bin` on a merged-/usr system, `/dev/fd`."""
     uid: int
+    launcher: int
+    """The pid of the process starting the run (P dies with it)."""
 
 
 def _new_root() -> str:
@@ -327,13 +329,12 @@ def _jail(
             f"{limits.disk_mb} MiB (SandboxLimits.disk_mb)"
         )
     system, links = _system_paths()
-    prefix = os.path.dirname(os.path.dirname(python))
     shown = [*system]
-    for path in (prefix, *read_only):
+    for path in (*_prefixes(python), *read_only):
         real = os.path.realpath(path)
         if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
             shown.append(real)
-    return _Jail(root, root, payload, limits.disk_mb, tuple(shown), links, uid)
+    return _Jail(root, root, payload, limits.disk_mb, tuple(shown), links, uid, os.getpid())
 
 
 @functools.cache
@@ -350,7 +351,9 @@ def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
         elif os.path.isdir(path):
             shown.append(path)
     for path in _SYSTEM_FILES + _DEVICES:
-        if os.path.exists(path) and not os.path.islink(path):
+        if os.path.islink(path):  # /etc/localtime -> /usr/share/zoneinfo/...: the target is shown already
+            links.append((path, os.readlink(path)))
+        elif os.path.exists(path):
             shown.append(path)
     return tuple(shown), tuple(links)
 
@@ -629,6 +632,7 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     the way Y ended (the same exit status, or the same signal), after saying on `done` that X (and
     so every process of the run) is gone.
     """
+    _die_with_parent(jail.launcher)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.umask(0o022)
     _unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWUTS)
@@ -639,6 +643,7 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
         _follow(status_read, done)
     os.close(status_read)
     os.close(done)
+    _die_with_parent(None)
     try:
         _enter_root(jail.root)
     except BaseException as e:  # noqa: BLE001 - X must never return into subprocess's code
@@ -714,6 +719,16 @@ def _no_new_namespaces() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     if _LIBC.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(_SECCOMP_FPROG), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """SIGKILL this process when its parent dies: a launcher that dies takes P with it, and P takes
+    X, whose end ends the run. `parent`: the parent's pid, to catch one that died already (None for
+    X, whose parent is outside its PID namespace: `getppid` says 0 there)."""
+    pr_set_pdeathsig = 1
+    _LIBC.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(_SETUP_EXIT)
 
 
 def _build_root(jail: _Jail) -> None:
@@ -842,11 +857,34 @@ _ISOLATION_FIX = (
 
 
 @functools.cache
+def _prefixes(python: str) -> tuple[str, ...]:
+    """The directories `python` needs: its own prefix and, when it is this process's interpreter (a
+    virtual environment made with --copies keeps its standard library there), `sys.base_prefix`."""
+    prefixes = [os.path.dirname(os.path.dirname(python))]
+    if python == os.path.realpath(sys.executable):
+        prefixes += [sys.base_prefix, sys.base_exec_prefix]
+    return tuple(dict.fromkeys(prefixes))
+
+
+@functools.cache
 def isolation_problem() -> str | None:
-    """Why the sandbox cannot run here (with the fix), or None: probed once by a full run.
+    """Why the sandbox cannot run here (with the fix), or None: probed once by a full run, in a
+    launcher (a probe is a sandboxed run: it is never started from the caller either).
 
     There is no weaker fallback: without every namespace, nothing runs.
     """
+    if os.geteuid() != 0:
+        return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
+    if launcher.IN_LAUNCHER:
+        return _probe()
+    try:
+        return launcher.pool().ask(("probe",))
+    except launcher.LauncherError as e:
+        return f"no launcher process could be started to run it ({e})"
+
+
+def _probe() -> str | None:
+    """`isolation_problem` in a launcher: one empty program through the whole set-up."""
     if os.geteuid() != 0:
         return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
     if _MACHINE is None:
