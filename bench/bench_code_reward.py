@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +42,6 @@ from rlstack.rewards import sandbox
 from rlstack.rewards.code import outputs_match, score_code
 from rlstack.rewards.loader import RewardFunction
 from rlstack.rewards.manager import RewardManager
-from rlstack.rewards.sandbox import _interpreter
 
 PROBLEMS = {
     "sum_pair": (
@@ -76,9 +76,15 @@ def _tests(name: str, n: int) -> dict[str, list[str]]:
     return {"inputs": [p[0] for p in pairs], "outputs": [p[1] for p in pairs]}
 
 
+def baseline_python() -> str:
+    """The baseline's interpreter: the system's `python3` (what the sandbox used to run here, so the
+    ratios stay comparable with earlier runs), else this one."""
+    return shutil.which("python3", path=sandbox._SANDBOX_PATH) or sys.executable
+
+
 def run_baseline(n_tests: int) -> tuple[int, float]:
     """Unsandboxed: one `python -c` per test in the caller's environment."""
-    python = _interpreter() or sys.executable
+    python = baseline_python()
     passed, start = 0, time.perf_counter()
     for name, (program, _) in PROBLEMS.items():
         tests = _tests(name, n_tests)
@@ -196,6 +202,8 @@ def main() -> None:
             "seconds": {k: round(v, 2) for k, v in hanging.items()},
         },
         "workers": args.workers,
+        "baseline_python": baseline_python(),
+        "sandbox_python": sandbox._interpreter(),
         "caller_ballast_mb": ballast.numel() * 4 // 2**20,
         "caller_rss_mb": round(_rss_mb()),
         "cpus": os.cpu_count(),

@@ -40,11 +40,14 @@ What the program sees (set up by `_child_setup` in the forked child before `exec
 Three processes do this (`_child_setup`): P, the forked child, makes the namespaces and builds the
 root, forks X (process 1 of the new PID namespace: it enters the root, mounts `/proc`, turns IPC
 off) and waits; X forks Y, which sets the limits, drops to the uid and execs the program. P ends
-as the program did (its exit status, or its signal), so callers see the program's own status.
+as the program did (its exit status, or its signal), so callers see the program's own status; it
+first says on a pipe that it has reaped X, whose end ended every process of the namespace, so a
+run that ended by itself needs no search for leftovers. P dies with its launcher and X with P
+(`PR_SET_PDEATHSIG`), so a launcher that dies leaves nothing running.
 
 There is no weaker fallback: where these namespaces cannot be made (not root; a container without
-CAP_SYS_ADMIN or whose seccomp profile forbids `unshare`/`mount`), `isolation_problem()` says so
-with the fix, config validation refuses `builtin:code` with `sandbox=local` and `builtin:python`
+CAP_SYS_ADMIN or whose seccomp profile forbids `unshare`/`mount`), `isolation_problem()` (a probe
+run, in a launcher) says so with the fix, config validation refuses `builtin:code` with `sandbox=local` and `builtin:python`
 at load, and a run that gets here anyway returns `sandbox_error`.
 
 The interpreter must be one the sandbox uid can run: `sys.executable` when every directory from
