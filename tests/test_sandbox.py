@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -390,26 +391,80 @@ def test_uids_are_reserved_across_processes():
 
 
 def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
-    """No silent fallback: where the namespaces cannot be made (here: not root), a config that runs
-    programs locally is refused at load, naming the setting and the fix; nothing runs weaker."""
+    """No silent fallback: where the namespaces cannot be made, a config that runs programs locally
+    is refused at load, naming the setting and the fix; nothing runs weaker."""
     from rlstack.config import ConfigError, load_config
 
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
-    sandbox.isolation_problem.cache_clear()
-    try:
-        with pytest.raises(ConfigError) as e:
-            load_config(["worker.reward.reward_function=builtin:code"])
-        assert "builtin:code (worker.reward.code.sandbox=local)" in str(e.value)
-        assert "Fix: run the trainer as root" in str(e.value) and "sandbox=fusion" in str(e.value)
-        tools = 'worker.rollout.agent.tools=[{import_path: "builtin:python"}]'
-        with pytest.raises(ConfigError, match=r"worker.rollout.agent.tools\[0\] \(builtin:python\)"):
-            load_config([tools])
-        fusion = ["worker.reward.reward_function=builtin:code", "worker.reward.code.sandbox=fusion"]
-        load_config([*fusion, "worker.reward.code.sandbox_url=http://127.0.0.1:1"])  # no local runs: fine
-        r = sandbox.run_python_here("print(1)", limits=SMALL)
-        assert r.status == "sandbox_error" and "not root" in r.error_line
-    finally:
-        sandbox.isolation_problem.cache_clear()
+    why = "a test run failed (unshare: Operation not permitted). " + sandbox._ISOLATION_FIX
+    monkeypatch.setattr(sandbox, "isolation_problem", lambda: why)
+    with pytest.raises(ConfigError) as e:
+        load_config(["worker.reward.reward_function=builtin:code"])
+    assert "builtin:code (worker.reward.code.sandbox=local)" in str(e.value)
+    assert "Fix: run the trainer as root, or allow unprivileged user namespaces" in str(e.value)
+    tools = 'worker.rollout.agent.tools=[{import_path: "builtin:python"}]'
+    with pytest.raises(ConfigError, match=r"worker.rollout.agent.tools\[0\] \(builtin:python\)"):
+        load_config([tools])
+    fusion = ["worker.reward.reward_function=builtin:code", "worker.reward.code.sandbox=fusion"]
+    load_config([*fusion, "worker.reward.code.sandbox_url=http://127.0.0.1:1"])  # no local runs: fine
+    r = sandbox.run_python_here("print(1)", limits=SMALL)
+    assert r.status == "sandbox_error" and "Operation not permitted" in r.error_line
+    with pytest.raises(OSError, match="Operation not permitted"):
+        sandbox.LocalProcess("print(1)", {}, SMALL)
+
+
+NOBODY = 65534
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    """`code` run by the system's python3 as `nobody`, importing this checkout (the sandbox and its
+    launcher need only the standard library)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": root},
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("python3", path="/usr/bin:/bin"),
+    reason="needs root (to become another user), setpriv and a system python3",
+)
+def test_a_caller_that_is_not_root_gets_a_user_namespace():
+    """Not root: each run gets a user namespace of its own (the caller's uid is 0 there, without any
+    capability) with the same namespaces and root as before, and the same holes closed."""
+    check = _as_nobody("import rlstack.rewards.sandbox as s; print(s.isolation_problem())")
+    if check.returncode != 0 or check.stdout.strip() != "None":
+        pytest.skip(
+            f"this machine gives no user namespaces to uid {NOBODY}: {check.stdout[-300:]}{check.stderr[-300:]}"
+        )
+    program = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(os.getuid(), pids[:2], os.path.exists('/home'), os.path.exists("
+        + repr(os.path.abspath(__file__))
+        + "),"
+        " libc.shmget(0x5EED, 1 << 20, 0o1666), libc.unshare(0x10000000), sorted(os.listdir('/tmp')) == "
+        "[os.path.basename(os.getcwd())])\n"
+        "try:\n    open('/usr/planted', 'w')\nexcept OSError as e:\n    print(e.errno)"
+    )
+    out = _as_nobody(
+        "from rlstack.rewards.sandbox import run_python, SandboxLimits, SandboxProcess\n"
+        f"r = run_python({program!r}, limits=SandboxLimits(wall_s=10))\n"
+        "print(r.status, r.uid)\nprint(r.stdout, end='')\n"
+        "p = SandboxProcess('import sys\\nprint(sys.stdin.readline().upper(), end=\"\")', {}, SandboxLimits())\n"
+        "p.stdin.write(b'hi\\n')\nprint(p.stdout.read().decode().strip())\np.close()"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "ok None", out.stdout
+    assert lines[1] == "0 [1, 2] False False -1 -1 True", out.stdout
+    assert lines[2] in ("13", "30"), out.stdout  # EACCES or EROFS: the system is read-only to it
+    assert lines[3] == "HI", out.stdout
 
 
 def test_a_program_dies_with_its_launcher():

@@ -85,7 +85,7 @@ def run(tool: PythonTool, code: str):
 
 def _only_worker_left(tool: PythonTool) -> bool:
     left = processes_of_uid(tool._interpreter.process.uid)
-    return len(left) == 1 and sandbox._is_program(left[0])
+    return len(left) == 1 and sandbox._pid_in_namespace(left[0]) == 2
 
 
 def test_state_persists_within_and_is_isolated_between_trajectories(make_tool, spawned):

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import math
@@ -95,6 +96,11 @@ from typing import Any, NamedTuple
 
 from rlstack.rewards import launcher
 
+_CLONE_NEWUSER = 0x10000000
+_INNER_ID = 0
+"""The uid and gid the caller's are mapped to in a run's user namespace (when the caller is not root):
+0, which the namespace's System V IPC limits need to be set; the program then runs without any
+capability (`_drop_capabilities`)."""
 _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWUTS = (
     0x40000000,
     0x00020000,
@@ -223,46 +229,107 @@ def run_python_here(
     python = _interpreter()
     if python is None:
         return _failed("no Python interpreter the sandbox uid can execute", start)
-    uid = _allocate_uid()
-    root = _new_root()
+    run = _Run.new()
     gone = False
     try:
-        jail = _jail(root, {**(files or {}), "main.py": code.encode()}, limits, uid, python, ())
+        jail = _jail(run, {**(files or {}), "main.py": code.encode()}, limits, python, ())
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
-            proc, done = _spawn(python, stdin_file, limits, jail)
-            result, gone = _run(proc, done, limits, uid, start)
+            proc, run.namespace = _spawn(python, stdin_file, limits, jail, run)
+            result, gone = _run(proc, run, limits, start)
             return result
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return _failed(f"{type(e).__name__}: {e}", start)
     finally:
-        _release_run(uid, root, gone)
+        run.release(gone)
 
 
-def _release_run(uid: int, root: str, gone: bool = False) -> None:
-    """After a run: kill what is left of the uid (unless it is known to be `gone`), free it, remove
-    the (empty) mount point of its root.
+@dataclass
+class _Run:
+    """One run's handles: its uid, the mount point of its root, its PID namespace, and the read end
+    of the pipe on which P says the run has ended."""
 
-    The program's files went away with its mount namespace when its last process died.
-    """
-    if not gone:
-        _kill_uid(uid)
-    _release_uid(uid)
-    shutil.rmtree(root, ignore_errors=True)
+    uid: int | None
+    """The run's own uid (root only); None: the program runs under the caller's uid, mapped into a
+    user namespace of its own (`_INNER_ID`)."""
+    root: str
+    namespace: int | None = None
+    """The inode of the run's PID namespace (X sends it first thing), which finds its processes."""
+    done: int | None = None
+
+    @classmethod
+    def new(cls) -> _Run:
+        return cls(_allocate_uid() if os.geteuid() == 0 else None, _new_root())
+
+    @property
+    def program_uid(self) -> int:
+        """The uid the program runs under, as it sees it."""
+        return _INNER_ID if self.uid is None else self.uid
+
+    def processes(self) -> list[int]:
+        """The live processes of the run."""
+        if self.namespace is not None:
+            return processes_in_namespace(self.namespace)
+        return processes_of_uid(self.uid) if self.uid is not None else []
+
+    def kill(self) -> None:
+        """SIGKILL every process of the run and wait until none is left."""
+        if self.namespace is not None:
+            _kill_all(lambda: processes_in_namespace(self.namespace))
+        if self.uid is not None:
+            _kill_uid(self.uid)
+
+    def ended(self, proc: subprocess.Popen) -> bool:
+        """Reap P; whether the run is known to be over: P said so on its pipe (it does once it has
+        reaped X, the namespace's init, whose end ends every other process of the namespace)."""
+        proc.wait()
+        if self.done is None:
+            return False
+        try:
+            return os.read(self.done, 1) == _DONE
+        finally:
+            os.close(self.done)
+            self.done = None
+
+    def release(self, gone: bool = False) -> None:
+        """After the run: kill what is left of it (unless it is known to be `gone`), free its uid,
+        remove the (empty) mount point of its root. Its files went away with its mount namespace."""
+        if not gone:
+            self.kill()
+        if self.done is not None:
+            os.close(self.done)
+            self.done = None
+        if self.uid is not None:
+            _release_uid(self.uid)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def processes_in_namespace(namespace: int) -> list[int]:
+    """Live (not zombie) processes in the PID namespace whose inode is `namespace`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if os.stat(f"/proc/{entry}/ns/pid").st_ino != namespace:
+                    continue
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    pids.append(int(entry))
+    return pids
 
 
 def _run(
-    proc: subprocess.Popen, done: int, limits: SandboxLimits, uid: int, start: float
+    proc: subprocess.Popen, run: _Run, limits: SandboxLimits, start: float
 ) -> tuple[SandboxResult, bool]:
     """Watch a started run to its end: (its result, whether every process of the run is known gone)."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
     _kill_group(proc.pid)
-    gone = _ended(proc, done)
-    if not gone:
-        _kill_uid(uid)
+    if not run.ended(proc):
+        run.kill()
     stdout, stderr = _drain(bufs, limits.max_output_bytes)
     proc.stdout.close()
     proc.stderr.close()
@@ -270,18 +337,10 @@ def _run(
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
     status, error_line = _classify(proc.returncode, err, killed_for, limits)
-    result = SandboxResult(status, proc.returncode, out, err, error_line, wall_s, "namespace", uid, "private")
+    result = SandboxResult(
+        status, proc.returncode, out, err, error_line, wall_s, "namespace", run.uid, "private"
+    )
     return result, True
-
-
-def _ended(proc: subprocess.Popen, done: int) -> bool:
-    """Reap P; whether its run's PID namespace is empty: P said so on `done` (it does once it has
-    reaped X, the namespace's init, whose end ends every other process of the namespace)."""
-    proc.wait()
-    try:
-        return os.read(done, 1) == _DONE
-    finally:
-        os.close(done)
 
 
 @dataclass(frozen=True)
@@ -303,6 +362,10 @@ class _Jail:
     links: tuple[tuple[str, str], ...]
     """Symbolic links to make, (path, target): `/bin -> usr/bin` on a merged-/usr system, `/dev/fd`."""
     uid: int
+    """The uid the program runs under (in its user namespace, where it has one)."""
+    user_namespace: bool
+    """Whether the run gets a user namespace of its own (the caller is not root): the caller's uid and
+    gid are mapped to `uid` there."""
     launcher: int
     """The pid of the process starting the run (P dies with it)."""
 
@@ -313,10 +376,9 @@ def _new_root() -> str:
 
 
 def _jail(
-    root: str,
+    run: _Run,
     files: dict[str, bytes],
     limits: SandboxLimits,
-    uid: int,
     python: str,
     read_only: tuple[str, ...],
 ) -> _Jail:
@@ -324,6 +386,7 @@ def _jail(
 
     Raises ValueError for a file outside the work dir or files larger than the disk budget.
     """
+    root = run.root
     payload = _payload(root, files)
     size = sum(-(-len(data) // _PAGE) * _PAGE for data in payload.values())
     if size > limits.disk_mb << 20:
@@ -337,7 +400,17 @@ def _jail(
         real = os.path.realpath(path)
         if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
             shown.append(real)
-    return _Jail(root, root, payload, limits.disk_mb, tuple(shown), links, uid, os.getpid())
+    return _Jail(
+        root,
+        root,
+        payload,
+        limits.disk_mb,
+        tuple(shown),
+        links,
+        run.program_uid,
+        run.uid is None,
+        os.getpid(),
+    )
 
 
 @functools.cache
@@ -361,9 +434,12 @@ def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     return tuple(shown), tuple(links)
 
 
-def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> tuple[subprocess.Popen, int]:
-    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes. Also returns the
-    read end of a pipe on which P says that the whole run has ended (`_ended`)."""
+def _spawn(
+    python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run
+) -> tuple[subprocess.Popen, int | None]:
+    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes. Keeps in `run` the
+    read end of the pipe on which P says that the whole run has ended (`_Run.ended`); returns P and
+    the run's PID namespace (the first thing X sends on that pipe)."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
@@ -390,7 +466,14 @@ def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail) -> tuple[subp
         raise
     finally:
         os.close(done_write)
-    return proc, done_read
+    run.done = done_read
+    namespace = b""
+    while len(namespace) < 8:
+        chunk = os.read(done_read, 8 - len(namespace))
+        if not chunk:
+            return proc, None
+        namespace += chunk
+    return proc, int.from_bytes(namespace, "little")
 
 
 class SandboxProcess:
@@ -494,22 +577,20 @@ class LocalProcess:
         python = _interpreter()
         if python is None:
             raise OSError("no Python interpreter the sandbox uid can execute")
-        self.uid = _allocate_uid()
-        self.workdir = _new_root()
+        run = self._run = _Run.new()
+        self.uid, self.workdir = run.uid, run.root
         try:
-            jail = _jail(
-                self.workdir, {**files, "main.py": script.encode()}, limits, self.uid, python, read_only
-            )
-            proc, done = _spawn(python, subprocess.PIPE, limits, jail)
+            jail = _jail(run, {**files, "main.py": script.encode()}, limits, python, read_only)
+            proc, run.namespace = _spawn(python, subprocess.PIPE, limits, jail, run)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            _release_run(self.uid, self.workdir)
+            run.release()
             if isinstance(e, ValueError):
                 raise
             raise OSError(f"starting the sandboxed process failed: {type(e).__name__}: {e}") from e
         self._proc = proc
         self.pid = proc.pid
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
-        self._finalizer = weakref.finalize(self, _end_process, proc, done, self.uid, self.workdir)
+        self._finalizer = weakref.finalize(self, _end_process, proc, run)
 
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
@@ -517,7 +598,7 @@ class LocalProcess:
 
     def kill_strays(self) -> None:
         """Kill every process of the run except the program itself (children it left running)."""
-        _kill_all(lambda: [p for p in processes_of_uid(self.uid) if not _is_program(p)])
+        _kill_all(lambda: [p for p in self._run.processes() if _pid_in_namespace(p) not in (1, 2)])
 
     def close(self) -> int | None:
         """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
@@ -525,26 +606,26 @@ class LocalProcess:
         return self._proc.returncode
 
 
-def _is_program(pid: int) -> bool:
-    """Whether `pid` is the program of its run: process 2 of the run's PID namespace (1 is its init)."""
+def _pid_in_namespace(pid: int) -> int | None:
+    """The pid of `pid` in its own (innermost) PID namespace: 1 is a run's init, 2 its program."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("NSpid:"):
-                    return line.split()[-1] == "2"
-    except OSError:
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
         pass
-    return False
+    return None
 
 
-def _end_process(proc: subprocess.Popen, done: int, uid: int, root: str) -> None:
+def _end_process(proc: subprocess.Popen, run: _Run) -> None:
     _kill_group(proc.pid)
-    gone = _ended(proc, done)
+    gone = run.ended(proc)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
             if pipe is not None:
                 pipe.close()
-    _release_run(uid, root, gone)
+    run.release(gone)
 
 
 def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
@@ -638,15 +719,20 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     _die_with_parent(jail.launcher)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.umask(0o022)
-    _unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWUTS)
+    outer_uid, outer_gid = os.geteuid(), os.getegid()
+    flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWUTS
+    _unshare(flags | (_CLONE_NEWUSER if jail.user_namespace else 0))
+    if jail.user_namespace:
+        _map_ids(jail.uid, outer_uid, outer_gid)
     _build_root(jail)
     status_read, status_write = os.pipe()
     if os.fork():
         _close_all_but(status_read, done)
         _follow(status_read, done)
     os.close(status_read)
-    os.close(done)
     _die_with_parent(None)
+    os.write(done, os.stat("/proc/self/ns/pid").st_ino.to_bytes(8, "little"))  # X: the namespace's first
+    os.close(done)
     try:
         _enter_root(jail.root)
     except BaseException as e:  # noqa: BLE001 - X must never return into subprocess's code
@@ -665,9 +751,12 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mib, limits.file_size_mb * mib))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-    os.setgroups([])
-    os.setgid(jail.uid)
-    os.setuid(jail.uid)
+    if jail.user_namespace:  # one uid is mapped: the program keeps it, without any capability
+        _drop_capabilities()
+    else:
+        os.setgroups([])
+        os.setgid(jail.uid)
+        os.setuid(jail.uid)
     os.chdir(jail.workdir)
     _no_new_namespaces()
 
@@ -724,6 +813,36 @@ def _no_new_namespaces() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
+def _drop_capabilities() -> None:
+    """In Y, in a user namespace where it is uid 0: no capability now or after exec (securebits
+    NOROOT, locked; an empty bounding set; no ambient capabilities), so the program is an ordinary
+    process of its namespace that owns its own files."""
+    pr_set_securebits, pr_capbset_drop, pr_cap_ambient, pr_cap_ambient_clear_all = 28, 24, 47, 4
+    noroot, noroot_locked, keep_caps_locked, no_ambient, no_ambient_locked = 1, 2, 32, 64, 128
+    if _LIBC.prctl(
+        pr_set_securebits, noroot | noroot_locked | keep_caps_locked | no_ambient | no_ambient_locked, 0, 0, 0
+    ):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    for cap in range(64):
+        if _LIBC.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+    _LIBC.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0)
+
+
+def _map_ids(inner: int, outer_uid: int, outer_gid: int) -> None:
+    """In P's new user namespace: the caller's uid and gid are `inner` there (and nothing else is)."""
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{inner} {outer_uid} 1"),
+        ("gid_map", f"{inner} {outer_gid} 1"),
+    ):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
 def _die_with_parent(parent: int | None) -> None:
     """SIGKILL this process when its parent dies: a launcher that dies takes P with it, and P takes
     X, whose end ends the run. `parent`: the parent's pid, to catch one that died already (None for
@@ -764,7 +883,9 @@ def _build_root(jail: _Jail) -> None:
 
 def _enter_root(root: str) -> None:
     """In X, the first process of the new PID namespace: make `root` the file system's root (the
-    machine's detached), mount this namespace's /proc, turn System V IPC off."""
+    machine's detached), mount this namespace's /proc, turn System V IPC off. /proc is mounted while
+    the machine's is still in view: in a user namespace the kernel only allows it then."""
+    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     old = root + "/.old-root"
     os.mkdir(old, 0o700)
     if _LIBC.syscall(_MACHINE.pivot_root, os.fsencode(root), os.fsencode(old)) != 0:
@@ -775,7 +896,6 @@ def _enter_root(root: str) -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"umount of the machine's root: {os.strerror(err)}")
     os.rmdir("/.old-root")
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for name in _IPC_OFF:
         with contextlib.suppress(FileNotFoundError):
             fd = os.open(f"/proc/sys/{name}", os.O_WRONLY)
@@ -851,10 +971,12 @@ def _unshare(flags: int) -> None:
 
 
 _ISOLATION_FIX = (
-    "The local sandbox needs root: each run switches to an unprivileged uid of its own and gets new "
-    "network, IPC, PID and mount namespaces (a root of its own holding only the interpreter, its "
-    "libraries and the run's scratch space). Fix: run the trainer as root (e.g. in its container; "
-    "a container needs CAP_SYS_ADMIN and a seccomp profile that allows unshare and mount), or run "
+    "The local sandbox gives each run new network, IPC, PID and mount namespaces (a root of its own "
+    "holding only the interpreter, its libraries and the run's scratch space) and a uid of its own "
+    "(as root) or a user namespace of its own (not root). Fix: run the trainer as root, or allow "
+    "unprivileged user namespaces (sysctl user.max_user_namespaces above 0; kernel.unprivileged_userns_clone=1 "
+    "where that setting exists; kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04 and later); "
+    "in a container, give it CAP_SYS_ADMIN or a seccomp profile that allows unshare and mount; or run "
     "programs elsewhere with worker.reward.code.sandbox=fusion and a SandboxFusion server."
 )
 
@@ -876,8 +998,6 @@ def isolation_problem() -> str | None:
 
     There is no weaker fallback: without every namespace, nothing runs.
     """
-    if os.geteuid() != 0:
-        return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
     if launcher.IN_LAUNCHER:
         return _probe()
     try:
@@ -888,26 +1008,26 @@ def isolation_problem() -> str | None:
 
 def _probe() -> str | None:
     """`isolation_problem` in a launcher: one empty program through the whole set-up."""
-    if os.geteuid() != 0:
-        return f"the trainer is not root (uid {os.geteuid()}). {_ISOLATION_FIX}"
     if _MACHINE is None:
         return f"this machine's architecture ({os.uname().machine}) is not one the sandbox supports (x86_64, aarch64)"
     python = _interpreter()
     if python is None:
         return "no Python interpreter the sandbox uid can execute"
-    uid = _allocate_uid()
-    root = _new_root()
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}, in a user namespace of its own"
+    run = _Run.new()
+    gone = False
     try:
-        jail = _jail(root, {"main.py": b""}, DEFAULT_LIMITS, uid, python, ())
-        proc, done = _spawn(python, subprocess.DEVNULL, DEFAULT_LIMITS, jail)
-        os.close(done)
+        jail = _jail(run, {"main.py": b""}, DEFAULT_LIMITS, python, ())
+        proc, run.namespace = _spawn(python, subprocess.DEVNULL, DEFAULT_LIMITS, jail, run)
         _, stderr = proc.communicate(timeout=30)
+        gone = run.ended(proc)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
-        return f"a test run failed ({type(e).__name__}: {e}). {_ISOLATION_FIX}"
+        return f"a test run ({who}) failed ({type(e).__name__}: {e}). {_ISOLATION_FIX}"
     finally:
-        _release_run(uid, root)
+        run.release(gone)
     if proc.returncode != 0:
-        return f"a test run failed ({stderr.decode(errors='replace').strip()[-500:]}). {_ISOLATION_FIX}"
+        why = stderr.decode(errors="replace").strip()[-500:] or f"exit status {proc.returncode}"
+        return f"a test run ({who}) failed ({why}). {_ISOLATION_FIX}"
     return None
 
 
