@@ -32,10 +32,13 @@ What the program sees (set up by `_child_setup` in the forked child before `exec
 - **No namespaces of its own.** A seccomp filter refuses `unshare`, `setns` and a `clone` that
   asks for a new namespace (threads and forks are fine): without it, a program could become root
   of a new user namespace and mount a tmpfs, or make shared memory, past its budget.
-- **An unprivileged uid of its own** (`_UID_BASE` + random, no passwd entry; supplementary groups
-  cleared): no capabilities, the process limit applies (RLIMIT_NPROC counts the real uid's
+- **An unprivileged uid of its own** (as root: `_UID_BASE` + random, no passwd entry; supplementary
+  groups cleared): no capabilities, the process limit applies (RLIMIT_NPROC counts the real uid's
   processes), and every process of the run is marked, so that after the run all processes of that
-  uid are killed too.
+  uid are killed too. **Not root:** a new user namespace too, in which the caller's uid and gid are
+  0 (that is what lets the run set its IPC limits); the program runs there with no capability at
+  all (securebits NOROOT, locked; an empty bounding set; no ambient set), so it is an ordinary
+  process that owns the files of its own root, and its process limit counts in its namespace.
 
 Three processes do this (`_child_setup`): P, the forked child, makes the namespaces and builds the
 root, forks X (process 1 of the new PID namespace: it enters the root, mounts `/proc`, turns IPC
@@ -45,9 +48,9 @@ first says on a pipe that it has reaped X, whose end ended every process of the 
 run that ended by itself needs no search for leftovers. P dies with its launcher and X with P
 (`PR_SET_PDEATHSIG`), so a launcher that dies leaves nothing running.
 
-There is no weaker fallback: where these namespaces cannot be made (not root; a container without
-CAP_SYS_ADMIN or whose seccomp profile forbids `unshare`/`mount`), `isolation_problem()` (a probe
-run, in a launcher) says so with the fix, config validation refuses `builtin:code` with `sandbox=local` and `builtin:python`
+There is no weaker fallback: where these namespaces cannot be made (not root and no unprivileged
+user namespaces; a container without CAP_SYS_ADMIN or whose seccomp profile forbids
+`unshare`/`mount`), `isolation_problem()` (a probe run, in a launcher) says so with the fix, config validation refuses `builtin:code` with `sandbox=local` and `builtin:python`
 at load, and a run that gets here anyway returns `sandbox_error`.
 
 The interpreter must be one the sandbox uid can run: `sys.executable` when every directory from
@@ -188,7 +191,8 @@ class SandboxResult:
     network: str
     """How the network was cut off: `namespace` (an empty network namespace) or `remote` (SandboxFusion)."""
     uid: int | None
-    """The unprivileged uid the program ran under; None when it did not run here (SandboxFusion)."""
+    """The unprivileged uid the program ran under; None when it had no uid of its own (the caller is
+    not root: a user namespace of its own instead) or did not run here (SandboxFusion)."""
     scratch: str
     """Where its files were: `private` (its own tmpfs of `disk_mb`) or `remote` (SandboxFusion)."""
 
