@@ -494,21 +494,57 @@ def test_real_humaneval_canonical_pass_and_early_exit_stubs_fail():
 ALWAYS_EQUAL = {
     "instance": "class Any:\n    def __eq__(self, other):\n        return True\ndef gcd(a, b):\n    return Any()",
     "int_subclass": "class I(int):\n    __eq__ = lambda self, other: True\n    __hash__ = int.__hash__\ndef gcd(a, b):\n    return I(0)",
-    "in_a_list": "class Any:\n    __eq__ = lambda self, other: True\ndef gcd(a, b):\n    return [Any()][0:1][0]",
+    "lru_cache": "import functools\nclass Any:\n    __eq__ = lambda self, other: True\n@functools.lru_cache\ndef gcd(a, b):\n    return Any()",
+    "callable_object": "class Any:\n    __eq__ = lambda self, other: True\nclass G:\n    def __call__(self, a, b):\n        return Any()\ngcd = G()",
+    "equal_only_to_builtin_values": (
+        "class Any:\n    __eq__ = lambda self, other: type(other).__module__ == 'builtins'\n"
+        "    __ne__ = lambda self, other: type(other).__module__ != 'builtins'\ndef gcd(a, b):\n    return Any()"
+    ),
+    "less_than_anything": (
+        "class Tiny:\n    __sub__ = __rsub__ = __abs__ = lambda self, *other: self\n"
+        "    __lt__ = lambda self, other: True\n    __eq__ = lambda self, other: False\n"
+        "def gcd(a, b):\n    return Tiny()"
+    ),
     "lambda": "class Any:\n    __eq__ = lambda self, other: True\ngcd = lambda a, b: Any()",
-    "ne_false": "class Any:\n    __eq__ = lambda s, o: False\n    __ne__ = lambda s, o: False\ndef gcd(a, b):\n    return Any()",
+    "ne_false": "class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\ndef gcd(a, b):\n    return Any()",
 }
 
 
 @pytest.mark.parametrize("name", sorted(ALWAYS_EQUAL))
 def test_an_object_equal_to_anything_gets_no_credit(name):
     tests = {
-        "asserts": ["assert gcd(12, 18) == 6", "assert [gcd(7, 13)] == [1]", "assert not (gcd(1, 1) != 1)"]
+        "asserts": [
+            "assert gcd(12, 18) == 6",
+            "assert [gcd(7, 13)] == [1]",
+            "assert not (gcd(1, 1) != 1)",
+            "assert abs(gcd(9, 6) - 3) < 1e-9",
+        ]
     }
     out = score_code(_fence(ALWAYS_EQUAL[name]), tests, test_time_s=2.0)
     assert out["overall"] == 0.0, out
-    if name != "ne_false":
-        assert "says it equals anything" in out["reason"], out
+    assert "says it equals anything" in out["reason"], out
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        "[Any(), Any()]",
+        "(Any(), Any())",
+        "P(Any(), Any())",
+        "L([Any(), Any()])",
+        "{'a': Any()}",
+        "D({'a': Any()})",
+    ],
+)
+def test_an_object_equal_to_anything_inside_a_container_gets_no_credit(container):
+    program = (
+        "import collections\nclass Any:\n    __eq__ = lambda self, other: True\n    __hash__ = object.__hash__\n"
+        "P = collections.namedtuple('P', 'x y')\nclass L(list):\n    pass\nclass D(dict):\n    pass\n"
+        f"def pair(a, b):\n    return {container}\n"
+    )
+    tests = {"asserts": ["assert pair(1, 2) == [1, 2] or pair(1, 2) == (1, 2) or pair(1, 2) == {'a': 3}"]}
+    out = score_code(_fence(program), tests, test_time_s=2.0)
+    assert out["overall"] == 0.0 and "says it equals anything" in out["reason"], out
 
 
 def test_humaneval_helpers_in_the_prompt_cannot_be_replaced():

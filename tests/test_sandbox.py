@@ -450,7 +450,8 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
         + "),"
         " libc.shmget(0x5EED, 1 << 20, 0o1666), libc.unshare(0x10000000), sorted(os.listdir('/tmp')) == "
         "[os.path.basename(os.getcwd())])\n"
-        "try:\n    open('/usr/planted', 'w')\nexcept OSError as e:\n    print(e.errno)"
+        "try:\n    open('/usr/planted', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+        "try:\n    open('/proc/sys/kernel/shmmni', 'w').write('4096')\nexcept OSError as e:\n    print(e.errno)"
     )
     out = _as_nobody(
         "from rlstack.rewards.sandbox import run_python, SandboxLimits, SandboxProcess\n"
@@ -464,7 +465,8 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
     assert lines[0] == "ok None", out.stdout
     assert lines[1] == "0 [1, 2] False False -1 -1 True", out.stdout
     assert lines[2] in ("13", "30"), out.stdout  # EACCES or EROFS: the system is read-only to it
-    assert lines[3] == "HI", out.stdout
+    assert lines[3] == "30", out.stdout  # its IPC limits stay 0: /proc/sys is read-only
+    assert lines[4] == "HI", out.stdout
 
 
 def test_a_program_dies_with_its_launcher():

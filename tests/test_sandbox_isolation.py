@@ -53,6 +53,10 @@ def _probes(planted: dict[str, str]) -> dict[str, str]:
             "ids = [libc.shmget(0x5EED + i, 8 << 20, 0o1666) for i in range(4)]\n"
             "print('CLOSED' if all(i == -1 for i in ids) else f'OPEN {ids}')"
         ),
+        "ipc_limits": (
+            "try:\n    open('/proc/sys/kernel/shmmni', 'w').write('4096')\n    print('OPEN')\n"
+            "except OSError:\n    print('CLOSED')"
+        ),
         "sysv_msg": (
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print('CLOSED' if libc.msgget(0x5EED, 0o1666) == -1 else 'OPEN')"
@@ -93,7 +97,7 @@ def _probes(planted: dict[str, str]) -> dict[str, str]:
     }
 
 
-PROBES = ("sysv_shm", "sysv_msg", "proc", "files", "machine_tmp", "new_namespace", "write_root")
+PROBES = ("sysv_shm", "ipc_limits", "sysv_msg", "proc", "files", "machine_tmp", "new_namespace", "write_root")
 
 
 def _shm_segments() -> str:

@@ -46,20 +46,23 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import secrets
+import sys
 
 _TEMPLATE = r"""
-def _rlstack_run_test(program, test, fixed, keep, preload):
+def _rlstack_run_test(program, test, fixed, keep, preload, module_names):
     import _signal
     import _thread
     import builtins
     import gc
+    import math
     import os
     import sys
 
     write, exit_now, read, dup, dup2 = os.write, os._exit, os.read, os.dup, os.dup2
-    catch, to_list, to_dict, get_type, to_id = BaseException, list, dict, type, id
-    exit_types = (SystemExit, KeyboardInterrupt)
+    catch, to_list, to_dict, get_type, to_id, to_bool = BaseException, list, dict, type, id, bool
+    exit_types, is_instance = (SystemExit, KeyboardInterrupt), isinstance
     secret = b""
     while not secret.endswith(b"\n"):
         chunk = read(0, 256)
@@ -79,8 +82,15 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
             __import__(name)
         except catch:
             pass
+    test_code = compile(test, "test", "exec")
+
+    def no_hooks(event, args):
+        if event == "sys.addaudithook":
+            raise RuntimeError("audit hooks are not allowed here")
+
+    sys.addaudithook(no_hooks)
     settrace, setprofile, modules, importer_cache = sys.settrace, sys.setprofile, sys.modules, sys.path_importer_cache
-    collect, thread_count, stdout = gc.collect, _thread._count, sys.stdout
+    collect, thread_count, stdout, function_type = gc.collect, _thread._count, sys.stdout, get_type(no_hooks)
     set_signal, get_signal, set_timer, alarm = _signal.signal, _signal.getsignal, _signal.setitimer, _signal.alarm
     timers = (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF)
     handlers = {}
@@ -104,6 +114,7 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
         if m is not main and get_type(getattr(m, "__dict__", None)) is dict
     ]
     lists_before = [(getattr(sys, name), to_list(getattr(sys, name))) for name in ("path", "meta_path", "path_hooks")]
+    kept = []  # what a restore takes away is kept alive: no finalizer of the program's runs during one
 
     def fail(error, why=""):
         import traceback
@@ -116,7 +127,7 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
         finally:
             exit_now(1)
 
-    def restore_once():
+    def restore():
         settrace(None)
         setprofile(None)
         alarm(0)
@@ -124,54 +135,71 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
             set_timer(timer, 0)
         for number, handler in handlers.items():
             try:
-                set_signal(number, handler)
+                kept.append(set_signal(number, handler))
             except catch:
                 pass
         for name in preload:
             if name not in modules_before and name in modules:
-                del modules[name]
-        modules.update(modules_before)
+                kept.append(modules.pop(name))
+        for name, module in modules_before.items():
+            if modules.get(name) is not module:
+                kept.append(modules.get(name))
+                modules[name] = module
         for current, attributes in attributes_before:
             for key in to_list(current):
-                if key not in attributes:
-                    del current[key]
-            current.update(attributes)
+                if get_type(key) is not str or key not in attributes:
+                    kept.append(current.pop(key))
+                elif current[key] is not attributes[key]:
+                    kept.append(current[key])
+                    current[key] = attributes[key]
+            for key, value in attributes.items():
+                if key not in current:
+                    current[key] = value
         for current, items in lists_before:
+            kept.append(to_list(current))
             current[:] = items
         importer_cache.clear()
-
-    def restore():
-        restore_once()
-        collect()
-        restore_once()
         if thread_count():
             raise RuntimeError(__THREADS__)
 
     class Probe:
         pass
 
-    plain = (int, float, complex, bool, str, bytes, bytearray, type(None))
-    containers, mapping = (list, tuple, set, frozenset), dict
+    plain = (int, float, complex, bool, str, bytes, bytearray, get_type(None))
+    probes = (Probe(), object(), -7306392951583920461, "b3c1f0e9a7d24c68", 0.6180339887498949)
+    low, high = -math.inf, math.inf
+    sequences, sets, mapping = (list, tuple), (set, frozenset), dict
+
+    def says_equal_to_anything(item):
+        checks = [lambda probe=probe: item == probe for probe in probes]
+        checks += [lambda probe=probe: not (item != probe) for probe in probes]
+        checks += [lambda: item < low, lambda: item > high]
+        for check in checks:
+            try:
+                if to_bool(check()):
+                    return True
+            except catch:
+                pass
+        return False
 
     def equal_to_anything(value):
-        todo, seen = [value], set()
-        while todo and len(seen) < 100000:
+        todo, seen, steps = [value], set(), 0
+        while todo and steps < 100000:
+            steps += 1
             item = todo.pop()
             kind = get_type(item)
             if kind in plain or to_id(item) in seen:
                 continue
             seen.add(to_id(item))
-            if kind in containers:
-                todo.extend(item)
-            elif kind is mapping:
-                todo.extend(item.keys())
-                todo.extend(item.values())
-            else:
-                try:
-                    if bool(item == Probe()) or not bool(item != Probe()):
-                        return True
-                except catch:
-                    pass
+            if kind not in sequences and kind not in sets and kind is not mapping and says_equal_to_anything(item):
+                return True
+            if is_instance(item, sequences):
+                todo.extend(tuple.__iter__(item) if is_instance(item, tuple) else list.__iter__(item))
+            elif is_instance(item, sets):
+                todo.extend(frozenset.__iter__(item) if is_instance(item, frozenset) else set.__iter__(item))
+            elif is_instance(item, mapping):
+                todo.extend(dict.keys(item))
+                todo.extend(dict.values(item))
         return False
 
     def checked(function):
@@ -180,36 +208,53 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
                 result = function(*args, **kwargs)
             finally:
                 restore()
-            if equal_to_anything(result):
+            try:
+                hacked = equal_to_anything(result)
+            finally:
+                restore()
+            if hacked:
                 raise AssertionError(__HACKED__)
             return result
 
-        call.__name__, call.__qualname__, call.__doc__ = function.__name__, function.__qualname__, function.__doc__
+        for name in ("__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(call, name, getattr(function, name))
+            except catch:
+                pass
         call.__wrapped__ = function
         return call
 
     try:
         exec(compile(program, "main.py", "exec"), namespace)
         restore()
+        collect()
+        restore()
+        gc.disable()
     except catch as error:
-        fail(error, __EXITED__ if isinstance(error, exit_types) else "")
+        fail(error, __EXITED__ if is_instance(error, exit_types) else "")
     test_globals = {
         key: value
         for key, value in namespace.items()
         if get_type(key) is str and (key not in builtins_before or value is builtins_before[key])
     }
     for key, value in to_list(test_globals.items()):
-        if get_type(value) is get_type(fail) and value.__globals__ is namespace:
+        if key.startswith("__") or get_type(value) is get_type(sys) or is_instance(value, get_type):
+            continue
+        if callable(value):
             test_globals[key] = checked(value)
+    for name in module_names:
+        if name in modules and get_type(test_globals.get(name)) is not function_type:
+            test_globals[name] = modules[name]
     for key, value in reference.items():
         if key != keep and not key.startswith("__"):
             test_globals[key] = value
     test_globals["__builtins__"] = builtins
     try:
-        exec(compile(test, "test", "exec"), test_globals)
+        restore()
+        exec(test_code, test_globals)
         restore()
     except catch as error:
-        fail(error, __EXITED__ if isinstance(error, exit_types) else "")
+        fail(error, __EXITED__ if is_instance(error, exit_types) else "")
     try:
         stdout.flush()
     except catch:
@@ -218,7 +263,7 @@ def _rlstack_run_test(program, test, fixed, keep, preload):
     exit_now(0)
 
 
-_rlstack_run_test(__PROGRAM__, __TEST__, __FIXED__, __KEEP__, __PRELOAD__)
+_rlstack_run_test(__PROGRAM__, __TEST__, __FIXED__, __KEEP__, __PRELOAD__, __MODULE_NAMES__)
 """
 
 EXITED = "the program exited before its test ran to the end: no credit for that test"
@@ -229,28 +274,30 @@ THREADS = "the program left threads running while its test ran: no credit for th
 def harness_program(program: str, test: str, fixed: str = "", keep: str = "") -> str:
     """The harness (see module docstring) that runs `program` and then `test`; `fixed`: code whose
     definitions the test sees instead of the program's, except `keep` (the function under test)."""
+    names = used_module_names(test)
     values = {
         "__PROGRAM__": program,
         "__TEST__": test,
         "__FIXED__": fixed,
         "__KEEP__": keep,
-        "__PRELOAD__": test_imports(test + "\n" + fixed),
+        "__PRELOAD__": tuple(dict.fromkeys(test_imports(test + "\n" + fixed) + names)),
+        "__MODULE_NAMES__": names,
         "__EXITED__": EXITED,
         "__HACKED__": HACKED,
         "__THREADS__": THREADS,
     }
-    text = _TEMPLATE
-    for name, value in values.items():
-        text = text.replace(name, repr(value))
-    return text
+    return _PLACEHOLDER.sub(lambda match: repr(values[match.group(0)]), _TEMPLATE)
+
+
+_PLACEHOLDER = re.compile(r"__(PROGRAM|TEST|FIXED|KEEP|PRELOAD|MODULE_NAMES|EXITED|HACKED|THREADS)__")
+"""The template's placeholders, all replaced in one pass (so the program's text is never searched)."""
 
 
 @functools.lru_cache(maxsize=4096)
 def test_imports(code: str) -> tuple[str, ...]:
     """The absolute modules `code` imports anywhere (top level or inside functions), in order."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = _parse(code)
+    if tree is None:
         return ()
     names: list[str] = []
     for node in ast.walk(tree):
@@ -262,6 +309,28 @@ def test_imports(code: str) -> tuple[str, ...]:
             continue
         names += [name for name in found if name not in names]
     return tuple(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def used_module_names(code: str) -> tuple[str, ...]:
+    """Standard-library module names `code` reads as plain names (`math.isclose(...)` without an
+    import: the program's `import math` is relied on). The test gets the real modules under them."""
+    tree = _parse(code)
+    if tree is None:
+        return ()
+    loaded = {
+        node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    return tuple(
+        sorted(name for name in loaded if name in sys.stdlib_module_names and not name.startswith("_"))
+    )
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
 
 
 def new_secret() -> str:

@@ -259,7 +259,9 @@ class _Run:
     user namespace of its own (`_INNER_ID`)."""
     root: str
     namespace: int | None = None
-    """The inode of the run's PID namespace (X sends it first thing), which finds its processes."""
+    """The inode of the run's PID namespace, which finds its processes (read from P right after it
+    started; `namespace_fd` keeps the namespace, and so the inode, from being reused meanwhile)."""
+    namespace_fd: int | None = None
     done: int | None = None
 
     @classmethod
@@ -301,9 +303,10 @@ class _Run:
         remove the (empty) mount point of its root. Its files went away with its mount namespace."""
         if not gone:
             self.kill()
-        if self.done is not None:
-            os.close(self.done)
-            self.done = None
+        for fd in (self.done, self.namespace_fd):
+            if fd is not None:
+                os.close(fd)
+        self.done = self.namespace_fd = None
         if self.uid is not None:
             _release_uid(self.uid)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -442,8 +445,8 @@ def _spawn(
     python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run
 ) -> tuple[subprocess.Popen, int | None]:
     """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes. Keeps in `run` the
-    read end of the pipe on which P says that the whole run has ended (`_Run.ended`); returns P and
-    the run's PID namespace (the first thing X sends on that pipe)."""
+    read end of the pipe on which P says that the whole run has ended (`_Run.ended`) and a handle on
+    its PID namespace; returns P and that namespace's inode (None if P has ended already)."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
@@ -471,13 +474,11 @@ def _spawn(
     finally:
         os.close(done_write)
     run.done = done_read
-    namespace = b""
-    while len(namespace) < 8:
-        chunk = os.read(done_read, 8 - len(namespace))
-        if not chunk:
-            return proc, None
-        namespace += chunk
-    return proc, int.from_bytes(namespace, "little")
+    try:  # held open until the run is released, so that its inode is not reused by another namespace
+        run.namespace_fd = os.open(f"/proc/{proc.pid}/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # P has ended already: so has the run (see `_Run.ended`)
+        return proc, None
+    return proc, os.fstat(run.namespace_fd).st_ino
 
 
 class SandboxProcess:
@@ -735,7 +736,6 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
         _follow(status_read, done)
     os.close(status_read)
     _die_with_parent(None)
-    os.write(done, os.stat("/proc/self/ns/pid").st_ino.to_bytes(8, "little"))  # X: the namespace's first
     os.close(done)
     try:
         _enter_root(jail.root)
@@ -907,6 +907,10 @@ def _enter_root(root: str) -> None:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
+    # read-only from here on: in a user namespace the program is the IPC namespace's owner, whom the
+    # kernel lets write those limits back (it checks the uid, not a capability)
+    _mount("/proc/sys", "/proc/sys", None, _MS_BIND | _MS_REC)
+    _mount(None, "/proc/sys", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _LIBC.sethostname(b"sandbox", 7)
 
 
