@@ -9,34 +9,44 @@ a signal handler that exits) passed every test it never ran. Now the sandbox run
   read before any of the program's code runs; then stdin is replaced by /dev/null (its file cannot
   be rewound to read the secret again) and `main.py` is deleted (the test's text is in no file).
   The reward checks for the secret outside the sandbox.
-- The modules the test imports are imported first, so that they are among the modules whose
-  state is put back below (and the program gets the same modules, not copies).
+- The modules the test imports, and the standard-library modules it names without importing
+  (`math.isclose` relying on the program's `import math`), are imported first: they are among the
+  modules whose state is put back below, the program gets the same modules, and the test gets the
+  real ones under those names whatever the program bound to them (but a function the program
+  defined under such a name).
 - A row's fixed code (a HumanEval prompt's helpers, e.g. `encode_cyclic`) is run first in a
   namespace of its own; the test sees those definitions, not the program's, except the function
-  under test.
+  under test. The test is compiled before the program runs, and audit hooks are refused (one
+  could read the test's source as it is compiled).
 - The program runs with `exec` as the `__main__` module; then the test runs. Any exception on the
   way (`AssertionError`, `SystemExit`, `KeyboardInterrupt`, ...) fails the test.
-- Before the test runs, and again after each call the test makes into the program's functions,
-  what the program may have patched is put back: the builtins, the attributes of every module
-  loaded before it ran and the entries of `sys.modules` for them, `sys.path` and the import hooks,
-  trace and profile hooks, signal handlers and interval timers (finalizers the restoring sets off
-  run, and it is done again). A program that leaves threads running gets no credit (they could
-  change what the test sees). The test's globals are the program's names minus those that shadow
-  a builtin.
-- Each function the program defined reaches the test through a check of what it returns: a value
-  holding an object that says it equals a fresh object (an `__eq__` that always answers True, the
-  "always equal" hack; any type but the plain built-ins is asked) fails the test.
+- Before the test runs, and again after each call the test makes into the program, what the
+  program may have patched is put back: the builtins, the attributes of every module loaded
+  before it ran and the entries of `sys.modules` for them, `sys.path` and the import hooks, trace
+  and profile hooks, signal handlers and interval timers. What is taken away is kept alive, so no
+  finalizer of the program's runs while the state is put back; the garbage collector runs once
+  after the program and is then off. A program that leaves threads running gets no credit (they
+  could change what the test sees). The test's globals are the program's names minus those that
+  shadow a builtin.
+- Each callable the program defined (functions, `lru_cache` wrappers, callable objects) reaches
+  the test through a check of what it returns: a value holding an object that says it equals
+  fresh objects and random values, or is below -inf or above +inf (the "always equal" hack and its
+  kin: `__eq__`, `__lt__` that always answer True), fails the test; containers are looked into,
+  subclasses (namedtuples, `defaultdict`) included.
 - Only when the test returns does the harness write `<secret> passed` to a copy of stdout it made
   before the program ran, then ends the process at once (`os._exit`, so exit hooks the program
   registered never run). The functions it needs were taken before the program ran.
 
 So every route out of the run before the test's end (an exit, an exception, a kill, a closed or
 redirected stdout) leaves no report and gets no credit: the reward counts a test as passed only
-when the report with the secret is there. What this cannot stop is a program that reads the
-harness's own memory (it runs in the same process: its frames, its objects) for the secret or to
-undo the checks; that takes knowing the harness, not an exit, and the secret is one run's only.
-Patches to the classes of modules loaded before the program (rather than to the modules'
-attributes) are not put back.
+when the report with the secret is there.
+
+What this cannot stop, because the program and the test share one interpreter: a program that
+walks the interpreter's frames (`sys._getframe(1)`, `f_back`) can read the secret from the
+harness's variables and forge the report, or read the test's constants; one that patches classes
+(rather than module attributes) of modules loaded before it keeps those patches. These take
+knowing this harness, not an exit. Closing them takes running the test in another process than
+the program (not done).
 
 The harness is one self-contained program (the program and the test are string literals in it),
 so it runs the same in the local sandbox and on a SandboxFusion server.

@@ -125,6 +125,7 @@ class _Machine(NamedTuple):
     clone3: int
     unshare: int
     setns: int
+    mount_setattr: int = 442
 
 
 _MACHINES = {
@@ -873,7 +874,7 @@ def _build_root(jail: _Jail) -> None:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
         _mount(path, target, None, _MS_BIND | _MS_REC)
         if not path.startswith("/dev/"):  # a device must stay writable (/dev/null)
-            _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+            _read_only(target)
     for path, target in jail.links:
         os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
         os.symlink(target, root + path)
@@ -965,6 +966,39 @@ def _close_all_but(*keep: int) -> None:
     os.closerange(low, 1 << 20)
 
 
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+_READ_ONLY_ATTR = _MountAttr(0x1 | 0x2 | 0x4, 0, 0, 0)
+"""MOUNT_ATTR_RDONLY | NOSUID | NODEV."""
+
+
+def _read_only(target: str) -> None:
+    """Make the bind mount at `target` and every mount under it read-only, nosuid, nodev: one
+    `mount_setattr(AT_RECURSIVE)` (Linux 5.12+); on an older kernel a remount of the top mount."""
+    at_fdcwd, at_recursive = -100, 0x8000
+    done = _LIBC.syscall(
+        _MACHINE.mount_setattr,
+        at_fdcwd,
+        os.fsencode(target),
+        at_recursive,
+        ctypes.byref(_READ_ONLY_ATTR),
+        ctypes.sizeof(_MountAttr),
+    )
+    if done == 0:
+        return
+    err = ctypes.get_errno()
+    if err != errno.ENOSYS:
+        raise OSError(err, f"mount_setattr({target}): {os.strerror(err)}")
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     args = [None if x is None else os.fsencode(x) for x in (source, target, fstype)]
     if _LIBC.mount(*args, flags, None if data is None else os.fsencode(data)) != 0:
@@ -999,19 +1033,22 @@ def _prefixes(python: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(prefixes))
 
 
-@functools.cache
 def isolation_problem() -> str | None:
     """Why the sandbox cannot run here (with the fix), or None: probed once by a full run, in a
-    launcher (a probe is a sandboxed run: it is never started from the caller either).
+    launcher (a probe is a sandboxed run: it is never started from the caller either). A launcher
+    that could not be had is not remembered: the next call tries again.
 
     There is no weaker fallback: without every namespace, nothing runs.
     """
-    if launcher.IN_LAUNCHER:
-        return _probe()
     try:
-        return launcher.pool().ask(("probe",))
+        return _isolation_problem()
     except launcher.LauncherError as e:
         return f"no launcher process could be started to run it ({e})"
+
+
+@functools.cache
+def _isolation_problem() -> str | None:
+    return _probe() if launcher.IN_LAUNCHER else launcher.pool().ask(("probe",))
 
 
 def _probe() -> str | None:
