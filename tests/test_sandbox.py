@@ -458,7 +458,9 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
         f"r = run_python({program!r}, limits=SandboxLimits(wall_s=10))\n"
         "print(r.status, r.uid)\nprint(r.stdout, end='')\n"
         "p = SandboxProcess('import sys\\nprint(sys.stdin.readline().upper(), end=\"\")', {}, SandboxLimits())\n"
-        "p.stdin.write(b'hi\\n')\nprint(p.stdout.read().decode().strip())\np.close()"
+        "p.stdin.write(b'hi\\n')\nprint(p.stdout.read().decode().strip())\np.close()\n"
+        "r = run_python('import os, signal, time\\nos.kill(1, signal.SIGINT)\\ntime.sleep(0.2)\\nraise SystemExit(3)')\n"
+        "print(r.status, r.exit_code)"
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
@@ -467,6 +469,7 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
     assert lines[2] in ("13", "30"), out.stdout  # EACCES or EROFS: the system is read-only to it
     assert lines[3] == "30", out.stdout  # its IPC limits stay 0: /proc/sys is read-only
     assert lines[4] == "HI", out.stdout
+    assert lines[5] == "runtime_error 3", out.stdout  # its init ignores the program's signals
 
 
 def test_a_program_dies_with_its_launcher():

@@ -917,7 +917,10 @@ def _enter_root(root: str) -> None:
 
 def _init(program: int, status_write: int) -> None:
     """X's life after forking the program: reap every process of the namespace (orphans come here)
-    until the program ends, hand its wait status to P, and exit (which ends the namespace)."""
+    until the program ends, hand its wait status to P, and exit (which ends the namespace).
+    SIGINT back to its default: as the namespace's init, X then ignores every signal sent from
+    inside it (the program, in a user namespace, has X's uid)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         while True:
             try:
