@@ -76,9 +76,13 @@ def _probes(planted: dict[str, str]) -> dict[str, str]:
             "[e for e in os.listdir(p) if e != '.pyenv']]\n"
             "print('CLOSED' if not found else f'OPEN {found}')"
         ),
+        # the machine's /tmp is not there: only the run's work dir, and the directories leading to
+        # what is bound in read-only when it lies under /tmp (a checkout's venv: the tool's packages)
         "machine_tmp": (
-            f"import os\nprint('CLOSED' if not os.path.exists({os.path.dirname(planted['data.jsonl'])!r}) "
-            "and set(os.listdir('/tmp')) <= {os.path.basename(os.getcwd())} else 'OPEN')"
+            f"import os\nplanted = {os.path.dirname(planted['data.jsonl'])!r}\n"
+            "others = set(os.listdir('/tmp')) - {os.path.basename(os.getcwd())}\n"
+            "print('CLOSED' if not os.path.exists(planted) and not any(os.access('/tmp/' + e, os.W_OK) for e in others) "
+            "else f'OPEN {sorted(others)}')"
         ),
         # a namespace of its own (root in a new user namespace) would let it mount a tmpfs or make
         # shared memory past its budget: no unshare, setns or clone with a new namespace
