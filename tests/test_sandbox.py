@@ -20,6 +20,9 @@ SMALL = SandboxLimits(
     wall_s=2.0, cpu_s=2.0, memory_mb=256, file_size_mb=16, max_processes=16, max_output_bytes=1 << 16
 )
 ONE_TEST = {"verifier_metadata": {"unit_tests": {"inputs": ["1 2\n"], "outputs": ["3\n"]}}}
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="checks the run's own uid, which only a root caller gives it"
+)
 
 
 def _fence(code: str) -> str:
@@ -95,6 +98,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
+@needs_root
 def test_hostile_program_scores_zero_and_leaves_nothing(name, monkeypatch):
     code, sandbox_status = HOSTILE[name]
     seen_uids = []
@@ -152,20 +156,8 @@ def test_socket_to_localhost_cannot_connect(listener):
     assert r.network == "namespace"
 
 
-@pytest.fixture(params=["kill_helper", "proc_scan"])
-def kill_path(request, monkeypatch):
-    """Both ways of killing a run's uid: kill(-1) from a helper running as the uid, and the /proc scan
-    (tests using it run the sandbox in this process, `run_python_here`, where the patch applies)."""
-    from rlstack.rewards import sandbox
-
-    if request.param == "proc_scan":
-        monkeypatch.setattr(sandbox, "_KILL_HELPER", None)
-    elif sandbox._KILL_HELPER is None:
-        pytest.skip("no setpriv and kill on this machine: the scan is the only path")
-    return request.param
-
-
-def test_detached_daemon_is_killed(kill_path):
+@needs_root
+def test_detached_daemon_is_killed():
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
@@ -182,7 +174,8 @@ def test_detached_daemon_is_killed(kill_path):
     assert out["status"] == "passed"
 
 
-def test_fork_bomb_is_bounded_and_reaped(kill_path):
+@needs_root
+def test_fork_bomb_is_bounded_and_reaped():
     r = sandbox.run_python_here("import os\nwhile True:\n    os.fork()", limits=SMALL)
     assert r.status in ("runtime_error", "time_limit")
     assert processes_of_uid(r.uid) == []
@@ -220,6 +213,7 @@ def _owned_by(uid: int) -> list[str]:
     return found
 
 
+@needs_root
 def test_scratch_files_are_not_on_the_machine_while_the_program_runs():
     name = f"rlstack-scratch-{os.getpid()}-{threading.get_ident()}"
     script = (
@@ -309,6 +303,7 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+@needs_root
 def test_runs_start_in_a_launcher_not_in_the_caller(monkeypatch):
     """`run_python` and `SandboxProcess` hand their programs to small launcher processes: with starting
     disabled in this process they still run, the program's ancestors are the run's init, the run's
@@ -472,6 +467,7 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
     assert lines[5] == "runtime_error 3", out.stdout  # its init ignores the program's signals
 
 
+@needs_root
 def test_a_program_dies_with_its_launcher():
     """A launcher killed while it holds a program (a tool's interpreter, a run in progress) leaves
     nothing running: P dies with the launcher, X with P, and the namespace with X."""

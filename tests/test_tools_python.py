@@ -26,6 +26,9 @@ from rlstack.tools.python import PythonTool
 
 ROOT = os.geteuid() == 0
 """As root the sandbox runs code under a uid of its own (rewards/sandbox.py); some checks need that."""
+needs_root = pytest.mark.skipif(
+    not ROOT, reason="checks the interpreter's own uid, which only a root caller gives it"
+)
 SMALL = dict(
     timeout_s=3.0, cpu_s=20.0, memory_mb=1024, file_size_mb=16, max_processes=16, startup_timeout_s=30.0
 )
@@ -88,6 +91,7 @@ def _only_worker_left(tool: PythonTool) -> bool:
     return len(left) == 1 and sandbox._pid_in_namespace(left[0]) == 2
 
 
+@needs_root
 def test_state_persists_within_and_is_isolated_between_trajectories(make_tool, spawned):
     a, b = make_tool(), make_tool()
     assert run(a, "x = 41\nimport math").text == "(no output)"
@@ -196,6 +200,7 @@ def test_endless_printing_times_out(make_tool):
     assert not obs.ok and "time limit" in obs.error and obs.text.startswith("y" * 20 + "\n[output truncated")
 
 
+@needs_root
 def test_fork_bomb_is_bounded_and_reaped(make_tool):
     tool = make_tool()
     obs = run(tool, "import os\nwhile True:\n    os.fork()")
@@ -261,6 +266,7 @@ def test_cannot_kill_the_trainer(make_tool):
     assert run(tool, "print('still here')").text == "still here"
 
 
+@needs_root
 def test_detached_child_does_not_outlive_the_call(make_tool):
     tool = make_tool()
     code = (
@@ -367,6 +373,7 @@ def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, mon
         python_tool._package_dirs.cache_clear()
 
 
+@needs_root
 def test_reset_and_close_end_the_interpreter(make_tool, spawned):
     tool = make_tool()
     assert run(

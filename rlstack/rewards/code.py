@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from rlstack.rewards.harness import EXITED, HACKED, THREADS, harness_program, new_secret, passed
+from rlstack.rewards.harness import EXITED, harness_program, new_secret, passed
 from rlstack.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 REWARD_TYPE = "batch"
@@ -136,8 +136,6 @@ def _run_case(case: _Case, program: str, limits: SandboxLimits, runner: Runner) 
         return "early_exit", f"{EXITED} (exit status {result.exit_code}, no report)"
     if result.error_line.startswith(EXITED):
         return "early_exit", result.error_line
-    if HACKED in result.error_line or THREADS in result.error_line:
-        return "runtime_error", result.error_line
     return result.status, result.error_line
 
 

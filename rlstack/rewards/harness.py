@@ -145,7 +145,8 @@ def _rlstack_run_test(program, test, fixed, keep, preload, module_names):
             set_timer(timer, 0)
         for number, handler in handlers.items():
             try:
-                kept.append(set_signal(number, handler))
+                if get_signal(number) is not handler:
+                    kept.append(set_signal(number, handler))
             except catch:
                 pass
         for name in preload:
@@ -166,8 +167,9 @@ def _rlstack_run_test(program, test, fixed, keep, preload, module_names):
                 if key not in current:
                     current[key] = value
         for current, items in lists_before:
-            kept.append(to_list(current))
-            current[:] = items
+            if len(current) != len(items) or any(a is not b for a, b in zip(current, items)):
+                kept.append(to_list(current))
+                current[:] = items
         importer_cache.clear()
         if thread_count():
             raise RuntimeError(__THREADS__)
@@ -218,6 +220,8 @@ def _rlstack_run_test(program, test, fixed, keep, preload, module_names):
                 result = function(*args, **kwargs)
             finally:
                 restore()
+            if get_type(result) in plain:  # nothing of the program's to ask
+                return result
             try:
                 hacked = equal_to_anything(result)
             finally:

@@ -133,7 +133,7 @@ class LauncherPool:
         return self.ask(("run", args))
 
     def acquire(self) -> Launcher:
-        """An idle launcher, or a new one: the caller's alone until `release` (or `_discard`)."""
+        """An idle launcher, or a new one: the caller's alone until `release` (or `discard`)."""
         with self._lock:
             if self._closed:
                 raise LauncherError("the launcher pool is shut down")
@@ -188,7 +188,7 @@ class LauncherPool:
 
 
 class LauncherError(RuntimeError):
-    """No launcher could run the call (the caller then runs it in process)."""
+    """No launcher could run the call (nothing is then started in the caller: the run fails)."""
 
 
 _pool: LauncherPool | None = None

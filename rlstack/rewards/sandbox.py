@@ -167,7 +167,8 @@ class SandboxLimits(NamedTuple):
     file_size_mb: int = 64
     """Largest file the program may write (RLIMIT_FSIZE) in MiB; past it the program gets SIGXFSZ."""
     max_processes: int = 32
-    """Processes and threads the program's uid may have at once (RLIMIT_NPROC; root only: see module)."""
+    """Processes and threads the program may have at once (RLIMIT_NPROC: counted for its own uid, or in
+    its own user namespace when the caller is not root; see module)."""
     max_output_bytes: int = 1 << 20
     """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
     disk_mb: int = 128
@@ -234,20 +235,36 @@ def run_python_here(
     python = _interpreter()
     if python is None:
         return _failed("no Python interpreter the sandbox uid can execute", start)
-    run = _Run.new()
-    gone = False
     try:
-        jail = _jail(run, {**(files or {}), "main.py": code.encode()}, limits, python, ())
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode())
             stdin_file.seek(0)
-            proc, run.namespace = _spawn(python, stdin_file, limits, jail, run)
-            result, gone = _run(proc, run, limits, start)
-            return result
+            proc, run = _start(python, code, files or {}, limits, (), stdin_file)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return _failed(f"{type(e).__name__}: {e}", start)
+    try:
+        return _run(proc, run, limits, start)
     finally:
-        run.release(gone)
+        run.release(gone=True)
+
+
+def _start(
+    python: str,
+    script: str,
+    files: dict[str, bytes],
+    limits: SandboxLimits,
+    read_only: tuple[str, ...],
+    stdin,
+) -> tuple[subprocess.Popen, _Run]:
+    """Start `script` as `main.py` (with `files`) in a new run: P and the run's handles. Raises
+    `OSError`, `subprocess.SubprocessError` or `ValueError` (bad files) with the run released."""
+    run = _Run.new()
+    try:
+        jail = _jail(run, {**files, "main.py": script.encode()}, limits, python, read_only)
+        return _spawn(python, stdin, limits, jail, run), run
+    except BaseException:
+        run.release()
+        raise
 
 
 @dataclass
@@ -281,11 +298,12 @@ class _Run:
         return processes_of_uid(self.uid) if self.uid is not None else []
 
     def kill(self) -> None:
-        """SIGKILL every process of the run and wait until none is left."""
+        """SIGKILL every process of the run and wait until none is left: those of its PID namespace
+        (none can leave it: seccomp refuses `setns`), else those of its uid."""
         if self.namespace is not None:
             _kill_all(lambda: processes_in_namespace(self.namespace))
-        if self.uid is not None:
-            _kill_uid(self.uid)
+        elif self.uid is not None:
+            _kill_all(lambda: processes_of_uid(self.uid))
 
     def ended(self, proc: subprocess.Popen) -> bool:
         """Reap P; whether the run is known to be over: P said so on its pipe (it does once it has
@@ -315,23 +333,47 @@ class _Run:
 
 def processes_in_namespace(namespace: int) -> list[int]:
     """Live (not zombie) processes in the PID namespace whose inode is `namespace`."""
+    return _live_processes(lambda pid, status: os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace)
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real uid is `uid`."""
+    return _live_processes(lambda pid, status: int(_field(status, "Uid").split()[0]) == uid)
+
+
+def _live_processes(keep: Callable[[str, str], bool]) -> list[int]:
+    """The live (not zombie) processes for which `keep(pid, /proc/<pid>/status text)` holds."""
     pids = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if os.stat(f"/proc/{entry}/ns/pid").st_ino != namespace:
-                    continue
-                with open(f"/proc/{entry}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    pids.append(int(entry))
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+            if _field(status, "State")[:1] not in ("Z", "X") and keep(entry, status):
+                pids.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
     return pids
 
 
-def _run(
-    proc: subprocess.Popen, run: _Run, limits: SandboxLimits, start: float
-) -> tuple[SandboxResult, bool]:
-    """Watch a started run to its end: (its result, whether every process of the run is known gone)."""
+def _field(status: str, name: str) -> str:
+    """A field of a /proc/<pid>/status text (ValueError when it has none)."""
+    at = status.index(f"\n{name}:") + len(name) + 2
+    return status[at : status.index("\n", at)].strip()
+
+
+def _pid_in_namespace(pid: int) -> int | None:
+    """The pid of `pid` in its own (innermost) PID namespace: 1 is a run's init, 2 its program."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(_field(f.read(), "NSpid").split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _run(proc: subprocess.Popen, run: _Run, limits: SandboxLimits, start: float) -> SandboxResult:
+    """Watch a started run to its end (then every process of it is gone) and return its result."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     killed_for = _watch(proc.pid, bufs, limits, start)
     # Kill before reaping: the unreaped child keeps its process group id from being reused.
@@ -345,21 +387,20 @@ def _run(
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
     status, error_line = _classify(proc.returncode, err, killed_for, limits)
-    result = SandboxResult(
+    return SandboxResult(
         status, proc.returncode, out, err, error_line, wall_s, "namespace", run.uid, "private"
     )
-    return result, True
 
 
 @dataclass(frozen=True)
 class _Jail:
-    """What the child needs to build the program's file system (`_enter_jail`), prepared in the parent."""
+    """What the child needs to build the program's file system (`_build_root`, `_enter_root`),
+    prepared in the parent."""
 
     root: str
     """An empty root-only directory under the machine's /tmp: the mount point of the run's tmpfs,
-    which becomes the program's `/`."""
-    workdir: str
-    """The program's working directory inside its root (`root`'s own path, under the private /tmp)."""
+    which becomes the program's `/`. The program's working directory is this same path inside its
+    root (under its own /tmp)."""
     payload: dict[str, bytes]
     """Files to write into the work dir (names already checked to stay inside it)."""
     disk_mb: int
@@ -409,15 +450,7 @@ def _jail(
         if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
             shown.append(real)
     return _Jail(
-        root,
-        root,
-        payload,
-        limits.disk_mb,
-        tuple(shown),
-        links,
-        run.program_uid,
-        run.uid is None,
-        os.getpid(),
+        root, payload, limits.disk_mb, tuple(shown), links, run.program_uid, run.uid is None, os.getpid()
     )
 
 
@@ -442,19 +475,17 @@ def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     return tuple(shown), tuple(links)
 
 
-def _spawn(
-    python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run
-) -> tuple[subprocess.Popen, int | None]:
-    """Start `main.py` in `jail` (see `_child_setup`); stdout and stderr are pipes. Keeps in `run` the
-    read end of the pipe on which P says that the whole run has ended (`_Run.ended`) and a handle on
-    its PID namespace; returns P and that namespace's inode (None if P has ended already)."""
+def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run) -> subprocess.Popen:
+    """Start `main.py` in `jail` (see `_child_setup`) and return P; stdout and stderr are pipes. Keeps
+    in `run` the read end of the pipe on which P says that the whole run has ended (`_Run.ended`)
+    and its PID namespace (None if P has ended already)."""
     env = {
         "PATH": _SANDBOX_PATH,
         "LANG": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "PYTHONIOENCODING": "utf-8",
-        "HOME": jail.workdir,
-        "TMPDIR": jail.workdir,
+        "HOME": jail.root,
+        "TMPDIR": jail.root,
     }
     done_read, done_write = os.pipe()
     try:
@@ -477,9 +508,10 @@ def _spawn(
     run.done = done_read
     try:  # held open until the run is released, so that its inode is not reused by another namespace
         run.namespace_fd = os.open(f"/proc/{proc.pid}/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
+        run.namespace = os.fstat(run.namespace_fd).st_ino
     except OSError:  # P has ended already: so has the run (see `_Run.ended`)
-        return proc, None
-    return proc, os.fstat(run.namespace_fd).st_ino
+        pass
+    return proc
 
 
 class SandboxProcess:
@@ -583,16 +615,12 @@ class LocalProcess:
         python = _interpreter()
         if python is None:
             raise OSError("no Python interpreter the sandbox uid can execute")
-        run = self._run = _Run.new()
-        self.uid, self.workdir = run.uid, run.root
         try:
-            jail = _jail(run, {**files, "main.py": script.encode()}, limits, python, read_only)
-            proc, run.namespace = _spawn(python, subprocess.PIPE, limits, jail, run)
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            run.release()
-            if isinstance(e, ValueError):
-                raise
+            proc, run = _start(python, script, files, limits, read_only, subprocess.PIPE)
+        except (OSError, subprocess.SubprocessError) as e:
             raise OSError(f"starting the sandboxed process failed: {type(e).__name__}: {e}") from e
+        self._run = run
+        self.uid, self.workdir = run.uid, run.root
         self._proc = proc
         self.pid = proc.pid
         self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
@@ -610,18 +638,6 @@ class LocalProcess:
         """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
         self._finalizer()
         return self._proc.returncode
-
-
-def _pid_in_namespace(pid: int) -> int | None:
-    """The pid of `pid` in its own (innermost) PID namespace: 1 is a run's init, 2 its program."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def _end_process(proc: subprocess.Popen, run: _Run) -> None:
@@ -762,7 +778,7 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
         os.setgroups([])
         os.setgid(jail.uid)
         os.setuid(jail.uid)
-    os.chdir(jail.workdir)
+    os.chdir(jail.root)
     _no_new_namespaces()
 
 
@@ -882,8 +898,8 @@ def _build_root(jail: _Jail) -> None:
         os.makedirs(root + path, 0o755, exist_ok=True)
         os.chmod(root + path, 0o1777)
     os.makedirs(root + "/proc", 0o555, exist_ok=True)
-    os.mkdir(root + jail.workdir, 0o700)
-    _write_files(root + jail.workdir, jail.payload, jail.uid)
+    os.mkdir(root + jail.root, 0o700)
+    _write_files(root + jail.root, jail.payload, jail.uid)
 
 
 def _enter_root(root: str) -> None:
@@ -1062,17 +1078,18 @@ def _probe() -> str | None:
     if python is None:
         return "no Python interpreter the sandbox uid can execute"
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}, in a user namespace of its own"
-    run = _Run.new()
-    gone = False
     try:
-        jail = _jail(run, {"main.py": b""}, DEFAULT_LIMITS, python, ())
-        proc, run.namespace = _spawn(python, subprocess.DEVNULL, DEFAULT_LIMITS, jail, run)
-        _, stderr = proc.communicate(timeout=30)
-        gone = run.ended(proc)
+        proc, run = _start(python, "", {}, DEFAULT_LIMITS, (), subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return f"a test run ({who}) failed ({type(e).__name__}: {e}). {_ISOLATION_FIX}"
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.wait()
+        return f"a test run ({who}) did not end within 30 s. {_ISOLATION_FIX}"
     finally:
-        run.release(gone)
+        run.release(gone=run.ended(proc))
     if proc.returncode != 0:
         why = stderr.decode(errors="replace").strip()[-500:] or f"exit status {proc.returncode}"
         return f"a test run ({who}) failed ({why}). {_ISOLATION_FIX}"
@@ -1181,95 +1198,9 @@ def _release_uid(uid: int) -> None:
         os.close(fd)
 
 
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is `uid`."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = f.read()
-            state = status[status.index("\nState:") + 7 :].lstrip()[:1]
-            real_uid = int(status[status.index("\nUid:") + 5 :].split(None, 1)[0])
-        except (OSError, ValueError):
-            continue
-        if real_uid == uid and state not in ("Z", "X"):
-            pids.append(int(entry))
-    return pids
-
-
-def _processes_in_group(pgid: int) -> list[int]:
-    """Live processes whose process group is `pgid` (the handle on a run when there is no uid of its own)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            pids.append(int(entry))
-    return pids
-
-
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` and wait until none is left.
-
-    The fast way is `kill(-1, SIGKILL)` from a helper running as `uid` (`setpriv` drops to the uid,
-    which clears every capability, then execs `kill -s KILL -- -1`): Linux signals every process of
-    the uid in one pass under the task-list lock, and a process with SIGKILL pending cannot fork, so
-    no child escapes it; what is left is waiting for the dying to leave /proc. The helper is started
-    with vfork (no `preexec_fn`, no `user=`), so it costs the same from a trainer holding gigabytes
-    as from a small process. Without `setpriv` and `kill`: scan and kill until two scans in a row
-    find none (`_kill_all`).
-    """
-    if _KILL_HELPER is not None and uid >= _UID_BASE:
-        setpriv, kill = _KILL_HELPER
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                [
-                    setpriv,
-                    f"--reuid={uid}",
-                    f"--regid={uid}",
-                    "--clear-groups",
-                    kill,
-                    "-s",
-                    "KILL",
-                    "--",
-                    "-1",
-                ],
-                env={},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=10,
-            )
-            for _ in range(2000):
-                pids = processes_of_uid(uid)
-                if not pids:
-                    return
-                for pid in pids:  # not expected (the helper signalled them all); harmless
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.001)
-    _kill_all(lambda: processes_of_uid(uid))
-
-
-def _kill_helper() -> tuple[str, str] | None:
-    found = [shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") for name in ("setpriv", "kill")]
-    return None if None in found else (found[0], found[1])
-
-
-_KILL_HELPER = _kill_helper()
-"""`setpriv` and `kill` (util-linux, procps), with which `_kill_uid` signals as the sandbox uid."""
 
 
 def _kill_all(find: Callable[[], list[int]]) -> None:
