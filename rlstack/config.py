@@ -1005,26 +1005,24 @@ def validate(cfg: Config) -> list[str]:
             "worker.reward.code.sandbox=fusion needs worker.reward.code.sandbox_url (the SandboxFusion server, "
             "e.g. http://host:8080), or use sandbox=local"
         )
-    runs_code = (
-        "builtin:code" in [*functions, *rw.reward_function_by_source.values()] and rw.code.sandbox == "local"
-    )
-    python_tools = [
-        i
+    in_use = [*functions, *rw.reward_function_by_source.values()]
+    local_runs = ["builtin:code (worker.reward.code.sandbox=local)"] if "builtin:code" in in_use else []
+    if rw.code.sandbox != "local":
+        local_runs = []
+    local_runs += [
+        f"worker.rollout.agent.tools[{i}] (builtin:python)"
         for i, spec in enumerate(cfg.worker.rollout.agent.tools)
         if spec.get("import_path") == "builtin:python"
     ]
-    if runs_code or python_tools:
+    if local_runs:
         from rlstack.rewards.sandbox import isolation_problem
 
         problem = isolation_problem()
         if problem is not None:
-            who = "builtin:code (worker.reward.code.sandbox=local)" if runs_code else ""
-            if python_tools:
-                who += (
-                    " and " if who else ""
-                ) + f"worker.rollout.agent.tools[{python_tools[0]}] (builtin:python)"
-            p.append(f"{who} runs programs in the local sandbox, which cannot run here: {problem}")
-    uses_model = "builtin:reward_model" in [*functions, *rw.reward_function_by_source.values()]
+            p.append(
+                f"{' and '.join(local_runs)} runs programs in the local sandbox, which cannot run here: {problem}"
+            )
+    uses_model = "builtin:reward_model" in in_use
     if uses_model and not rw.reward_model.model_path:
         p.append(
             "builtin:reward_model needs worker.reward.reward_model.model_path: a Hugging Face sequence-classification "
