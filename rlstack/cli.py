@@ -3,7 +3,7 @@
 rlstack train config=path.yaml a.b=c ... [--print-config]
 rlstack sft   config=path.yaml a.b=c ... [--print-config]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
-rlstack demo [--workdir outputs/demo] [--seed S] [--num-threads N]
+rlstack demo [--task addition|visual|code|real] [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack merge CHECKPOINT --out DIR
 rlstack board RUN_DIR [RUN_DIR ...] [--port 6007]
 rlstack config-keys
@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser(
         "demo",
-        help="tiny model -> SFT warm start -> GRPO (addition, or a visual tool-using agent), before/after",
+        help="model -> warm start -> GRPO (addition, a visual tool agent, code, or SmolLM2 on word problems), before/after",
     )
-    p.add_argument("--task", choices=["addition", "visual", "code"], default="addition")
+    p.add_argument("--task", choices=["addition", "visual", "code", "real"], default="addition")
     p.add_argument(
         "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_<task> (others)"
     )

@@ -95,7 +95,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     model_path: str = BUILTIN_MODEL
-    """Hugging Face model: a local directory, a Hub name (org/name[@revision], fetched into the Hub cache), or `builtin:tiny-qwen2`."""
+    """Hugging Face model: a local directory, a Hub name (org/name[@revision], fetched into the Hub cache), `builtin:tiny-qwen2`, or a GGUF file (`.gguf`, dequantized once into a cached directory)."""
+    gguf_file: str | None = None
+    """A GGUF file inside the `model_path` folder to load instead of its Hugging Face weights (transformers' `gguf_file`)."""
     tokenizer_path: str | None = None
     """Tokenizer directory when it differs from `model_path`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -1168,6 +1170,13 @@ def validate(cfg: Config) -> list[str]:
         problem = _check_path(key, path)
         if problem:
             p.append(problem)
+    if a.model.gguf_file and not _check_path("worker.actor.model.model_path", a.model.model_path):
+        gguf = Path(os.path.expanduser(a.model.model_path)) / a.model.gguf_file
+        if not gguf.is_file():
+            p.append(
+                f"worker.actor.model.gguf_file: {str(gguf)!r} does not exist (gguf_file names a file inside the "
+                f"model_path folder; or set model_path to the .gguf file itself and leave gguf_file unset)"
+            )
     for key, fn in (
         [("worker.reward.reward_function", rw.reward_function)]
         + [(f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)]
@@ -1499,6 +1508,7 @@ def _check_path(key: str, path: str | None) -> str | None:
         ".parquet",
         ".jinja",
         ".yaml",
+        ".gguf",
     }
     hub_name = HUB_NAME.fullmatch(local) is not None and not Path(local).exists()
     must_exist = key in (

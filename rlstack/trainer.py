@@ -24,14 +24,14 @@ from rlstack.algos.filters import (
     trajectory_filter,
     truncation_mask,
 )
-from rlstack.algos.groups import group_index
+from rlstack.algos.groups import group_index, pass_at_k_means
 from rlstack.algos.kl import KLPenalty, adaptive_kl_coef, kl_in_reward
 from rlstack.algos.vppo import advantage_shaping_scale, perception_token_mask, token_visual_dependency
 from rlstack.batch import Batch
 from rlstack.config import Config, resolve_device, to_dict, to_yaml
 from rlstack.data.dataset import PromptDataset, PromptLoader
 from rlstack.errors import RLStackError
-from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.producer import RolloutProducer, staleness
 from rlstack.rewards.manager import build_reward_manager, reward_function_for
 from rlstack.rollout.agent import agent_system_prompt
@@ -57,7 +57,7 @@ class Trainer:
         checkpoint.seed_everything(t.seed, t.full_determinism)
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
-        model_path = resolve_model_path(w.actor.model.model_path)
+        model_path = model_dir(w.actor.model)
         tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_path)
         self.pad_token_id = tokenizer.pad_token_id
         self.probe = tokenizer("The weight-sync probe: 12 + 34 = 46.", add_special_tokens=False)["input_ids"]
@@ -473,6 +473,17 @@ class Trainer:
         for comp, source in zip(val["reward_components"], val["data_source"]):
             per_source[source].append(comp.get("accuracy", comp["overall"]))
         metrics = {f"val/{s}/accuracy": sum(v) / len(v) for s, v in per_source.items()}
+        if (
+            self.cfg.worker.rollout.val_n > 1
+        ):  # several samples per prompt: pass@k per source (accuracy 1 = solved)
+            for source in per_source:
+                rows = [i for i, s in enumerate(val["data_source"]) if s == source]
+                solved = [
+                    val["reward_components"][i].get("accuracy", val["reward_components"][i]["overall"]) >= 1
+                    for i in rows
+                ]
+                for k, v in pass_at_k_means(solved, [val["uid"][i] for i in rows]).items():
+                    metrics[f"val/{source}/pass@{k}"] = v
         statuses = Counter(
             (source, info["status"])
             for info, source in zip(val["reward_info"], val["data_source"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,3 +25,27 @@ def group_stats(
     sq_dev = (values - mean[groups]) ** 2  # [B]
     var = values.new_zeros(num_groups).index_add_(0, groups, sq_dev) / (count - 1).clamp(min=1)
     return count, mean, var.sqrt()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a prompt with `c` correct among `n` samples (Chen et al., 2021, "Evaluating Large
+    Language Models Trained on Code"): 1 - C(n-c, k) / C(n, k), the chance that k of the n drawn
+    without replacement hold at least one correct."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_means(correct: Sequence[bool], uids: Sequence[str]) -> dict[int, float]:
+    """Mean pass@k over prompts (rows grouped by uid; each prompt's n is its own row count), for
+    k = 1, 2, 4, ... up to the smallest n, and that n."""
+    counts: dict[str, list[bool]] = {}
+    for ok, uid in zip(correct, uids, strict=True):
+        counts.setdefault(uid, []).append(bool(ok))
+    if not counts:
+        return {}
+    n = min(len(v) for v in counts.values())
+    ks = sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
+    return {k: sum(pass_at_k(len(v), sum(v), k) for v in counts.values()) / len(counts) for k in ks}

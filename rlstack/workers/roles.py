@@ -8,6 +8,7 @@ from typing import Any
 
 from rlstack.algos.advantages import AdvEstimator
 from rlstack.config import Config
+from rlstack.models.loading import model_dir
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.policy import PolicyWorker, RefWorker
 from rlstack.workers.rollout import RolloutWorker
@@ -40,5 +41,5 @@ def build_roles(cfg: Config, total_steps: int, device: str) -> dict[str, Any]:
     if needs_ref(cfg):  # a LoRA policy is its own reference: its base with the adapters switched off
         roles["ref"] = policy if policy.lora else RefWorker(w.actor, w.ref, device)
     if cfg.algorithm.adv_estimator == AdvEstimator.GAE:
-        roles["critic"] = CriticWorker(w.critic, w.actor.model.model_path, total_steps, device)
+        roles["critic"] = CriticWorker(w.critic, model_dir(w.actor.model), total_steps, device)
     return roles

@@ -12,7 +12,7 @@ import torch
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
 from rlstack.errors import OutOfMemory
-from rlstack.models.loading import load_tokenizer_and_processor, resolve_model_path
+from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
@@ -59,7 +59,7 @@ class RolloutWorker:
         `in_flight`: weight updates land during a generation (the engine must support it)."""
         self.cfg = cfg
         self.rank = distributed.current().rank if rank is None else rank
-        path = resolve_model_path(model.model_path)
+        path = model_dir(model)
         if policy is not None:
             tokenizer, processor, device = policy.tokenizer, policy.processor, policy.device
         else:
