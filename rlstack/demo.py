@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from rlstack.config import Config, load_config, to_yaml
+from rlstack.errors import RLStackError
 from rlstack.models.loading import resolve_model_path, write_model_dir
 from rlstack.models.registry import SMOLLM2
 from rlstack.sft import run_sft
@@ -101,6 +102,10 @@ def run_demo(
     """
     start = time.perf_counter()
     spec = TASKS[task]
+    if spec.sft_config is None and sft_overrides:
+        raise RLStackError(
+            f"the {task} demo has no warm start: drop --sft-override ({' '.join(sft_overrides)})"
+        )
     if spec.base_model is not None:
         base = spec.base_model
         print(f"[demo] base model {base}: {resolve_model_path(base)}")

