@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-code demo-visual demo-real test test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual demo-real test gpu-bundle gpu-check test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,18 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/ruff check tests_vllm
 	for f in tests_vllm/test_*.py; do $(VLLM_VENV)/bin/pytest -q -p no:warnings $$f || exit 1; done
+
+# The GPU check (bench/gpu_check.py): `make gpu-bundle` builds here the wheels a CUDA machine without a package
+# index needs (at most 64 MiB); `make gpu-check` there installs them into $(PY) (torch, transformers, peft and
+# accelerate already in it) and runs the checks. `make test` runs the same checks on the CPU.
+GPU_BUNDLE ?= outputs/gpu-bundle
+GPU_JSON ?= outputs/gpu_check.json
+
+gpu-bundle: $(STAMP)
+	$(BIN)/python bench/gpu_check.py bundle $(GPU_BUNDLE)
+
+gpu-check:
+	PYTHON=$(PY) sh $(GPU_BUNDLE)/run.sh --json $(GPU_JSON)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
