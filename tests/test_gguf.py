@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -110,9 +109,7 @@ def test_gguf_file_converts_once_into_a_plain_hugging_face_directory(
 
     # the second time: the same directory, no note, no conversion
     stamp = (out / "model.safetensors").stat().st_mtime_ns
-    start = time.perf_counter()
     assert resolve_model_path(str(file)) == str(out)
-    assert time.perf_counter() - start < 0.5
     assert notes(capsys.readouterr().err) == []
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
@@ -120,6 +117,7 @@ def test_gguf_file_converts_once_into_a_plain_hugging_face_directory(
     other = write_tiny_gguf(file, quantize=quantized, seed=1)
     again = Path(resolve_model_path(str(file)))
     assert again != out and len(notes(capsys.readouterr().err)) == 1
+    assert not out.exists()  # the copy of the file as it was is gone, not left to fill the cache
     expected = q8_0_round_trip(other) if quantized else other
     assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(again)), logits(expected), atol=1e-5)
 
@@ -194,7 +192,6 @@ def test_one_step_grpo_run_on_a_gguf_saves_a_plain_hugging_face_model(
 
     folder = tmp_path / "models"  # the folder form: every worker must pass gguf_file along to find the model
     write_tiny_gguf(folder / "tiny.gguf")
-    start = time.perf_counter()
     cfg = load_config(
         [
             f"worker.actor.model.model_path={folder}",
@@ -216,7 +213,6 @@ def test_one_step_grpo_run_on_a_gguf_saves_a_plain_hugging_face_model(
         ]
     )
     metrics = Trainer(cfg).fit()
-    assert time.perf_counter() - start < 30
     assert "actor/pg_loss" in metrics
     [converted] = (cache / "models" / "gguf").glob("tiny-*/config.json")
     assert len(notes(capsys.readouterr().err)) == 1  # policy, reference and rollout share one conversion

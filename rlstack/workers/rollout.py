@@ -12,7 +12,7 @@ import torch
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
 from rlstack.errors import OutOfMemory
-from rlstack.models.loading import load_tokenizer_and_processor, model_dir
+from rlstack.models.loading import load_tokenizer_and_processor, model_dir, resolve_model_path
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Engine, EngineCapabilities, Request
@@ -71,7 +71,7 @@ class RolloutWorker:
 
             self.engine = VLLMEngine(
                 path,
-                model.tokenizer_path,
+                resolve_model_path(model.tokenizer_path) if model.tokenizer_path else None,
                 model.dtype,
                 cfg.seed,
                 multimodal,
