@@ -11,6 +11,7 @@ import os
 import random
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +52,21 @@ def save_atomically(ckpt_root: Path, step: int, write: Callable[[Path], None], k
         for _, old in checkpoints(ckpt_root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_dir_atomically(out: Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp_dir)` on a hidden sibling of `out`, then put it in `out`'s place (replacing what was
+    there): a crash leaves nothing half-written where readers look."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def rng_state() -> dict:

@@ -19,9 +19,9 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from rlstack.checkpoint import write_dir_atomically
 from rlstack.errors import RLStackError
 
 SOURCE_FILE = "rlstack_gguf_source.json"
@@ -134,18 +134,15 @@ def _convert(file: Path, out: Path) -> dict[str, int]:
     missing = [n for n, p in plain.named_parameters() if p.is_meta]
     if missing:
         raise GGUFError(f"{file.name}: the converted model has no weights for {missing[:5]}")
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+
+    def write(tmp: Path) -> None:
         with _quiet():
             plain.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         source = {"gguf_file": str(file.resolve()), "size": file.stat().st_size, "weight_types": types}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_dir_atomically(out, write)
     return types
 
 

@@ -17,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from rlstack.checkpoint import write_dir_atomically
 from rlstack.config import BUILTIN_MODEL, HUB_NAME, ModelConfig
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
@@ -76,20 +77,12 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
 def write_model_dir(out: Path, vision: bool = False, **sizes: int) -> Path:
     """Build a tiny model (a Qwen2.5-VL with `vision`) into a temporary folder and move it in place,
     so a crash leaves nothing half-written."""
-    import shutil
-    import tempfile
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    def write(tmp: Path) -> None:
         (init_vision_model if vision else init_model)(tmp, **sizes)
         mark_generic_tokenizer(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return write_dir_atomically(out, write)
 
 
 def mark_generic_tokenizer(path: Path) -> None:
