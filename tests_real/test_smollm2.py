@@ -49,6 +49,8 @@ def test_a_grpo_step_with_lora_on_word_problems(tmp_path):
             "data.rollout_batch_size=2",
             "worker.rollout.n=4",
             "worker.actor.global_batch_size=2",
+            "worker.actor.micro_batch_size_per_device_for_update=8",
+            "worker.actor.micro_batch_size_per_device_for_experience=8",
             "data.max_response_length=24",
             "data.val_max_samples=8",
             "trainer.max_steps=2",
