@@ -470,20 +470,17 @@ class Trainer:
             scored.append(self.rewards.score(batch))
         val = Batch.concat(scored)
         per_source: dict[str, list[float]] = defaultdict(list)
-        for comp, source in zip(val["reward_components"], val["data_source"]):
+        uids: dict[str, list[str]] = defaultdict(list)
+        for comp, source, uid in zip(val["reward_components"], val["data_source"], val["uid"]):
             per_source[source].append(comp.get("accuracy", comp["overall"]))
+            uids[source].append(uid)
         metrics = {f"val/{s}/accuracy": sum(v) / len(v) for s, v in per_source.items()}
-        if (
-            self.cfg.worker.rollout.val_n > 1
-        ):  # several samples per prompt: pass@k per source (accuracy 1 = solved)
-            for source in per_source:
-                rows = [i for i, s in enumerate(val["data_source"]) if s == source]
-                solved = [
-                    val["reward_components"][i].get("accuracy", val["reward_components"][i]["overall"]) >= 1
-                    for i in rows
-                ]
-                for k, v in pass_at_k_means(solved, [val["uid"][i] for i in rows]).items():
-                    metrics[f"val/{source}/pass@{k}"] = v
+        if self.cfg.worker.rollout.val_n > 1:  # several samples per prompt: pass@k (accuracy 1 = solved)
+            for source, accuracy in per_source.items():
+                solved = [a >= 1 for a in accuracy]
+                metrics |= {
+                    f"val/{source}/pass@{k}": v for k, v in pass_at_k_means(solved, uids[source]).items()
+                }
         statuses = Counter(
             (source, info["status"])
             for info, source in zip(val["reward_info"], val["data_source"])
