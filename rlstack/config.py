@@ -235,6 +235,9 @@ class RolloutConfig:
     """Top-k for validation."""
     val_n: int = 1
     """Responses per validation prompt."""
+    ignore_eos: bool = False
+    """Keep sampling past end-of-sequence tokens: every response runs to data.max_response_length (veRL's and
+    vLLM's ignore_eos). For benchmarks that must do a fixed amount of work; single-turn rollouts only."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
     name: Literal["hf", "vllm"] = "hf"
@@ -1011,6 +1014,12 @@ def validate(cfg: Config) -> list[str]:
             "e.g. http://host:8080), or use sandbox=local"
         )
     in_use = [*functions, *rw.reward_function_by_source.values()]
+    ro = cfg.worker.rollout
+    if ro.ignore_eos and (ro.agent.tools or ro.agent.feedback):
+        p.append(
+            "worker.rollout.ignore_eos=true cannot be used with worker.rollout.agent.tools or "
+            "worker.rollout.agent.feedback: a multi-turn trajectory's turn ends at its end-of-sequence token"
+        )
     local_runs = ["builtin:code (worker.reward.code.sandbox=local)"] if "builtin:code" in in_use else []
     if rw.code.sandbox != "local":
         local_runs = []

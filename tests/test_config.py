@@ -806,3 +806,9 @@ def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_pa
     broken.write_text("{% for m in messages %}\n{{ m.content }}\n{% endfor\n")
     problems = problems_of([f"worker.actor.model.chat_template={broken}"])
     assert any(f"worker.actor.model.chat_template: {broken}, line 3:" in p for p in problems), problems
+
+
+def test_ignore_eos_is_refused_for_multi_turn_rollouts():
+    assert load_config(["worker.rollout.ignore_eos=true"]).worker.rollout.ignore_eos
+    with pytest.raises(ConfigError, match="ignore_eos=true cannot be used with worker.rollout.agent.tools"):
+        load_config(["worker.rollout.ignore_eos=true", "worker.rollout.agent.tools=[{import_path: builtin:python}]"])

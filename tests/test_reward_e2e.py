@@ -322,3 +322,36 @@ def test_code_grpo_on_nemotron_rows_runs_programs_in_the_sandbox(tiny_model_dir:
             assert (row["reward_info"]["status"] == "passed") == (row["score"] == 1.0), row
     assert "passed" in statuses  # programs really ran and passed in the sandbox
     assert max(metrics[s]["reward/pass_rate"] for s in (1, 2)) > 0
+
+
+def test_a_judge_outage_is_said_once_and_its_end_too(capsys):
+    """The run goes on under on_error=score: one line when the judge starts failing, none while it stays
+    down, one when it answers again."""
+    server = JudgeServer(default=lambda body: ("status", 503))
+    cfg = load_config(
+        [
+            "worker.reward.reward_function=builtin:math",
+            "worker.reward.math.judge_fallback=true",
+            f"worker.reward.judge.base_url={server.url}",
+            "worker.reward.judge.model=j",
+            "worker.reward.judge.max_attempts=2",
+            "worker.reward.judge.backoff_base=0.01",
+            "worker.reward.judge.on_error=score",
+        ]
+    )
+    manager = build_reward_manager(cfg.worker.reward, 16)
+    try:
+        for word in ("Mon", "Tue"):  # two steps of an outage
+            manager.score(make_batch([f"<answer>{word}</answer>"], ["Monday"]))
+            assert manager.pop_metrics()["reward/judge_errors"] == 1.0
+        server.default = lambda body: ("ok", "Judgement: 1")
+        manager.score(make_batch(["<answer>Wed</answer>"], ["Monday"]))
+        assert manager.pop_metrics() == {"reward/judge_calls": 1.0, "reward/judge_errors": 0.0}
+    finally:
+        manager.close()
+        server.stop()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "[rlstack] judge" in line]
+    assert len(lines) == 2, lines
+    assert f"judge {server.url} failed for 1 of 1 samples after 2 attempt(s)" in lines[0]
+    assert "503" in lines[0] and "on_error=score" in lines[0]
+    assert lines[1] == f"[rlstack] judge {server.url} answers again (2 samples were scored 0.0 while it failed)"

@@ -531,3 +531,24 @@ def test_a_completion_names_the_weights_that_sampled_its_last_token(eos_model, t
     assert any(n <= 3 for n in versions) and any(n > 3 for n in versions)  # both kinds occur
     for c in out:  # tokens from index 3 on come from the weights that landed before step 3's forward
         assert c.weight_version == (1 if len(c.token_ids) > 3 else 0), len(c.token_ids)
+
+
+def test_ignore_eos_samples_on_past_end_of_sequence_to_max_tokens(eos_model, tok):
+    """`worker.rollout.ignore_eos` (benchmarks that need a fixed amount of work): an EOS no longer ends a
+    completion; with per-request seeds every completion is the one that ended at EOS, continued."""
+    requests = [Request(p, seed=mix_seed(5, i, 0)) for i, p in enumerate(prompt_ids(tok))]
+    engine = HFEngine(eos_model, tok, seed=0, multimodal=False)
+    ended = engine.generate(requests, SamplingSettings(max_tokens=MAX_NEW))
+    assert any(c.finish_reason == "stop" for c in ended)  # the EOS bias ends some completions early
+    full = engine.generate(requests, SamplingSettings(max_tokens=MAX_NEW, ignore_eos=True))
+    assert [len(c.token_ids) for c in full] == [MAX_NEW] * len(requests)
+    assert {c.finish_reason for c in full} == {"length"}
+    assert any(tok.eos_token_id in c.token_ids[:-1] for c in full)  # EOS sampled, and sampling went on
+    for a, b in zip(ended, full):
+        assert b.token_ids[: len(a.token_ids)] == a.token_ids
+
+    loop = AgentLoop(
+        engine, VisionProcessor(tok, None), None, AgentConfig(), MAX_NEW, multimodal=False, ignore_eos=True
+    )
+    out = loop.generate(prompt_batch(tok, ["1+2=", "123+4567="]), n=4, temperature=1.0)
+    assert out["response_mask"].sum(-1).tolist() == [MAX_NEW] * 8

@@ -250,6 +250,8 @@ class JudgeClient:
         self.model = config.model
         self.errors = 0
         """Items scored with error_score because judging failed (cumulative; log as reward/judge_errors)."""
+        self.last_error = ""
+        """Why the latest of those failed."""
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="judge")
         self._cache: dict[tuple, Future[JudgeResult]] = {}
         """Results by `_cache_key` (the images by digest: the cache does not keep them)."""
@@ -290,6 +292,7 @@ class JudgeClient:
                     ) from e
                 with self._lock:
                     self.errors += 1
+                    self.last_error = e.reason
                 result = JudgeResult(None, self.config.error_score, False, e.attempts, e.reason)
                 results.append(result if fresh else replace(result, cached=True, attempts=0))
                 continue

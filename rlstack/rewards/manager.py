@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import numbers
+import sys
 import threading
 import time
 from typing import Any
@@ -79,6 +80,8 @@ class RewardManager:
         self._judge_calls = 0
         self._judge_errors_seen = 0
         self._judge_lock = threading.Lock()  # worker threads count their judge calls
+        self._judge_down = 0
+        """Samples scored error_score since the judge last answered (0: it answers)."""
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
@@ -163,7 +166,31 @@ class RewardManager:
         errors = self.judge.errors - self._judge_errors_seen
         self._judge_errors_seen = self.judge.errors
         calls, self._judge_calls = self._judge_calls, 0
+        self._say_judge_state(calls, errors)
         return {"reward/judge_calls": float(calls), "reward/judge_errors": float(errors)}
+
+    def _say_judge_state(self, calls: int, errors: int) -> None:
+        """One line when the judge starts failing (the run goes on under on_error=score) and one when it
+        answers again, rather than a line per step of an outage."""
+        cfg = self.judge.config
+        where = f"judge {self.judge.base_url}"
+        if errors and not self._judge_down:
+            print(
+                f"[rlstack] {where} failed for {errors} of {calls} samples after {cfg.max_attempts} attempt(s) "
+                f"each ({self.judge.last_error}); the run goes on, scoring them {cfg.error_score} "
+                "(worker.reward.judge.on_error=score) and counting them in reward/judge_errors",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self._judge_down and calls and not errors:
+            print(
+                f"[rlstack] {where} answers again ({self._judge_down} samples were scored {cfg.error_score} "
+                "while it failed)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._judge_down = 0
+        self._judge_down += errors
 
     def close(self) -> None:
         if self.judge is not None:

@@ -142,6 +142,7 @@ class AgentLoop:
         config: AgentConfig,
         max_response_length: int,
         multimodal: bool,
+        ignore_eos: bool = False,
     ):
         self.engine = engine
         self.processor = processor
@@ -150,6 +151,7 @@ class AgentLoop:
         self.cfg = config
         self.max_response_length = max_response_length
         self.multimodal = multimodal
+        self.ignore_eos = ignore_eos
         self.stop = tuple(STOP_STRINGS[config.tool_call_format]) if toolset is not None else ()
         self.feedback = load_feedback(config.feedback) if config.feedback else None
         self.multi_turn = toolset is not None or self.feedback is not None
@@ -164,7 +166,9 @@ class AgentLoop:
         per prompt) seeds every trajectory's requests: sample j of a prompt samples the same tokens
         whatever other prompts share the call."""
         self.timing = {"gen": 0.0, "tools": 0.0}
-        sampling = SamplingSettings(self.max_response_length, temperature, top_p, top_k, self.stop)
+        sampling = SamplingSettings(
+            self.max_response_length, temperature, top_p, top_k, self.stop, ignore_eos=self.ignore_eos
+        )
         batch = prompts.repeat_interleave(n)
         trajectories = [self._start(batch, i, i % n) for i in range(len(batch))]
         pool = ThreadPoolExecutor(self.cfg.max_tool_workers, thread_name_prefix="tool")
@@ -240,7 +244,7 @@ class AgentLoop:
                 t.turns.append(
                     {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}
                 )
-            if not cut and new and new[-1] in eos:
+            if not cut and new and new[-1] in eos and not sampling.ignore_eos:
                 if self.feedback is not None and t.num_turns < self.cfg.max_turns:
                     t.answered = True  # the environment reads the answer (`_run_feedback`)
                 else:

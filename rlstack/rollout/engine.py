@@ -50,6 +50,8 @@ class SamplingSettings:
     """-1: no top-k truncation."""
     stop: tuple[str, ...] = ()
     """Strings that end a completion once its text contains one (the tokens that complete it are kept)."""
+    ignore_eos: bool = False
+    """End-of-sequence tokens do not end a completion: it runs to `max_tokens` (or a stop string)."""
 
 
 @dataclass

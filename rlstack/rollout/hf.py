@@ -140,7 +140,9 @@ def sample(
     `truncated` [B] (neither EOS nor a stop string within `max_new_tokens`).
     """
     device = next(model.parameters()).device
-    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
+    eos = torch.tensor(
+        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), dtype=torch.long, device=device
+    )
     B, P = len(prompts), max(len(p) for p in prompts)
     prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((B, P), dtype=torch.long)
@@ -469,7 +471,7 @@ class HFEngine:
                 self.model,
                 [r.prompt_ids for r in requests],
                 max_new_tokens=max_tokens,
-                eos_token_id=sorted(self.eos_token_ids),
+                eos_token_id=[] if sampling.ignore_eos else sorted(self.eos_token_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,

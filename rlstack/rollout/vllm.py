@@ -366,6 +366,7 @@ class VLLMEngine:
                     max_tokens=min(sampling.max_tokens, room),
                     stop=list(sampling.stop) or None,
                     include_stop_str_in_output=True,
+                    ignore_eos=sampling.ignore_eos,
                     logprobs=0,
                     seed=r.seed if r.seed is not None else mix_seed(self.seed, self.calls, i),
                     detokenize=bool(sampling.stop),

@@ -117,6 +117,7 @@ class RolloutWorker:
             cfg.agent,
             max_response_length,
             multimodal=multimodal,
+            ignore_eos=cfg.ignore_eos,
         )
 
     def capabilities(self) -> EngineCapabilities:
