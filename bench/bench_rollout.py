@@ -9,13 +9,18 @@
    the lean step (`rlstack.models.decoding`) for the models it covers.
 2. `engines` (when vLLM is installed: `pip install 'rlstack[vllm]'`): the HF engine against the
    vLLM engine on the same requests, for the tiny model and for a Qwen2-0.5B-shaped model with
-   random weights (built from a config; nothing is downloaded).
+   random weights (built from a config; nothing is downloaded). With `--model` (any model_path
+   rlstack loads, e.g. `builtin:smollm2-135m-instruct`), the two engines on that model instead, on
+   `builtin:word_problems` chat prompts, every sample exactly `--max-tokens` long (`ignore_eos`: a
+   pretrained model's answers end early, and the two engines would not sample the same lengths).
 
 Rounds alternate between the sides (ABBA), after one warm-up call each; tokens/s counts the
 sampled tokens (EOS included). Random weights rarely sample EOS, so rows run to `--max-tokens`.
 
     python bench/bench_rollout.py                      # writes bench/results/rollout.json
     python bench/bench_rollout.py --only sampler       # the HF engine vs the minimal loop only
+    .venv-vllm/bin/python bench/bench_rollout.py --only engines --model builtin:smollm2-135m-instruct \\
+        --prompts 16 --n 4 --max-tokens 128 --rounds 2    # bench/results/rollout_smollm2-135m-instruct.json
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--big-n", type=int, default=4, help="samples per prompt, Qwen2-0.5B shape")
     p.add_argument("--big-rounds", type=int, default=2, help="timed calls per side, Qwen2-0.5B shape")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--output", default=str(RESULTS))
+    p.add_argument("--model", help="the engines part on this model only (a model_path rlstack loads)")
+    p.add_argument("--output", help="result JSON (default: bench/results/rollout.json, rollout_<model>.json)")
     return p.parse_args()
 
 
@@ -177,16 +183,34 @@ def qwen2_0_5b_shaped(out: Path) -> Path:
     return out
 
 
-def engines_part(model_dir: Path, prompts_per_call: int, n: int, max_tokens: int, rounds: int) -> dict:
-    """The HF engine and the vLLM engine on the same requests, alternating (ABBA)."""
+def word_problem_prompts(tokenizer, count: int) -> list[list[int]]:
+    from rlstack.data.tasks import builtin_rows
+
+    rows = builtin_rows("builtin:word_problems@train")[:count]
+    return [
+        list(
+            tokenizer.apply_chat_template(r["problem"], add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+        for r in rows
+    ]
+
+
+def engines_part(
+    model_dir: Path, prompts_per_call: int, n: int, max_tokens: int, rounds: int, real: bool = False
+) -> dict:
+    """The HF engine and the vLLM engine on the same requests, alternating (ABBA); `real`: word-problem
+    prompts, every sample `max_tokens` long."""
     from rlstack.models.loading import load_causal_lm, load_tokenizer
     from rlstack.rollout.engine import Request, SamplingSettings
     from rlstack.rollout.hf import HFEngine
     from rlstack.rollout.vllm import VLLMEngine
 
     tok = load_tokenizer(str(model_dir))
-    requests = [Request(p) for p in addition_prompts(tok, prompts_per_call) for _ in range(n)]
-    settings = SamplingSettings(max_tokens=max_tokens)
+    prompts = (word_problem_prompts if real else addition_prompts)(tok, prompts_per_call)
+    requests = [Request(p) for p in prompts for _ in range(n)]
+    settings = SamplingSettings(max_tokens=max_tokens, ignore_eos=real)
     longest = max(len(r.prompt_ids) for r in requests) + max_tokens
     start = time.perf_counter()
     vllm = VLLMEngine(str(model_dir), None, "float32", 0, False, longest + 8, 0.5, 1, True, True, 4096, False)
@@ -207,6 +231,9 @@ def engines_part(model_dir: Path, prompts_per_call: int, n: int, max_tokens: int
     result["vllm_over_hf"] = result["vllm"]["tokens_per_s"] / result["hf"]["tokens_per_s"]
     result["vllm_start_s"] = vllm_start_s
     result["requests"] = len(requests)
+    result["prompt_tokens_mean"] = statistics.mean(len(r.prompt_ids) for r in requests)
+    result["max_tokens"] = max_tokens
+    result["fixed_length"] = real
     del vllm
     return result
 
@@ -222,6 +249,9 @@ def main() -> None:
         "threads": a.threads,
         "settings": {"prompts": a.prompts, "n": a.n, "max_tokens": a.max_tokens, "rounds": a.rounds},
     }
+    if a.model:
+        return real_model_engines(a, results)
+    a.output = a.output or str(RESULTS)
     with tempfile.TemporaryDirectory(prefix="rlstack-bench-rollout-") as tmp:
         tiny = write_model_dir(Path(tmp) / "tiny")
         if a.only in (None, "sampler"):
@@ -252,6 +282,31 @@ def main() -> None:
                         f"tok/s ({e['vllm_over_hf']:.2f}x), {e['requests']} requests per call"
                     )
     out = Path(a.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def real_model_engines(a: argparse.Namespace, results: dict) -> None:
+    """`--model`: the HF engine against vLLM's on one real model (see module docstring)."""
+    import vllm
+
+    from rlstack.config import ModelConfig
+    from rlstack.models.loading import model_dir
+
+    path = Path(model_dir(ModelConfig(model_path=a.model)))
+    name = "".join(
+        c if c.isalnum() or c in "-_." else "-" for c in a.model.removeprefix("builtin:").rsplit("/", 1)[-1]
+    )
+    results["model"] = a.model
+    results["vllm"] = vllm.__version__
+    results["engines"] = e = engines_part(path, a.prompts, a.n, a.max_tokens, a.rounds, real=True)
+    print(
+        f"engines, {a.model}: HF {e['hf']['tokens_per_s']:.0f} tok/s, vLLM {e['vllm']['tokens_per_s']:.0f} tok/s "
+        f"({e['vllm_over_hf']:.2f}x), {e['requests']} requests of exactly {a.max_tokens} tokens per call, "
+        f"vLLM start {e['vllm_start_s']:.0f} s"
+    )
+    out = Path(a.output or RESULTS.parent / f"rollout_{name.removesuffix('.gguf')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")

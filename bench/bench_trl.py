@@ -1,18 +1,33 @@
 """Side-by-side GRPO step rate: rlstack's `Trainer` against TRL's `GRPOTrainer`, on identical work.
 
-Both systems train the same randomly initialised tiny Qwen2 (built once, offline, by
-`rlstack.models.loading.write_model_dir`) on the same built-in addition prompts, in the same
-order (no shuffling), with the same GRPO settings: prompts per step, samples per prompt, maximum
-response length, temperature 1, learning rate, AdamW (betas, weight decay), constant schedule,
-clip range, token-mean loss, no KL term, one optimizer step per generation batch made of the same
-micro-batches, the same exact-match reward, no validation, no checkpoints, no trackers.
+Both systems train the same model on the same prompts, in the same order (no shuffling), with the
+same GRPO settings: prompts per step, samples per prompt, maximum response length, temperature,
+learning rate, AdamW (betas, weight decay), constant schedule, clip range, token-mean loss, no KL
+term, LoRA or not (the same rank, alpha and layers), one optimizer step per generation batch made of
+the same micro-batches, the same reward, no validation, no checkpoints, no trackers. The model is
+either the randomly initialised tiny Qwen2 (the default: built offline by
+`rlstack.models.loading.write_model_dir`, on built-in addition prompts scored by exact match), or
+any model rlstack loads (`--model builtin:smollm2-135m-instruct`, a directory, a `.gguf` file: resolved
+once, by rlstack, to the directory both sides load), on `--task word_problems` scored by
+`builtin:math`. `--fixed-length` makes every response exactly `--max-response-length` tokens on
+both sides (rlstack's `worker.rollout.ignore_eos`, TRL's `min_new_tokens`), so that a pretrained
+model's answers ending at different lengths cannot make one side's work smaller.
 
-Each system runs in its own subprocess (one after the other, so both see the same machine),
-with the same number of torch threads. A step is timed from the start of one step to the start
-of the next (everything the loop does between two steps counts), after a few warm-up steps.
+A third side, `torch`, is the raw compute of the same tokens: Hugging Face's `generate` on the same
+prompts and sampling settings, then one forward and backward pass per micro-batch of a clipped
+policy-gradient loss and the optimizer step, in a plain loop with nothing else (no reward
+bookkeeping, no metrics): the floor a trainer's step can be compared with.
 
-    python bench/bench_trl.py                   # both, prints a table, writes bench/results/trl_grpo.json
+Each side runs in its own subprocess (one after the other, so all see the same machine; the order
+alternates between rounds), with the same number of torch threads. A step is timed from the start
+of one step to the start of the next (everything the loop does between two steps counts), after a
+few warm-up steps. Each side also reports its process's peak resident memory.
+
+    python bench/bench_trl.py                   # rlstack and TRL on the tiny model: bench/results/trl_grpo.json
     python bench/bench_trl.py --steps 4         # quicker
+    python bench/bench_trl.py --model builtin:smollm2-135m-instruct --task word_problems --fixed-length \\
+        --prompts 16 --n 4 --max-response-length 128 --micro-batch 16 --lora-rank 32 \\
+        --sides rlstack,trl,torch               # the real model: bench/results/trl_grpo_smollm2-135m-instruct_lora32.json
     python bench/bench_trl.py --system trl ...  # one side only (what the main process launches)
 """
 
@@ -22,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,8 +51,27 @@ RESULTS = ROOT / "bench" / "results" / "trl_grpo.json"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--system", choices=["rlstack", "trl"], help="run one side only (internal)")
-    p.add_argument("--model-dir", help="tiny model directory (internal; built when absent)")
+    p.add_argument("--system", choices=SIDES, help="run one side only (internal)")
+    p.add_argument("--model-dir", help="model directory the sides load (internal)")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (a random tiny Qwen2, built here) or a model_path rlstack accepts: "
+        "builtin:smollm2-135m-instruct, a directory, a .gguf file",
+    )
+    p.add_argument("--task", choices=sorted(TASKS), default="addition", help="prompts and their reward")
+    p.add_argument(
+        "--sides", default="rlstack,trl", help=f"comma-separated sides to run, of {', '.join(SIDES)}"
+    )
+    p.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="every response runs to --max-response-length tokens on every side (EOS does not end it)",
+    )
+    p.add_argument(
+        "--lora-rank", type=int, default=0, help="LoRA rank on every linear layer (0: full weights)"
+    )
+    p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--json-out", help="where a single side writes its result (internal)")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
@@ -54,14 +89,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "PASSIVE keeps OpenMP threads from spinning, which makes figures usable on a machine shared with "
         "other CPU work (where spinning threads make steps 10-30x slower) but slows both sides on an idle one",
     )
-    p.add_argument("--output", default=str(RESULTS), help="result JSON (main process)")
+    p.add_argument(
+        "--output",
+        help="result JSON (default: bench/results/trl_grpo.json for the tiny model, "
+        "trl_grpo_<model>_<lora<rank>|full>.json for another)",
+    )
     return p.parse_args(argv)
 
 
-def build_rows() -> list[dict]:
+SIDES = ("rlstack", "trl", "torch")
+TASKS = {
+    # train files, rlstack's reward function (and its kwargs), data.max_prompt_length
+    "addition": ("builtin:addition@train", "builtin:exact_match", {}, 512),
+    "word_problems": ("builtin:word_problems@train", "builtin:math", {"format_weight": 0.0}, 160),
+}
+
+
+def build_rows(task: str) -> list[dict]:
     from rlstack.data.tasks import builtin_rows
 
-    return builtin_rows("builtin:addition@train")
+    return builtin_rows(TASKS[task][0])
+
+
+def chat(row: dict) -> list[dict]:
+    """A row's prompt as chat messages, as rlstack's data loader builds it from `problem`."""
+    problem = row["problem"]
+    return problem if isinstance(problem, list) else [{"role": "user", "content": problem}]
+
+
+def reward_fn(task: str):
+    """The task's reward on (completion texts, ground truths), the same function rlstack's side uses."""
+    if task == "addition":
+        return lambda texts, answers: [float(t.strip() == str(g).strip()) for t, g in zip(texts, answers)]
+    from rlstack.rewards.math import compute_score
+
+    kwargs = TASKS[task][2]
+    return lambda texts, answers: [
+        s["overall"]
+        for s in compute_score([{"response": t, "ground_truth": g} for t, g in zip(texts, answers)], **kwargs)
+    ]
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 def summarize(stamps: list[float], warmup: int, steps: int) -> dict:
@@ -90,12 +161,20 @@ def _mean(xs: list[float]) -> float:
 
 def rlstack_overrides(a: argparse.Namespace, model_dir: str, steps: int, out: str) -> list[str]:
     """The rlstack side's config: the benchmark's workload for `steps` steps, run directory under `out`."""
+    train_files, reward, reward_kwargs, max_prompt_length = TASKS[a.task]
+    lora = (
+        [f"worker.actor.model.lora.rank={a.lora_rank}", f"worker.actor.model.lora.alpha={2 * a.lora_rank}"]
+        if a.lora_rank
+        else []
+    )
     return [
         f"worker.actor.model.model_path={model_dir}",
-        "data.train_files=builtin:addition@train",
+        *lora,
+        f"data.train_files={train_files}",
         "data.val_files=''",
         "data.shuffle=false",
         f"data.rollout_batch_size={a.prompts}",
+        f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={a.max_response_length}",
         f"worker.actor.global_batch_size={a.prompts}",
         f"worker.actor.micro_batch_size_per_device_for_update={a.micro_batch}",
@@ -106,10 +185,12 @@ def rlstack_overrides(a: argparse.Namespace, model_dir: str, steps: int, out: st
         "worker.actor.clip_ratio_high=0.28",
         "worker.actor.max_grad_norm=1.0",
         f"worker.rollout.n={a.n}",
-        "worker.rollout.temperature=1.0",
+        f"worker.rollout.temperature={a.temperature}",
         "worker.rollout.top_p=1.0",
         "worker.rollout.top_k=-1",
-        "worker.reward.reward_function=builtin:exact_match",
+        f"worker.rollout.ignore_eos={str(a.fixed_length).lower()}",
+        f"worker.reward.reward_function={reward}",
+        *[f"worker.reward.reward_function_kwargs.{k}={v}" for k, v in reward_kwargs.items()],
         "algorithm.use_kl_loss=false",
         "algorithm.norm_adv_by_std_in_grpo=true",
         "trainer.logger=[file]",
@@ -153,6 +234,7 @@ def run_rlstack(a: argparse.Namespace) -> dict:
     result = summarize(stamps, a.warmup, a.steps)
     result.update(
         setup_s=setup_s,
+        peak_rss_gb=peak_rss_gb(),
         response_length_mean=_mean([r["response_length/mean"] for r in timed]),
         prompt_length_mean=_mean([r["prompt_length/mean"] for r in timed]),
         trajectories_per_step=a.prompts * a.n,
@@ -188,13 +270,11 @@ def run_trl(a: argparse.Namespace) -> dict:
         )
     accum = trajectories // a.micro_batch
 
-    rows = build_rows()
-    dataset = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["problem"]}], "answer": r["answer"]} for r in rows]
-    )
+    dataset = Dataset.from_list([{"prompt": chat(r), "answer": r["answer"]} for r in build_rows(a.task)])
+    score = reward_fn(a.task)
 
-    def exact_match(completions, answer, **kwargs):
-        return [float(c[0]["content"].strip() == str(g).strip()) for c, g in zip(completions, answer)]
+    def reward(completions, answer, **kwargs):
+        return score([c[0]["content"] for c in completions], answer)
 
     stamps: list[float] = []
     lengths: list[float] = []
@@ -227,9 +307,10 @@ def run_trl(a: argparse.Namespace) -> dict:
             num_generations=a.n,
             num_iterations=1,
             max_completion_length=a.max_response_length,
-            temperature=1.0,
+            temperature=a.temperature,
             top_p=1.0,
             top_k=0,
+            generation_kwargs={"min_new_tokens": a.max_response_length} if a.fixed_length else None,
             learning_rate=a.lr,
             lr_scheduler_type="constant",
             warmup_steps=0,
@@ -263,11 +344,12 @@ def run_trl(a: argparse.Namespace) -> dict:
         )
         trainer = TimedGRPO(
             model=model,
-            reward_funcs=exact_match,
+            reward_funcs=reward,
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[StepStart()],
+            peft_config=peft_lora(a.lora_rank),
         )
         setup_s = time.perf_counter() - t0
         assert not trainer.model.is_activation_checkpointing, "activation checkpointing must be off"
@@ -279,12 +361,127 @@ def run_trl(a: argparse.Namespace) -> dict:
     result = summarize(stamps, a.warmup, a.steps)
     result.update(
         setup_s=setup_s,
+        peak_rss_gb=peak_rss_gb(),
         response_length_mean=_mean(lengths[sl]),
         prompt_length_mean=_mean(prompt_lengths[sl]),
         trajectories_per_step=trajectories,
         phases_s={"generate_and_score": _mean(rollout_s[sl])},
     )
     result["phases_s"]["update"] = result["step_s_mean"] - result["phases_s"]["generate_and_score"]
+    return result
+
+
+def peft_lora(rank: int):
+    """peft's LoRA as rlstack builds it from `worker.actor.model.lora` (alpha = 2 x rank, every linear layer
+    but the output head, no dropout); None for full weights."""
+    if not rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0, bias="none")
+
+
+# ------------------------------------------------------------------------------------ raw torch
+
+
+def run_torch(a: argparse.Namespace) -> dict:
+    """The same tokens through plain torch: `generate`, then forward/backward and one optimizer step."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlstack.models.loading import load_tokenizer
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    total = a.warmup + a.steps  # a final time stamp closes the last step
+    tokenizer = load_tokenizer(a.model_dir)
+    tokenizer.padding_side = "left"
+    rows = build_rows(a.task)
+    score = reward_fn(a.task)
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if a.lora_rank:
+        model = get_peft_model(model, peft_lora(a.lora_rank))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), weight_decay=0.01)
+    setup_s = time.perf_counter() - t0
+    eos = tokenizer.eos_token_id
+    stamps: list[float] = []
+    gen_s: list[float] = []
+    lengths: list[float] = []
+    prompt_lengths: list[float] = []
+    for step in range(total):
+        stamps.append(time.perf_counter())
+        batch = rows[step * a.prompts : (step + 1) * a.prompts]
+        texts = [
+            tokenizer.apply_chat_template(chat(r), add_generation_prompt=True, tokenize=False) for r in batch
+        ]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids = enc["input_ids"].repeat_interleave(a.n, 0)
+        prompt_mask = enc["attention_mask"].repeat_interleave(a.n, 0)
+        P = prompt_ids.shape[1]
+        prompt_lengths.append(float(enc["attention_mask"].sum(-1).float().mean()))
+        t = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            seq = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                do_sample=True,
+                temperature=a.temperature,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=a.max_response_length,
+                min_new_tokens=a.max_response_length if a.fixed_length else 0,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        gen_s.append(time.perf_counter() - t)
+        response = seq[:, P:]
+        # a response ends at its first EOS (kept); everything after it is padding
+        after_eos = (response == eos).long().cumsum(-1) - (response == eos).long()
+        response_mask = (after_eos == 0).long() if not a.fixed_length else torch.ones_like(response)
+        lengths.append(float(response_mask.sum(-1).float().mean()))
+        rewards = torch.tensor(
+            score(
+                tokenizer.batch_decode(response * response_mask, skip_special_tokens=True),
+                [r["answer"] for r in batch for _ in range(a.n)],
+            )
+        ).view(-1, a.n)
+        advantages = (
+            (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-6)
+        ).view(-1)
+        mask = torch.cat([prompt_mask, response_mask], dim=-1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens = response_mask.sum()
+        model.train()
+        for m in range(0, len(seq), a.micro_batch):
+            sl = slice(m, m + a.micro_batch)
+            logits = model(
+                input_ids=seq[sl],
+                attention_mask=mask[sl],
+                position_ids=positions[sl],
+                logits_to_keep=response.shape[1] + 1,
+            ).logits[:, :-1]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, response[sl, :, None]).squeeze(-1)
+            ratio = torch.exp(logp - logp.detach())
+            loss = -(torch.clamp(ratio, 0.8, 1.28) * advantages[sl, None] * response_mask[sl]).sum() / tokens
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    stamps.append(time.perf_counter())
+    sl = slice(a.warmup, a.warmup + a.steps)
+    result = summarize(stamps, a.warmup, a.steps)
+    result.update(
+        setup_s=setup_s,
+        peak_rss_gb=peak_rss_gb(),
+        response_length_mean=_mean(lengths[sl]),
+        prompt_length_mean=_mean(prompt_lengths[sl]),
+        trajectories_per_step=a.prompts * a.n,
+        phases_s={"generate": _mean(gen_s[sl])},
+    )
+    result["phases_s"]["update"] = result["step_s_mean"] - result["phases_s"]["generate"]
     return result
 
 
@@ -354,6 +551,13 @@ def run_side(system: str, a: argparse.Namespace, model_dir: str, tmp: str, index
         str(a.micro_batch),
         "--lr",
         str(a.lr),
+        "--task",
+        a.task,
+        "--lora-rank",
+        str(a.lora_rank),
+        "--temperature",
+        str(a.temperature),
+        *(["--fixed-length"] if a.fixed_length else []),
         "--warmup",
         str(a.warmup),
         "--steps",
@@ -379,7 +583,8 @@ def run_side(system: str, a: argparse.Namespace, model_dir: str, tmp: str, index
     result = json.loads(out.read_text())
     result["process_wall_s"] = wall
     print(
-        f"[bench]   {system}: {result['steps_per_s']:.3f} steps/s over {a.steps} steps ({wall:.0f} s)",
+        f"[bench]   {system}: {result['steps_per_s']:.3f} steps/s over {a.steps} steps ({wall:.0f} s, "
+        f"peak memory {result['peak_rss_gb']:.2f} GB)",
         flush=True,
     )
     return result
@@ -397,6 +602,7 @@ def combine(runs: list[dict]) -> dict:
         "step_s_min": min(steps),
         "step_s_max": max(steps),
         "timed_steps": len(steps),
+        "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
         "response_length_mean": _mean([r["response_length_mean"] for r in runs]),
         "prompt_length_mean": _mean([r["prompt_length_mean"] for r in runs]),
         "trajectories_per_step": runs[0]["trajectories_per_step"],
@@ -408,61 +614,93 @@ def combine(runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     if a.system:
-        result = {"rlstack": run_rlstack, "trl": run_trl}[a.system](a)
+        result = {"rlstack": run_rlstack, "trl": run_trl, "torch": run_torch}[a.system](a)
         Path(a.json_out).write_text(json.dumps(result))
         return
-
-    from rlstack.models.loading import write_model_dir
+    sides_run = [s.strip() for s in a.sides.split(",") if s.strip()]
+    unknown = [s for s in sides_run if s not in SIDES]
+    if unknown or not sides_run or len(set(sides_run)) != len(sides_run):
+        raise SystemExit(f"--sides {a.sides!r}: give distinct sides of {', '.join(SIDES)}, comma-separated")
+    if a.output is None:
+        name = (
+            "trl_grpo"
+            if a.model == "tiny"
+            else f"trl_grpo_{_slug(a.model)}_{f'lora{a.lora_rank}' if a.lora_rank else 'full'}"
+        )
+        a.output = str(RESULTS.parent / f"{name}.json")
 
     load_before = os.getloadavg()
-    runs: dict[str, list[dict]] = {"rlstack": [], "trl": []}
-    # ABBA order (rlstack, trl, trl, rlstack, ...) so a drift in machine load hits both sides alike.
-    order = [s for i in range(a.rounds) for s in (("rlstack", "trl") if i % 2 == 0 else ("trl", "rlstack"))]
+    runs: dict[str, list[dict]] = {s: [] for s in sides_run}
+    # the order reverses every round (A B C, C B A, ...) so a drift in machine load hits every side alike
+    order = [s for i in range(a.rounds) for s in (sides_run if i % 2 == 0 else sides_run[::-1])]
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as tmp:
-        model_dir = str(write_model_dir(Path(tmp) / "tiny-qwen2"))
+        model_dir = resolve_model(a.model, Path(tmp))
         for i, system in enumerate(order):
             runs[system].append(run_side(system, a, model_dir, tmp, i))
     load_after = os.getloadavg()
     sides = {name: combine(rs) for name, rs in runs.items()}
 
-    r, t = sides["rlstack"], sides["trl"]
-    ratio = r["steps_per_s"] / t["steps_per_s"]
+    ratios = {}
+    if "rlstack" in sides and "trl" in sides:
+        ratios["rlstack_over_trl_steps_per_s"] = sides["rlstack"]["steps_per_s"] / sides["trl"]["steps_per_s"]
+    if "rlstack" in sides and "torch" in sides:
+        # how much longer rlstack's step takes than the raw compute of the same tokens
+        ratios["rlstack_step_over_torch_step"] = (
+            sides["rlstack"]["step_s_median"] / sides["torch"]["step_s_median"]
+        )
     print()
     print(
-        f"GRPO steady-state step rate: {a.prompts} prompts x {a.n} samples, <= {a.max_response_length} new "
-        f"tokens, {a.threads} torch threads, {a.rounds} run(s) x {a.steps} timed steps per system"
+        f"GRPO steady-state step rate: {a.model} model, {a.task}, {a.prompts} prompts x {a.n} samples, "
+        f"{'exactly' if a.fixed_length else '<='} {a.max_response_length} new tokens, "
+        f"{f'LoRA rank {a.lora_rank}' if a.lora_rank else 'full weights'}, {a.threads} torch threads, "
+        f"{a.rounds} run(s) x {a.steps} timed steps per side"
     )
     print(
-        f"{'system':<10}{'steps/s':>10}{'s/step':>10}{'min s':>8}{'max s':>8}{'resp len':>10}{'prompt len':>12}"
+        f"{'side':<10}{'steps/s':>10}{'s/step':>10}{'min s':>8}{'max s':>8}{'resp len':>10}{'prompt len':>12}"
+        f"{'peak GB':>9}"
     )
     for name, s in sides.items():
         print(
             f"{name:<10}{s['steps_per_s']:>10.3f}{s['step_s_median']:>10.3f}{s['step_s_min']:>8.3f}"
             f"{s['step_s_max']:>8.3f}{s['response_length_mean']:>10.2f}{s['prompt_length_mean']:>12.2f}"
+            f"{s['peak_rss_gb']:>9.2f}"
         )
-    print(f"ratio rlstack/TRL (steps/s, median step time): {ratio:.2f}x")
-    print(f"rlstack phases (s/step, mean): {_fmt(r['phases_s'])}")
-    print(f"TRL phases (s/step, mean):     {_fmt(t['phases_s'])}")
+    if "rlstack_over_trl_steps_per_s" in ratios:
+        print(f"ratio rlstack/TRL (steps/s, median step time): {ratios['rlstack_over_trl_steps_per_s']:.2f}x")
+    if "rlstack_step_over_torch_step" in ratios:
+        print(f"rlstack step / raw torch step (median): {ratios['rlstack_step_over_torch_step']:.2f}x")
+    for name, s in sides.items():
+        print(f"{name} phases (s/step, mean): {_fmt(s['phases_s'])}")
     print(
         f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} (nproc {machine()['nproc']})"
     )
 
+    train_files, reward, reward_kwargs, _ = TASKS[a.task]
     result = {
-        "benchmark": "GRPO steady-state step rate, rlstack Trainer vs TRL GRPOTrainer",
+        "benchmark": "GRPO steady-state step rate, rlstack Trainer vs TRL GRPOTrainer (and raw torch)",
         "command": " ".join(["python bench/bench_trl.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "ratio_steps_per_s_rlstack_over_trl": round(ratio, 3),
+        **(
+            {"ratio_steps_per_s_rlstack_over_trl": round(ratios["rlstack_over_trl_steps_per_s"], 3)}
+            if "rlstack_over_trl_steps_per_s" in ratios
+            else {}
+        ),
+        "ratios": _rounded(ratios),
         "settings": {
-            "model": "tiny Qwen2 (write_model_dir defaults: hidden 128, 3 layers), random init, float32",
-            "task": "builtin:addition@train, chat messages [{'role': 'user', 'content': problem}], no shuffle",
-            "reward": "exact match of the stripped completion with the answer",
+            "model": "tiny Qwen2 (write_model_dir defaults: hidden 128, 3 layers), random init, float32"
+            if a.model == "tiny"
+            else f"{a.model} (float32)",
+            "task": f"{train_files}, chat messages, no shuffle",
+            "reward": f"{reward} {reward_kwargs}" if reward_kwargs else reward,
+            "lora_rank": a.lora_rank,
+            "fixed_length": a.fixed_length,
             "prompts_per_step": a.prompts,
             "n": a.n,
             "trajectories_per_step": a.prompts * a.n,
             "max_response_length": a.max_response_length,
             "micro_batch": a.micro_batch,
             "optimizer_steps_per_generation": 1,
-            "temperature": 1.0,
+            "temperature": a.temperature,
             "lr": a.lr,
             "kl": False,
             "warmup_steps": a.warmup,
@@ -471,6 +709,7 @@ def main(argv: list[str] | None = None) -> None:
             "torch_threads": a.threads,
             "omp_wait_policy": a.omp_wait_policy or None,
             "steps_per_s": "1 / median step time over all timed steps of all runs (robust to load bursts)",
+            "peak_rss_gb": "the side's process peak resident memory (model loading included)",
         },
         "results": {name: _rounded(s) for name, s in sides.items()},
         "versions": versions(),
@@ -480,6 +719,24 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def resolve_model(model: str, tmp: Path) -> str:
+    """The directory every side loads: the tiny Qwen2 built in `tmp`, or what rlstack makes of `model`
+    (a `builtin:` model fetched, a GGUF file dequantized once into its cache)."""
+    if model == "tiny":
+        from rlstack.models.loading import write_model_dir
+
+        return str(write_model_dir(tmp / "tiny-qwen2"))
+    from rlstack.config import ModelConfig
+    from rlstack.models.loading import model_dir
+
+    return str(model_dir(ModelConfig(model_path=model)))
+
+
+def _slug(model: str) -> str:
+    name = model.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
 
 
 def _fmt(phases: dict) -> str:

@@ -1,0 +1,38 @@
+"""bench/bench_trl.py runs its sides on the tiny model: rlstack's trainer and the raw-torch floor (TRL is in
+the `bench` extra, not installed by `make test`), with LoRA and fixed-length responses, and writes the
+comparison it reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    args = ["--sides", "rlstack,torch", "--prompts", "2", "--n", "2", "--max-response-length", "6"]
+    args += ["--micro-batch", "2", "--warmup", "1", "--steps", "1", "--rounds", "1", "--threads", "1"]
+    args += ["--lora-rank", "4", "--fixed-length", "--output", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_trl.py"), *args], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rlstack, torch_ = result["results"]["rlstack"], result["results"]["torch"]
+    # every response ran to the limit on both sides: rlstack's worker.rollout.ignore_eos, torch's min_new_tokens
+    assert rlstack["response_length_mean"] == torch_["response_length_mean"] == 6
+    assert rlstack["prompt_length_mean"] == torch_["prompt_length_mean"] > 0  # the same chat prompts
+    assert rlstack["trajectories_per_step"] == torch_["trajectories_per_step"] == 4
+    for side in (rlstack, torch_):
+        assert side["timed_steps"] == 1 and side["step_s_median"] > 0 and side["peak_rss_gb"] > 0.1
+    ratio = result["ratios"]["rlstack_step_over_torch_step"]
+    assert ratio == pytest.approx(rlstack["step_s_median"] / torch_["step_s_median"], rel=0.01)
+    assert "rlstack_over_trl_steps_per_s" not in result["ratios"]  # TRL did not run
+    assert result["settings"]["lora_rank"] == 4 and result["settings"]["fixed_length"] is True
+    assert "rlstack step / raw torch step (median)" in proc.stdout
