@@ -20,7 +20,10 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
     args += ["--micro-batch", "2", "--warmup", "1", "--steps", "1", "--rounds", "1", "--threads", "1"]
     args += ["--lora-rank", "4", "--fixed-length", "--output", str(out)]
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_trl.py"), *args], capture_output=True, text=True, timeout=600
+        [sys.executable, str(ROOT / "bench" / "bench_trl.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

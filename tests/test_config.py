@@ -811,4 +811,6 @@ def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_pa
 def test_ignore_eos_is_refused_for_multi_turn_rollouts():
     assert load_config(["worker.rollout.ignore_eos=true"]).worker.rollout.ignore_eos
     with pytest.raises(ConfigError, match="ignore_eos=true cannot be used with worker.rollout.agent.tools"):
-        load_config(["worker.rollout.ignore_eos=true", "worker.rollout.agent.tools=[{import_path: builtin:python}]"])
+        load_config(
+            ["worker.rollout.ignore_eos=true", "worker.rollout.agent.tools=[{import_path: builtin:python}]"]
+        )

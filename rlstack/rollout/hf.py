@@ -141,7 +141,9 @@ def sample(
     """
     device = next(model.parameters()).device
     eos = torch.tensor(
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), dtype=torch.long, device=device
+        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
+        dtype=torch.long,
+        device=device,
     )
     B, P = len(prompts), max(len(p) for p in prompts)
     prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
