@@ -62,7 +62,10 @@ def addition_prompts(tokenizer, count: int) -> list[list[int]]:
     rows = builtin_rows("builtin:addition@train")[:count]
     return [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": r["problem"]}], add_generation_prompt=True, tokenize=True
+            [{"role": "user", "content": r["problem"]}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
         )["input_ids"]
         for r in rows
     ]
@@ -189,9 +192,9 @@ def word_problem_prompts(tokenizer, count: int) -> list[list[int]]:
     rows = builtin_rows("builtin:word_problems@train")[:count]
     return [
         list(
-            tokenizer.apply_chat_template(r["problem"], add_generation_prompt=True, tokenize=True)[
-                "input_ids"
-            ]
+            tokenizer.apply_chat_template(
+                r["problem"], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
         )
         for r in rows
     ]

@@ -16,7 +16,11 @@ model's answers ending at different lengths cannot make one side's work smaller.
 A third side, `torch`, is the raw compute of the same tokens: Hugging Face's `generate` on the same
 prompts and sampling settings, then one forward and backward pass per micro-batch of a clipped
 policy-gradient loss and the optimizer step, in a plain loop with nothing else (no reward
-bookkeeping, no metrics): the floor a trainer's step can be compared with.
+bookkeeping, no metrics, no checks). It is what a trainer's step is compared with, not a strict
+floor: like TRL, it prefills each prompt once per sample and runs every sample's prompt tokens in
+the update, where rlstack does both once per prompt, so rlstack's step can be the shorter.
+(`--fixed-length` bans EOS until the limit on the TRL and torch sides, `min_new_tokens`; rlstack
+samples EOS and goes on: the same token counts, slightly different distributions.)
 
 Each side runs in its own subprocess (one after the other, so all see the same machine; the order
 alternates between rounds), with the same number of torch threads. A step is timed from the start
@@ -173,6 +177,7 @@ def rlstack_overrides(a: argparse.Namespace, model_dir: str, steps: int, out: st
         f"data.train_files={train_files}",
         "data.val_files=''",
         "data.shuffle=false",
+        "data.filter_overlong_prompts=false",  # every side walks the same prompts (a longer one is an error)
         f"data.rollout_batch_size={a.prompts}",
         f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={a.max_response_length}",
@@ -378,7 +383,14 @@ def peft_lora(rank: int):
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0, bias="none")
+    return LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 # ------------------------------------------------------------------------------------ raw torch
@@ -387,10 +399,10 @@ def peft_lora(rank: int):
 def run_torch(a: argparse.Namespace) -> dict:
     """The same tokens through plain torch: `generate`, then forward/backward and one optimizer step."""
     import torch
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from rlstack.models.loading import load_tokenizer
+    from rlstack.rollout.engine import end_token_ids
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
@@ -401,12 +413,28 @@ def run_torch(a: argparse.Namespace) -> dict:
     score = reward_fn(a.task)
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    # the EOS ids rlstack's engines and TRL stop at: the tokenizer's and the generation config's
+    eos = torch.tensor(sorted(end_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)))
+    # every sampling setting spelled out: nothing inherited from the model's generation_config
+    # (an instruct model's repetition_penalty, top_k, ...)
+    sampling = GenerationConfig(
+        do_sample=True,
+        temperature=a.temperature,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        max_new_tokens=a.max_response_length,
+        min_new_tokens=a.max_response_length if a.fixed_length else 0,
+        eos_token_id=eos.tolist(),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if a.lora_rank:
+        from peft import get_peft_model
+
         model = get_peft_model(model, peft_lora(a.lora_rank))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), weight_decay=0.01)
     setup_s = time.perf_counter() - t0
-    eos = tokenizer.eos_token_id
     stamps: list[float] = []
     gen_s: list[float] = []
     lengths: list[float] = []
@@ -425,26 +453,19 @@ def run_torch(a: argparse.Namespace) -> dict:
         t = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            seq = model.generate(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                do_sample=True,
-                temperature=a.temperature,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=a.max_response_length,
-                min_new_tokens=a.max_response_length if a.fixed_length else 0,
-                pad_token_id=tokenizer.pad_token_id,
-            )
+            seq = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=sampling)
         gen_s.append(time.perf_counter() - t)
         response = seq[:, P:]
         # a response ends at its first EOS (kept); everything after it is padding
-        after_eos = (response == eos).long().cumsum(-1) - (response == eos).long()
+        is_eos = torch.isin(response, eos).long()
+        after_eos = is_eos.cumsum(-1) - is_eos
         response_mask = (after_eos == 0).long() if not a.fixed_length else torch.ones_like(response)
         lengths.append(float(response_mask.sum(-1).float().mean()))
         rewards = torch.tensor(
             score(
-                tokenizer.batch_decode(response * response_mask, skip_special_tokens=True),
+                tokenizer.batch_decode(
+                    response.masked_fill(response_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
+                ),
                 [r["answer"] for r in batch for _ in range(a.n)],
             )
         ).view(-1, a.n)
@@ -492,7 +513,7 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("rlstack", "trl", "transformers", "torch", "accelerate", "datasets"):
+    for pkg in ("rlstack", "trl", "transformers", "torch", "accelerate", "datasets", "peft"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -237,7 +237,8 @@ class RolloutConfig:
     """Responses per validation prompt."""
     ignore_eos: bool = False
     """Keep sampling past end-of-sequence tokens: every response runs to data.max_response_length (veRL's and
-    vLLM's ignore_eos). For benchmarks that must do a fixed amount of work; single-turn rollouts only."""
+    vLLM's ignore_eos; validation too, so its answers are scored with the text after EOS). For benchmarks
+    that must do a fixed amount of work; single-turn rollouts only."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
     name: Literal["hf", "vllm"] = "hf"
@@ -1019,6 +1020,18 @@ def validate(cfg: Config) -> list[str]:
         p.append(
             "worker.rollout.ignore_eos=true cannot be used with worker.rollout.agent.tools or "
             "worker.rollout.agent.feedback: a multi-turn trajectory's turn ends at its end-of-sequence token"
+        )
+    if ro.ignore_eos and cfg.algorithm.mask_truncated_responses:
+        p.append(
+            "worker.rollout.ignore_eos=true runs every response to data.max_response_length, and "
+            "algorithm.mask_truncated_responses=true gives responses cut there no loss: nothing would train; "
+            "turn one of them off"
+        )
+    if ro.ignore_eos and rw.overlong_buffer_length:
+        p.append(
+            "worker.rollout.ignore_eos=true runs every response to data.max_response_length, where "
+            f"worker.reward.overlong_buffer_length={rw.overlong_buffer_length} gives every sample the full overlong "
+            "penalty; set overlong_buffer_length=0"
         )
     local_runs = ["builtin:code (worker.reward.code.sandbox=local)"] if "builtin:code" in in_use else []
     if rw.code.sandbox != "local":

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Path):
     out = tmp_path / "bench.json"
     args = ["--sides", "rlstack,torch", "--prompts", "2", "--n", "2", "--max-response-length", "6"]

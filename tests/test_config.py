@@ -808,9 +808,15 @@ def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_pa
     assert any(f"worker.actor.model.chat_template: {broken}, line 3:" in p for p in problems), problems
 
 
-def test_ignore_eos_is_refused_for_multi_turn_rollouts():
+def test_ignore_eos_is_refused_where_it_cannot_work():
     assert load_config(["worker.rollout.ignore_eos=true"]).worker.rollout.ignore_eos
     with pytest.raises(ConfigError, match="ignore_eos=true cannot be used with worker.rollout.agent.tools"):
         load_config(
             ["worker.rollout.ignore_eos=true", "worker.rollout.agent.tools=[{import_path: builtin:python}]"]
         )
+    with pytest.raises(ConfigError, match="mask_truncated_responses=true gives responses cut there no loss"):
+        load_config(["worker.rollout.ignore_eos=true", "algorithm.mask_truncated_responses=true"])
+    with pytest.raises(
+        ConfigError, match="overlong_buffer_length=8 gives every sample the full overlong penalty"
+    ):
+        load_config(["worker.rollout.ignore_eos=true", "worker.reward.overlong_buffer_length=8"])

@@ -251,7 +251,9 @@ class JudgeClient:
         self.errors = 0
         """Items scored with error_score because judging failed (cumulative; log as reward/judge_errors)."""
         self.last_error = ""
-        """Why the latest of those failed."""
+        """Why the latest of those failed, and after how many attempts."""
+        self.answered = 0
+        """Items the endpoint itself answered (not from the cache; cumulative)."""
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="judge")
         self._cache: dict[tuple, Future[JudgeResult]] = {}
         """Results by `_cache_key` (the images by digest: the cache does not keep them)."""
@@ -292,10 +294,13 @@ class JudgeClient:
                     ) from e
                 with self._lock:
                     self.errors += 1
-                    self.last_error = e.reason
+                    self.last_error = f"{e.reason}, after {e.attempts} attempt(s)"
                 result = JudgeResult(None, self.config.error_score, False, e.attempts, e.reason)
                 results.append(result if fresh else replace(result, cached=True, attempts=0))
                 continue
+            if fresh:
+                with self._lock:
+                    self.answered += 1
             results.append(result if fresh else replace(result, cached=True, attempts=0))
         return results
 

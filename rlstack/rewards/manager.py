@@ -82,6 +82,7 @@ class RewardManager:
         self._judge_lock = threading.Lock()  # worker threads count their judge calls
         self._judge_down = 0
         """Samples scored error_score since the judge last answered (0: it answers)."""
+        self._judge_answered_seen = 0
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
@@ -165,24 +166,27 @@ class RewardManager:
             return {}
         errors = self.judge.errors - self._judge_errors_seen
         self._judge_errors_seen = self.judge.errors
+        answered = self.judge.answered - self._judge_answered_seen
+        self._judge_answered_seen = self.judge.answered
         calls, self._judge_calls = self._judge_calls, 0
-        self._say_judge_state(calls, errors)
+        self._say_judge_state(calls, errors, answered)
         return {"reward/judge_calls": float(calls), "reward/judge_errors": float(errors)}
 
-    def _say_judge_state(self, calls: int, errors: int) -> None:
-        """One line when the judge starts failing (the run goes on under on_error=score) and one when it
-        answers again, rather than a line per step of an outage."""
+    def _say_judge_state(self, calls: int, errors: int, answered: int) -> None:
+        """One line when the judge starts failing (the run goes on under on_error=score) and one when the
+        endpoint answers again (not a verdict from the cache), rather than a line per step of an outage.
+        Under Ray, each reward worker says it for its own share of the rows."""
         cfg = self.judge.config
         where = f"judge {self.judge.base_url}"
         if errors and not self._judge_down:
             print(
-                f"[rlstack] {where} failed for {errors} of {calls} samples after {cfg.max_attempts} attempt(s) "
-                f"each ({self.judge.last_error}); the run goes on, scoring them {cfg.error_score} "
-                "(worker.reward.judge.on_error=score) and counting them in reward/judge_errors",
+                f"[rlstack] {where} failed for {errors} of {calls} samples ({self.judge.last_error}); the run "
+                f"goes on, scoring them {cfg.error_score} (worker.reward.judge.on_error=score) and counting them "
+                "in reward/judge_errors",
                 file=sys.stderr,
                 flush=True,
             )
-        elif self._judge_down and calls and not errors:
+        elif self._judge_down and answered and not errors:
             print(
                 f"[rlstack] {where} answers again ({self._judge_down} samples were scored {cfg.error_score} "
                 "while it failed)",
