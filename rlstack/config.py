@@ -236,9 +236,7 @@ class RolloutConfig:
     val_n: int = 1
     """Responses per validation prompt."""
     ignore_eos: bool = False
-    """Keep sampling past end-of-sequence tokens: every response runs to data.max_response_length (veRL's and
-    vLLM's ignore_eos; validation too, so its answers are scored with the text after EOS). For benchmarks
-    that must do a fixed amount of work; single-turn rollouts only."""
+    """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
     name: Literal["hf", "vllm"] = "hf"
