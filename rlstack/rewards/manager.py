@@ -173,9 +173,10 @@ class RewardManager:
         return {"reward/judge_calls": float(calls), "reward/judge_errors": float(errors)}
 
     def _say_judge_state(self, calls: int, errors: int, answered: int) -> None:
-        """One line when the judge starts failing (the run goes on under on_error=score) and one when the
-        endpoint answers again (not a verdict from the cache), rather than a line per step of an outage.
-        Under Ray, each reward worker says it for its own share of the rows."""
+        """A line when judging starts failing (the run goes on under on_error=score): once for an outage (steps
+        where the endpoint answers nothing), at each step where some verdicts failed while the endpoint
+        answered others (unparseable replies); and one line when the endpoint answers again after an
+        outage. Under Ray, each reward worker says it for its own share of the rows."""
         cfg = self.judge.config
         where = f"judge {self.judge.base_url}"
         if errors and not self._judge_down:
@@ -193,8 +194,7 @@ class RewardManager:
                 file=sys.stderr,
                 flush=True,
             )
-            self._judge_down = 0
-        self._judge_down += errors
+        self._judge_down = 0 if answered else self._judge_down + errors
 
     def close(self) -> None:
         if self.judge is not None:
