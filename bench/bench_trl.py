@@ -362,18 +362,7 @@ def run_trl(a: argparse.Namespace) -> dict:
         optimizer_steps = trainer.state.global_step
     assert optimizer_steps == total, (optimizer_steps, total)
     assert len(rollout_s) == total, f"expected one generation per optimizer step, got {len(rollout_s)}"
-    sl = slice(a.warmup, a.warmup + a.steps)
-    result = summarize(stamps, a.warmup, a.steps)
-    result.update(
-        setup_s=setup_s,
-        peak_rss_gb=peak_rss_gb(),
-        response_length_mean=_mean(lengths[sl]),
-        prompt_length_mean=_mean(prompt_lengths[sl]),
-        trajectories_per_step=trajectories,
-        phases_s={"generate_and_score": _mean(rollout_s[sl])},
-    )
-    result["phases_s"]["update"] = result["step_s_mean"] - result["phases_s"]["generate_and_score"]
-    return result
+    return side_result(a, stamps, setup_s, lengths, prompt_lengths, "generate_and_score", rollout_s)
 
 
 def peft_lora(rank: int):
@@ -492,6 +481,20 @@ def run_torch(a: argparse.Namespace) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     stamps.append(time.perf_counter())
+    return side_result(a, stamps, setup_s, lengths, prompt_lengths, "generate", gen_s)
+
+
+def side_result(
+    a: argparse.Namespace,
+    stamps: list[float],
+    setup_s: float,
+    lengths: list[float],
+    prompt_lengths: list[float],
+    generate_phase: str,
+    generate_s: list[float],
+) -> dict:
+    """A side's timed steps (after the warm-up), its token counts, and its step split into the timed
+    generation phase and the rest (the update)."""
     sl = slice(a.warmup, a.warmup + a.steps)
     result = summarize(stamps, a.warmup, a.steps)
     result.update(
@@ -500,9 +503,9 @@ def run_torch(a: argparse.Namespace) -> dict:
         response_length_mean=_mean(lengths[sl]),
         prompt_length_mean=_mean(prompt_lengths[sl]),
         trajectories_per_step=a.prompts * a.n,
-        phases_s={"generate": _mean(gen_s[sl])},
+        phases_s={generate_phase: _mean(generate_s[sl])},
     )
-    result["phases_s"]["update"] = result["step_s_mean"] - result["phases_s"]["generate"]
+    result["phases_s"]["update"] = result["step_s_mean"] - result["phases_s"][generate_phase]
     return result
 
 

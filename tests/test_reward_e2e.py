@@ -142,21 +142,24 @@ def test_judge_fallback_without_an_endpoint_is_a_config_error(monkeypatch):
         load_config(["worker.reward.reward_function=builtin:math", "worker.reward.math.judge_fallback=true"])
 
 
+def scored_judge(server: JudgeServer, *extra: str) -> list[str]:
+    """builtin:math asking `server` about words, two attempts per sample, failures scored (on_error=score)."""
+    return [
+        "worker.reward.reward_function=builtin:math",
+        "worker.reward.math.judge_fallback=true",
+        f"worker.reward.judge.base_url={server.url}",
+        "worker.reward.judge.model=j",
+        "worker.reward.judge.max_attempts=2",
+        "worker.reward.judge.backoff_base=0.01",
+        "worker.reward.judge.on_error=score",
+        *extra,
+    ]
+
+
 def test_judge_that_stays_down_scores_and_counts_with_on_error_score():
     server = JudgeServer(default=lambda body: ("status", 503))
     try:
-        cfg = load_config(
-            [
-                "worker.reward.reward_function=builtin:math",
-                "worker.reward.math.judge_fallback=true",
-                f"worker.reward.judge.base_url={server.url}",
-                "worker.reward.judge.model=j",
-                "worker.reward.judge.max_attempts=2",
-                "worker.reward.judge.backoff_base=0.01",
-                "worker.reward.judge.on_error=score",
-                "worker.reward.judge.error_score=0.25",
-            ]
-        )
+        cfg = load_config(scored_judge(server, "worker.reward.judge.error_score=0.25"))
         manager = build_reward_manager(cfg.worker.reward, 16)
         batch = manager.score(make_batch(["<answer>Mon</answer>", "<answer>7</answer>"], ["Monday", "7"]))
         manager.close()
@@ -328,17 +331,7 @@ def test_a_judge_outage_is_said_once_and_its_end_too(capsys):
     """The run goes on under on_error=score: one line when the judge starts failing, none while it stays
     down, one when it answers again."""
     server = JudgeServer(default=lambda body: ("status", 503))
-    cfg = load_config(
-        [
-            "worker.reward.reward_function=builtin:math",
-            "worker.reward.math.judge_fallback=true",
-            f"worker.reward.judge.base_url={server.url}",
-            "worker.reward.judge.model=j",
-            "worker.reward.judge.max_attempts=2",
-            "worker.reward.judge.backoff_base=0.01",
-            "worker.reward.judge.on_error=score",
-        ]
-    )
+    cfg = load_config(scored_judge(server))
     manager = build_reward_manager(cfg.worker.reward, 16)
     try:
         for word in ("Mon", "Tue"):  # two steps of an outage
