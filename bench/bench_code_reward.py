@@ -42,6 +42,7 @@ from rlstack.rewards import sandbox
 from rlstack.rewards.code import outputs_match, score_code
 from rlstack.rewards.loader import RewardFunction
 from rlstack.rewards.manager import RewardManager
+from rlstack.rewards.sandbox import probe, runs
 
 PROBLEMS = {
     "sum_pair": (
@@ -79,7 +80,7 @@ def _tests(name: str, n: int) -> dict[str, list[str]]:
 def baseline_python() -> str:
     """The baseline's interpreter: the system's `python3` (what the sandbox used to run here, so the
     ratios stay comparable with earlier runs), else this one."""
-    return shutil.which("python3", path=sandbox._SANDBOX_PATH) or sys.executable
+    return shutil.which("python3", path=runs._SANDBOX_PATH) or sys.executable
 
 
 def run_baseline(n_tests: int) -> tuple[int, float]:
@@ -203,7 +204,7 @@ def main() -> None:
         },
         "workers": args.workers,
         "baseline_python": baseline_python(),
-        "sandbox_python": sandbox._interpreter(),
+        "sandbox_python": probe._interpreter(),
         "caller_ballast_mb": ballast.numel() * 4 // 2**20,
         "caller_rss_mb": round(_rss_mb()),
         "cpus": os.cpu_count(),

@@ -14,7 +14,7 @@ import pytest
 
 from rlstack.rewards import sandbox
 from rlstack.rewards.code import score_code
-from rlstack.rewards.sandbox import SandboxLimits, processes_of_uid, run_python
+from rlstack.rewards.sandbox import SandboxLimits, api, probe, processes, processes_of_uid, run_python, runs
 
 SMALL = SandboxLimits(
     wall_s=2.0, cpu_s=2.0, memory_mb=256, file_size_mb=16, max_processes=16, max_output_bytes=1 << 16
@@ -289,12 +289,12 @@ def test_isolation_is_available_with_the_trainer_python_under_tmp(monkeypatch):
         os.mkdir(f"{venv}/bin")
         os.symlink(os.path.realpath(sys.executable), f"{venv}/bin/python")
         monkeypatch.setattr(sys, "executable", f"{venv}/bin/python")
-        sandbox._interpreter.cache_clear()
-        sandbox._prefixes.cache_clear()
-        assert sandbox._probe() is None
+        probe._interpreter.cache_clear()
+        runs._prefixes.cache_clear()
+        assert probe._probe() is None
     finally:
-        sandbox._interpreter.cache_clear()
-        sandbox._prefixes.cache_clear()
+        probe._interpreter.cache_clear()
+        runs._prefixes.cache_clear()
         shutil.rmtree(venv)
 
 
@@ -315,7 +315,7 @@ def test_runs_start_in_a_launcher_not_in_the_caller(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("started in the caller's process")
 
-    monkeypatch.setattr(sandbox, "_spawn", refuse)
+    monkeypatch.setattr(runs, "_spawn", refuse)
     r = run_python("import os\nprint(os.getpid(), os.getppid())", limits=SMALL)
     assert (r.status, r.stdout) == ("ok", "2 1\n"), r  # process 2 of its own PID namespace, under its init
     process = sandbox.SandboxProcess("import sys\nsys.stdin.read()", {}, SMALL)
@@ -360,7 +360,7 @@ def test_without_a_launcher_nothing_starts_in_the_caller(monkeypatch):
     closed = launcher.LauncherPool()
     closed.shutdown()  # its run() and acquire() raise LauncherError
     monkeypatch.setattr(launcher, "pool", lambda: closed)
-    monkeypatch.setattr(sandbox, "_spawn", refuse)
+    monkeypatch.setattr(runs, "_spawn", refuse)
     r = run_python("print(1)", limits=SMALL)
     assert r.status == "sandbox_error" and "no launcher could start the run" in r.error_line
     with pytest.raises(OSError, match="no launcher could start the sandboxed process"):
@@ -371,18 +371,18 @@ def test_uids_are_reserved_across_processes():
     """A uid held by one process (a launcher, another trainer) is never handed out by another."""
     import subprocess as sp
 
-    held = sandbox._allocate_uid()
+    held = processes._allocate_uid()
     try:
         code = (
-            "import random\nfrom rlstack.rewards import sandbox\n"
-            f"real = random.randrange\nseq = iter([{held - sandbox._UID_BASE}] * 3)\n"
+            "import random\nfrom rlstack.rewards.sandbox import processes\n"
+            f"real = random.randrange\nseq = iter([{held - processes._UID_BASE}] * 3)\n"
             "random.randrange = lambda n: next(seq, None) or real(n)\n"
-            "print(sandbox._allocate_uid())"
+            "print(processes._allocate_uid())"
         )
         out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert int(out) != held
     finally:
-        sandbox._release_uid(held)
+        processes._release_uid(held)
 
 
 def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
@@ -390,8 +390,9 @@ def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
     is refused at load, naming the setting and the fix; nothing runs weaker."""
     from rlstack.config import ConfigError, load_config
 
-    why = "a test run failed (unshare: Operation not permitted). " + sandbox._ISOLATION_FIX
-    monkeypatch.setattr(sandbox, "isolation_problem", lambda: why)
+    why = "a test run failed (unshare: Operation not permitted). " + probe._ISOLATION_FIX
+    monkeypatch.setattr(sandbox, "isolation_problem", lambda: why)  # what config validation reads
+    monkeypatch.setattr(api, "isolation_problem", lambda: why)  # what run_python_here and LocalProcess read
     with pytest.raises(ConfigError) as e:
         load_config(["worker.reward.reward_function=builtin:code"])
     assert "builtin:code (worker.reward.code.sandbox=local)" in str(e.value)

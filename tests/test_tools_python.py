@@ -14,18 +14,19 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from rlstack.rewards import sandbox
-from rlstack.rewards.sandbox import processes_of_uid
+from rlstack.rewards.sandbox import processes, processes_of_uid
 from rlstack.tools import python as python_tool
+from rlstack.tools import python_packages
 from rlstack.tools.base import MIN_PIXELS, ToolCall
 from rlstack.tools.python import PythonTool
 
 ROOT = os.geteuid() == 0
-"""As root the sandbox runs code under a uid of its own (rewards/sandbox.py); some checks need that."""
+"""As root the sandbox runs code under a uid of its own (rewards/sandbox/); some checks need that."""
 needs_root = pytest.mark.skipif(
     not ROOT, reason="checks the interpreter's own uid, which only a root caller gives it"
 )
@@ -88,7 +89,7 @@ def run(tool: PythonTool, code: str):
 
 def _only_worker_left(tool: PythonTool) -> bool:
     left = processes_of_uid(tool._interpreter.process.uid)
-    return len(left) == 1 and sandbox._pid_in_namespace(left[0]) == 2
+    return len(left) == 1 and processes._pid_in_namespace(left[0]) == 2
 
 
 @needs_root
@@ -341,14 +342,14 @@ def test_unreadable_package_directory_is_reported():
         private = os.path.join(base, "private")
         os.makedirs(os.path.join(private, "site-packages"))
         os.chmod(private, 0o700)
-        why = python_tool._not_world_readable(os.path.join(private, "site-packages"))
+        why = python_packages._not_world_readable(os.path.join(private, "site-packages"))
         assert why == f"{private} is not searchable by other users (mode drwx------)"
         os.chmod(private, 0o755)
         os.chmod(os.path.join(private, "site-packages"), 0o711)
-        assert "is not readable by other users" in python_tool._not_world_readable(
+        assert "is not readable by other users" in python_packages._not_world_readable(
             os.path.join(private, "site-packages")
         )
-        assert python_tool._not_world_readable(base) is None
+        assert python_packages._not_world_readable(base) is None
     finally:
         shutil.rmtree(base)
 
@@ -356,13 +357,13 @@ def test_unreadable_package_directory_is_reported():
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as another uid only for root")
 def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, monkeypatch):
     """A venv under a 0700 folder (a checkout in `mktemp -d`): the sandbox imports a copy instead."""
-    monkeypatch.setattr(python_tool, "_not_world_readable", lambda path: f"{path} is blocked (test)")
-    python_tool._package_dirs.cache_clear()
+    monkeypatch.setattr(python_packages, "_not_world_readable", lambda path: f"{path} is blocked (test)")
+    python_packages._package_dirs.cache_clear()
     try:
         tool = make_tool()
         (copy,) = tool.package_dirs
-        assert os.path.basename(copy).startswith("rlstack-sandbox-packages-") and python_tool._trusted(
-            python_tool.Path(copy)
+        assert os.path.basename(copy).startswith("rlstack-sandbox-packages-") and python_packages._trusted(
+            Path(copy)
         )
         obs = run(tool, "import numpy, PIL, matplotlib.pyplot as plt\nprint(numpy.__file__, PIL.__file__)")
         assert obs.ok, obs.text
@@ -370,7 +371,7 @@ def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, mon
         obs = run(tool, "plt.plot([1, 2]); plt.show()")
         assert obs.ok and len(obs.images) == 1
     finally:
-        python_tool._package_dirs.cache_clear()
+        python_packages._package_dirs.cache_clear()
 
 
 @needs_root

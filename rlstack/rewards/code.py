@@ -1,4 +1,4 @@
-"""Code reward: run the program in a response against unit tests, in the sandbox (`rewards/sandbox.py`).
+"""Code reward: run the program in a response against unit tests, in the sandbox (`rewards/sandbox/`).
 
 The program is the last ```python (or ```py / bare ```) fenced block, else the last `<code>…</code>`.
 Tests (a dict, or its JSON string in `ground_truth`) come in two styles:

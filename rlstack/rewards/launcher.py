@@ -4,8 +4,8 @@ Starting a sandboxed program forks the calling process (`subprocess` with a `pre
 vfork). Forked from a trainer that holds a model, that copies the page tables of gigabytes: on this
 machine a run costs ~73 ms from a process holding 600 MB against ~40 ms from a small one, and a
 GPU trainer has a CUDA context that should never be forked at all. So every sandboxed program is
-started by a launcher: a plain `python -m rlstack.rewards.launcher` process (started once, with
-vfork, importing only the standard library and the sandbox module). Nothing sandboxed is ever a
+started by a launcher: a plain `python -m rlstack.rewards.sandbox.serve` process (started once, with
+vfork, importing only the standard library and the sandbox package). Nothing sandboxed is ever a
 fork of the trainer; where no launcher can be had, the run fails (status `sandbox_error`) rather
 than starting here.
 
@@ -21,6 +21,9 @@ Protocol: length-prefixed pickles over a Unix socket pair (both ends are ours; n
 ever unpickled: the sandboxed program's output reaches the launcher as bytes and comes back inside
 a `SandboxResult`). A launcher exits when its socket closes (the trainer exited or `shutdown()`
 ran), killing the program it holds; a launcher that dies mid-call is replaced.
+
+This module is the caller's side (the protocol and the pool) and imports nothing of the sandbox; the
+launcher's own loop, which runs the sandbox's calls, is `rlstack/rewards/sandbox/serve.py`.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlstack.rewards.launcher", str(theirs.fileno())],
+                [sys.executable, "-m", "rlstack.rewards.sandbox.serve", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL,
                 env=env,
                 close_fds=True,
@@ -214,51 +217,3 @@ def pool() -> LauncherPool:
             _pool = LauncherPool()
             atexit.register(_pool.shutdown)
         return _pool
-
-
-def _serve(fd: int) -> None:
-    """The launcher's loop: answer each request in this (small) process; exit when the socket closes."""
-    from rlstack.rewards import launcher, sandbox
-
-    launcher.IN_LAUNCHER = True  # this file runs as __main__: the flag the sandbox reads is the module's
-
-    sock = socket.socket(fileno=fd)
-    sys.stdout = sys.stderr  # nothing but answers on the socket
-    process: sandbox.LocalProcess | None = None
-    try:
-        while True:
-            try:
-                request, _ = _receive(sock)
-            except EOFError:
-                return
-            kind, fds = request[0], ()
-            if kind == "run":
-                reply = sandbox.run_python_here(*request[1])
-            elif kind == "start":
-                try:
-                    process = sandbox.LocalProcess(*request[1])
-                except (OSError, ValueError) as e:
-                    reply = ("error", type(e).__name__, str(e))
-                else:
-                    fds = (process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno())
-                    reply = ("started", process.pid, process.uid, process.workdir)
-            elif kind == "probe":
-                reply = sandbox.isolation_problem()
-            elif kind == "poll":
-                reply = process.poll()
-            elif kind == "kill_strays":
-                reply = process.kill_strays()
-            else:  # "close"
-                reply = process.close() if process is not None else None
-                process = None
-            _send(sock, reply, fds)
-            if fds:  # the caller holds them now: the program's end of file is its alone to see
-                for pipe in (process.stdin, process.stdout, process.stderr):
-                    pipe.close()
-    finally:
-        if process is not None:
-            process.close()
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))

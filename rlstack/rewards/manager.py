@@ -30,7 +30,7 @@ class RewardManager:
       sample; a batch function: the batch cut into `num_workers` chunks).
     - `timeout_s`: time allowed per sample (a chunk gets `timeout_s * len(chunk)`). A call past it is
       abandoned: its daemon thread is left to finish on its own, so a reward function that can hang
-      on untrusted input must run that input in the sandbox (`rewards/sandbox.py`).
+      on untrusted input must run that input in the sandbox (`rewards/sandbox/`).
     - `on_error`: a call that raises or times out either stops the run (`raise`, naming the sample) or
       gives its samples `error_score` and counts them in the `errors` component (`reward/errors`).
     - `extra_functions` / `weights`: more reward functions; `overall` is the weighted sum of their

@@ -1,7 +1,7 @@
 """Running Python on a SandboxFusion server (bytedance/SandboxFusion) instead of the local sandbox.
 
 `run_python_fusion` posts the program to the server's `POST /run_code` and returns the same
-`SandboxResult` as the local `run_python` (`rewards/sandbox.py`), so the code reward can use either;
+`SandboxResult` as the local `run_python` (`rewards/sandbox/`), so the code reward can use either;
 `make_runner` picks one of the two by name.
 
 The protocol (SandboxFusion `sandbox/server/sandbox_api.py` and `sandbox/runners/types.py`):
@@ -45,7 +45,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from rlstack.rewards.sandbox import DEFAULT_LIMITS, SandboxLimits, SandboxResult, _classify, run_python
+from rlstack.rewards.sandbox import DEFAULT_LIMITS, SandboxLimits, SandboxResult, run_python
+from rlstack.rewards.sandbox.limits import _classify
 
 Runner = Callable[[str, str, SandboxLimits], SandboxResult]
 """(code, stdin, limits) -> result: what the code reward calls to run one test."""

@@ -1,0 +1,92 @@
+"""What a sandboxed run may use (`SandboxLimits`), what comes back (`SandboxResult`), and how a
+finished run's exit is classified (`_classify`: `ok`, `time_limit`, `memory_limit`, ...)."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+_SETUP_FAILED = "rlstack sandbox: setting up the run failed: "
+_SETUP_EXIT = 125
+
+
+class SandboxLimits(NamedTuple):
+    wall_s: float = 10.0
+    """Wall-clock seconds before the whole process group is killed (status `time_limit`)."""
+    cpu_s: float = 10.0
+    """CPU seconds (RLIMIT_CPU, rounded up to whole seconds) before SIGXCPU (status `time_limit`)."""
+    memory_mb: int = 1024
+    """Address space (RLIMIT_AS) in MiB; allocating past it raises MemoryError (status `memory_limit`)."""
+    file_size_mb: int = 64
+    """Largest file the program may write (RLIMIT_FSIZE) in MiB; past it the program gets SIGXFSZ."""
+    max_processes: int = 32
+    """Processes and threads the program may have at once (RLIMIT_NPROC: counted for its own uid, or in
+    its own user namespace when the caller is not root; see module)."""
+    max_output_bytes: int = 1 << 20
+    """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
+    disk_mb: int = 128
+    """Total MiB (and at most 16384 files) of everything the program writes: its root is one tmpfs holding
+    the work dir, /tmp, /var/tmp and /dev/shm; past it writes fail with ENOSPC (status `disk_limit`)."""
+
+
+DEFAULT_LIMITS = SandboxLimits()
+
+
+@dataclass
+class SandboxResult:
+    status: str
+    """`ok`, `runtime_error`, `time_limit`, `memory_limit`, `disk_limit`, `output_limit` or `sandbox_error`."""
+    exit_code: int | None
+    """The program's exit status; negative: killed by that signal; None: it never ran."""
+    stdout: str
+    stderr: str
+    error_line: str
+    """For errors: the last line of the traceback, the signal, or what went wrong in the sandbox."""
+    wall_s: float
+    network: str
+    """How the network was cut off: `namespace` (an empty network namespace) or `remote` (SandboxFusion)."""
+    uid: int | None
+    """The unprivileged uid the program ran under; None when it had no uid of its own (the caller is
+    not root: a user namespace of its own instead) or did not run here (SandboxFusion)."""
+    scratch: str
+    """Where its files were: `private` (its own tmpfs of `disk_mb`) or `remote` (SandboxFusion)."""
+
+
+def _classify(returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits) -> tuple[str, str]:
+    """(status, error line) of a finished run; ENOSPC means the run's own disk budget."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    if returncode == _SETUP_EXIT and stderr.startswith(_SETUP_FAILED):
+        return "sandbox_error", stderr.strip()
+    if killed_for == "time_limit":
+        return "time_limit", f"wall-clock limit of {limits.wall_s:g}s exceeded"
+    if killed_for == "output_limit":
+        return "output_limit", f"output over {limits.max_output_bytes} bytes"
+    if returncode == 0:
+        return "ok", ""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return "time_limit", f"CPU limit of {math.ceil(limits.cpu_s)}s exceeded ({sig.name})"
+        if sig == signal.SIGXFSZ:
+            return "runtime_error", f"file size limit of {limits.file_size_mb} MiB exceeded (SIGXFSZ)"
+        return "runtime_error", f"killed by signal {sig.name}"
+    if last.startswith("MemoryError") or "Cannot allocate memory" in last:
+        return "memory_limit", last
+    if is_disk_full(last):
+        return "disk_limit", f"disk budget of {limits.disk_mb} MiB exceeded ({last})"
+    return "runtime_error", last or f"exit status {returncode}"
+
+
+def is_disk_full(error: str) -> bool:
+    """Whether an error line (a traceback's last line) is ENOSPC: the run's disk budget."""
+    return "No space left on device" in error or "[Errno 28]" in error
+
+
+def _failed(why: str, start: float) -> SandboxResult:
+    return SandboxResult(
+        "sandbox_error", None, "", "", why, time.monotonic() - start, "namespace", None, "private"
+    )

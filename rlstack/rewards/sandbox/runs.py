@@ -1,0 +1,305 @@
+"""One run as the process that starts it (a launcher) sees it: the run's handles (`_Run`), the
+description of its root (`_jail`), starting P (`_spawn`), watching it to its end (`_run`, `_watch`)
+and cleaning up after it.
+
+The wall-clock limit kills the whole process group (SIGKILL, so ignoring SIGTERM does not help),
+then every process of the uid. stdout/stderr are read incrementally and the run is killed once
+either passes `max_output_bytes`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from rlstack.rewards.sandbox.child import _DONE, _child_setup, _Jail
+from rlstack.rewards.sandbox.limits import SandboxLimits, SandboxResult, _classify
+from rlstack.rewards.sandbox.processes import (
+    _allocate_uid,
+    _kill_all,
+    _kill_group,
+    _release_uid,
+    processes_in_namespace,
+    processes_of_uid,
+)
+
+_INNER_ID = 0
+"""The uid and gid the caller's are mapped to in a run's user namespace (when the caller is not root):
+0, which the namespace's System V IPC limits need to be set; the program then runs without any
+capability (`_drop_capabilities`)."""
+_PAGE = 4096
+_SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/fonts")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_READ_CHUNK = 1 << 16
+
+
+def _start(
+    python: str,
+    script: str,
+    files: dict[str, bytes],
+    limits: SandboxLimits,
+    read_only: tuple[str, ...],
+    stdin,
+) -> tuple[subprocess.Popen, _Run]:
+    """Start `script` as `main.py` (with `files`) in a new run: P and the run's handles. Raises
+    `OSError`, `subprocess.SubprocessError` or `ValueError` (bad files) with the run released."""
+    run = _Run.new()
+    try:
+        jail = _jail(run, {**files, "main.py": script.encode()}, limits, python, read_only)
+        return _spawn(python, stdin, limits, jail, run), run
+    except BaseException:
+        run.release()
+        raise
+
+
+@dataclass
+class _Run:
+    """One run's handles: its uid, the mount point of its root, its PID namespace, and the read end
+    of the pipe on which P says the run has ended."""
+
+    uid: int | None
+    """The run's own uid (root only); None: the program runs under the caller's uid, mapped into a
+    user namespace of its own (`_INNER_ID`)."""
+    root: str
+    namespace: int | None = None
+    """The inode of the run's PID namespace, which finds its processes (read from P right after it
+    started; `namespace_fd` keeps the namespace, and so the inode, from being reused meanwhile)."""
+    namespace_fd: int | None = None
+    done: int | None = None
+
+    @classmethod
+    def new(cls) -> _Run:
+        return cls(_allocate_uid() if os.geteuid() == 0 else None, _new_root())
+
+    @property
+    def program_uid(self) -> int:
+        """The uid the program runs under, as it sees it."""
+        return _INNER_ID if self.uid is None else self.uid
+
+    def processes(self) -> list[int]:
+        """The live processes of the run."""
+        if self.namespace is not None:
+            return processes_in_namespace(self.namespace)
+        return processes_of_uid(self.uid) if self.uid is not None else []
+
+    def kill(self) -> None:
+        """SIGKILL every process of the run and wait until none is left: those of its PID namespace
+        (none can leave it: seccomp refuses `setns`), else those of its uid."""
+        if self.namespace is not None:
+            _kill_all(lambda: processes_in_namespace(self.namespace))
+        elif self.uid is not None:
+            _kill_all(lambda: processes_of_uid(self.uid))
+
+    def ended(self, proc: subprocess.Popen) -> bool:
+        """Reap P; whether the run is known to be over: P said so on its pipe (it does once it has
+        reaped X, the namespace's init, whose end ends every other process of the namespace)."""
+        proc.wait()
+        if self.done is None:
+            return False
+        try:
+            return os.read(self.done, 1) == _DONE
+        finally:
+            os.close(self.done)
+            self.done = None
+
+    def release(self, gone: bool = False) -> None:
+        """After the run: kill what is left of it (unless it is known to be `gone`), free its uid,
+        remove the (empty) mount point of its root. Its files went away with its mount namespace."""
+        if not gone:
+            self.kill()
+        for fd in (self.done, self.namespace_fd):
+            if fd is not None:
+                os.close(fd)
+        self.done = self.namespace_fd = None
+        if self.uid is not None:
+            _release_uid(self.uid)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _run(proc: subprocess.Popen, run: _Run, limits: SandboxLimits, start: float) -> SandboxResult:
+    """Watch a started run to its end (then every process of it is gone) and return its result."""
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    killed_for = _watch(proc.pid, bufs, limits, start)
+    # Kill before reaping: the unreaped child keeps its process group id from being reused.
+    _kill_group(proc.pid)
+    if not run.ended(proc):
+        run.kill()
+    stdout, stderr = _drain(bufs, limits.max_output_bytes)
+    proc.stdout.close()
+    proc.stderr.close()
+    wall_s = time.monotonic() - start
+    out = stdout.decode(errors="replace")
+    err = stderr.decode(errors="replace")
+    status, error_line = _classify(proc.returncode, err, killed_for, limits)
+    return SandboxResult(
+        status, proc.returncode, out, err, error_line, wall_s, "namespace", run.uid, "private"
+    )
+
+
+def _new_root() -> str:
+    """A fresh, root-only mount point for a run's root directory."""
+    return tempfile.mkdtemp(prefix="rlstack-sandbox-", dir="/tmp")
+
+
+def _jail(
+    run: _Run,
+    files: dict[str, bytes],
+    limits: SandboxLimits,
+    python: str,
+    read_only: tuple[str, ...],
+) -> _Jail:
+    """Check the run's files and describe its file system.
+
+    Raises ValueError for a file outside the work dir or files larger than the disk budget.
+    """
+    root = run.root
+    payload = _payload(root, files)
+    size = sum(-(-len(data) // _PAGE) * _PAGE for data in payload.values())
+    if size > limits.disk_mb << 20:
+        raise ValueError(
+            f"the sandbox's files ({size / (1 << 20):.1f} MiB) do not fit its disk budget of "
+            f"{limits.disk_mb} MiB (SandboxLimits.disk_mb)"
+        )
+    system, links = _system_paths()
+    shown = [*system]
+    for path in (*_prefixes(python), *read_only):
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
+            shown.append(real)
+    return _Jail(
+        root, payload, limits.disk_mb, tuple(shown), links, run.program_uid, run.uid is None, os.getpid()
+    )
+
+
+@functools.cache
+def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(what of the machine every sandbox sees read-only, the links to make): the system's program and
+    library directories (a link such as `/lib -> usr/lib` is made as a link), the dynamic loader's
+    cache, the time zone, and the harmless devices."""
+    shown: list[str] = []
+    links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
+    links += [(f"/dev/{name}", f"/proc/self/fd/{i}") for i, name in enumerate(("stdin", "stdout", "stderr"))]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            shown.append(path)
+    for path in _SYSTEM_FILES + _DEVICES:
+        if os.path.islink(path):  # /etc/localtime -> /usr/share/zoneinfo/...: the target is shown already
+            links.append((path, os.readlink(path)))
+        elif os.path.exists(path):
+            shown.append(path)
+    return tuple(shown), tuple(links)
+
+
+def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run) -> subprocess.Popen:
+    """Start `main.py` in `jail` (see `_child_setup`) and return P; stdout and stderr are pipes. Keeps
+    in `run` the read end of the pipe on which P says that the whole run has ended (`_Run.ended`)
+    and its PID namespace (None if P has ended already)."""
+    env = {
+        "PATH": _SANDBOX_PATH,
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONIOENCODING": "utf-8",
+        "HOME": jail.root,
+        "TMPDIR": jail.root,
+    }
+    done_read, done_write = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [python, "-I", "-S", "-B", "main.py"],
+            env=env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(done_write,),
+            preexec_fn=functools.partial(_child_setup, limits, jail, done_write),
+        )
+    except BaseException:
+        os.close(done_read)
+        raise
+    finally:
+        os.close(done_write)
+    run.done = done_read
+    try:  # held open until the run is released, so that its inode is not reused by another namespace
+        run.namespace_fd = os.open(f"/proc/{proc.pid}/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
+        run.namespace = os.fstat(run.namespace_fd).st_ino
+    except OSError:  # P has ended already: so has the run (see `_Run.ended`)
+        pass
+    return proc
+
+
+def _watch(pid: int, bufs: dict[int, bytearray], limits: SandboxLimits, start: float) -> str | None:
+    """Read output into `bufs` until the program exits; `time_limit` / `output_limit` when it was stopped."""
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    pidfd = os.pidfd_open(pid)
+    sel.register(pidfd, selectors.EVENT_READ)
+    deadline = start + limits.wall_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "time_limit"
+            for key, _ in sel.select(remaining):
+                if key.fd == pidfd:
+                    return None
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                buf = bufs[key.fd]
+                buf += chunk
+                if len(buf) > limits.max_output_bytes:
+                    return "output_limit"
+    finally:
+        sel.close()
+        os.close(pidfd)
+
+
+def _drain(bufs: dict[int, bytearray], cap: int) -> tuple[bytes, bytes]:
+    """What is left in the pipes (every writer is dead by now), each stream cut to `cap` bytes."""
+    for fd, buf in bufs.items():
+        while len(buf) <= cap:
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    out, err = bufs.values()
+    return bytes(out[:cap]), bytes(err[:cap])
+
+
+@functools.cache
+def _prefixes(python: str) -> tuple[str, ...]:
+    """The directories `python` needs: its own prefix and, when it is this process's interpreter (a
+    virtual environment made with --copies keeps its standard library there), `sys.base_prefix`."""
+    prefixes = [os.path.dirname(os.path.dirname(python))]
+    if python == os.path.realpath(sys.executable):
+        prefixes += [sys.base_prefix, sys.base_exec_prefix]
+    return tuple(dict.fromkeys(prefixes))
+
+
+def _payload(workdir: str, files: dict[str, bytes]) -> dict[str, bytes]:
+    """The files of a run (`main.py` included); ValueError for a name outside `workdir`."""
+    payload = dict(files)
+    for name in payload:
+        path = os.path.realpath(os.path.join(workdir, name))
+        if not path.startswith(os.path.realpath(workdir) + os.sep):
+            raise ValueError(f"sandbox file {name!r} is outside the work directory")
+    return payload
