@@ -74,7 +74,7 @@ def step_ab(model_dir: Path, rounds: int) -> dict:
                 return metrics
 
         trainer = Alternating(cfg)
-        model = trainer.rollout_workers.worker.engine.model  # the policy's own module (embedded default)
+        model = trainer.groups["rollout"].worker.engine.model  # the policy's own module (embedded default)
         trainer.fit()
     return {
         s: {k: statistics.median(v) for k, v in t.items()} | {"steps": len(t["step"])}
@@ -118,7 +118,7 @@ def _multinomial(probs: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 def _inverse(probs: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    from rlstack.rollout.hf import _draw, _inverse_cdf
+    from rlstack.rollout.hf_sampling import _draw, _inverse_cdf
 
     return _inverse_cdf(probs, _draw(len(probs), g, probs.device))
 
@@ -156,7 +156,7 @@ def adamw(model_dir: Path) -> dict:
 
 
 def decoding(model_dir: Path, calls: int = 20) -> dict:
-    import rlstack.rollout.hf as hf
+    import rlstack.rollout.hf_sampling as hf_sampling
     from rlstack.data.tasks import builtin_rows
     from rlstack.models.loading import load_causal_lm, load_tokenizer
 
@@ -167,18 +167,18 @@ def decoding(model_dir: Path, calls: int = 20) -> dict:
     ]
     texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(8)]
-    lean_decoder = hf.lean_decoder
+    lean_decoder = hf_sampling.lean_decoder
     sides = {"lean": lean_decoder, "module": lambda model, positions: None}
     times: dict[str, list[float]] = {name: [] for name in sides}
     g = torch.Generator().manual_seed(0)
     for i in range(calls + 2):
         for name, decoder in sides.items():
-            hf.lean_decoder = decoder
+            hf_sampling.lean_decoder = decoder
             t = time.perf_counter()
-            hf.sample(model, prompts, 16, tok.eos_token_id, tok.pad_token_id, 1.0, generator=g)
+            hf_sampling.sample(model, prompts, 16, tok.eos_token_id, tok.pad_token_id, 1.0, generator=g)
             if i >= 2:
                 times[name].append(time.perf_counter() - t)
-    hf.lean_decoder = lean_decoder
+    hf_sampling.lean_decoder = lean_decoder
     out = {f"{name}_ms": statistics.median(t) * 1e3 for name, t in times.items()}
     return out | {"rows": len(prompts), "new_tokens": 16, "calls": calls}
 

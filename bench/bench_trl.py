@@ -232,7 +232,7 @@ def run_rlstack(a: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         trainer = TimedTrainer(cfg)
         setup_s = time.perf_counter() - t0
-        assert trainer.on_policy, "one mini-batch and one epoch: no separate old-log-prob pass"
+        assert not trainer.plan.old_logprobs, "one mini-batch and one epoch: no separate old-log-prob pass"
         trainer.fit()
         rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if a.warmup < r["step"] <= a.warmup + a.steps]

@@ -2,7 +2,7 @@
 staleness (`algorithm.async_grpo`, NeMo RL's async GRPO).
 
 A thread of the driver collects the batch of every step in order (the same prompts, seeds, dynamic
-sampling and scoring as the synchronous loop: `Trainer.collect`) and hands it to the trainer through a
+sampling and scoring as the synchronous loop: `Collector.collect`) and hands it to the trainer through a
 buffer. Every trajectory carries the weight version that generated it (`weight_version`: the number
 of training steps behind the engine's weights). With `max_trajectory_age_steps` = a, step j's batch is
 generated with exactly version j - 1 - a (the initial weights for the first a steps): the trainer,

@@ -366,7 +366,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
         ]
     )
     trainer = Trainer(cfg)
-    tower_before = {n: p.clone() for n, p in trainer.actor.worker.model.model.visual.named_parameters()}
+    tower_before = {n: p.clone() for n, p in trainer.groups["actor"].worker.model.model.visual.named_parameters()}
     trainer.fit()
     assert time.perf_counter() - start < 120
     lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
@@ -383,7 +383,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
     assert metrics[2]["actor/kl_loss"] > 1e-7
     assert all(metrics[step]["rollout/weight_sync_max_diff"] < 1e-5 for step in (1, 2))
     _assert_documented(metrics)
-    model = trainer.actor.worker.model
+    model = trainer.groups["actor"].worker.model
     for name, p in model.model.visual.named_parameters():
         assert torch.equal(p, tower_before[name]), f"frozen vision tower parameter {name} changed"
     assert (cfg.run_dir / "checkpoints" / "global_step_2" / "model" / "preprocessor_config.json").is_file()
@@ -467,7 +467,7 @@ def test_the_trainer_drops_the_groups_of_timed_out_trajectories(tiny_model_dir, 
     rows = Batch(
         {"uid": ["a", "a", "b", "b", "c", "c"], "end_reason": ["done", "timeout", "done", "done", "x", "y"]}
     )
-    kept = trainer._drop_timed_out_groups(rows)
-    assert kept["uid"] == ["b", "b", "c", "c"] and trainer.dropped_groups == 1
+    kept = trainer.collector.drop_timed_out_groups(rows, 1)
+    assert kept["uid"] == ["b", "b", "c", "c"] and trainer.collector.dropped_groups == 1
     with pytest.raises(RLStackError, match="every prompt group .*tool_timeout_s"):
-        trainer._drop_timed_out_groups(Batch({"uid": ["a"], "end_reason": ["timeout"]}))
+        trainer.collector.drop_timed_out_groups(Batch({"uid": ["a"], "end_reason": ["timeout"]}), 1)

@@ -100,7 +100,7 @@ def test_an_error_in_the_producer_surfaces_in_the_trainer_with_its_cause(
     original = trainer.rewards.score
 
     def failing(batch):
-        if trainer.rollouts >= 3:
+        if trainer.collector.rounds >= 3:
             raise RuntimeError("the judge went away")
         return original(batch)
 
@@ -156,7 +156,7 @@ def _generation_waits_for_the_weights(trainer: Trainer, timeout: float) -> None:
     seconds: where updates land in flight they land there, deterministically."""
     import threading
 
-    engine = trainer.rollout_workers.worker.engine
+    engine = trainer.groups["rollout"].worker.engine
     received, calls, steps, cond = [0], [0], [0], threading.Condition()
     update, generate, between = engine.update_weights, engine.generate, engine._between_steps
 

@@ -287,17 +287,22 @@ def test_off_policy_mini_batches_and_kl_loss(tiny_model_dir: Path, tmp_path: Pat
         )
     )
     trainer = Trainer(cfg)
-    assert not trainer.on_policy and trainer.ref is not None
+    assert trainer.plan.old_logprobs and trainer.ref is not None
     trainer.fit()
     m = _metrics(cfg.run_dir)
     assert "timing_s/old" in m[1] and "timing_s/ref" in m[1]
+    # the plan written beside the config names exactly the phases the step timed
+    plan = json.loads((cfg.run_dir / "step_plan.json").read_text())
+    assert plan["old_logprobs"] and plan["reference"] == "worker"
+    timed = {k.removeprefix("timing_s/") for k in m[1] if k.startswith("timing_s/")} - {"step"}
+    assert timed == set(plan["phases"])
     assert m[2]["actor/ppo_kl"] != 0.0  # later mini-batches see weights moved by earlier ones
     assert m[2]["actor/kl_loss"] > 0.0 and m[2]["actor/kl_coef"] == 0.1
 
 
 def test_no_reference_model_without_kl(tiny_model_dir: Path, tmp_path: Path):
     trainer = Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1")))
-    assert trainer.ref is None and trainer.on_policy
+    assert trainer.ref is None and not trainer.plan.old_logprobs
 
 
 def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
@@ -326,7 +331,7 @@ def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_pat
     assert "val/addition/accuracy" in metrics and trainer.step == 1
     # the validated weights are the checkpoint's, not the base model's
     assert torch.equal(
-        trainer.actor.worker.model.model.embed_tokens.weight, trained.model.embed_tokens.weight
+        trainer.groups["actor"].worker.model.model.embed_tokens.weight, trained.model.embed_tokens.weight
     )
 
 
@@ -451,7 +456,7 @@ def test_in_reward_kl_reaches_grpo_advantages_in_the_trainer(tiny_model_dir: Pat
             ),
         }
     )
-    metrics = trainer.advantages(batch)
+    metrics = trainer._advantages(batch)
     adv = batch["advantages"][:, 1]
     assert adv[0] < 0 < adv[1] and adv[3] < 0 < adv[2]  # the response with more KL gets the lower advantage
     assert batch["scores"].tolist() == [1.0] * 4  # the logged scores stay the reward function's
@@ -493,7 +498,7 @@ def _dapo_trainer(model: Path, out: Path, *extra: str) -> Trainer:
 def test_dynamic_sampling_fills_the_batch_with_mixed_groups_only(tiny_model_dir: Path, tmp_path: Path):
     trainer = _dapo_trainer(tiny_model_dir, tmp_path, "algorithm.filter_key=parity")
     metrics: dict[str, float] = {}
-    batch = trainer.collect_filtered(defaultdict(float), metrics)
+    batch = trainer.collector._filtered(1, defaultdict(float), metrics)
     uids = batch["uid"]
     assert len(set(uids)) == 4 and len(batch) == 16  # rollout_batch_size groups of n
     for uid in set(uids):
@@ -516,7 +521,7 @@ def test_a_filter_key_that_a_data_sources_function_does_not_return_is_named(
         "worker.reward.reward_function_by_source={addition: 'builtin:exact_match'}",
     )
     with pytest.raises(RLStackError, match=r"of data source 'addition' \(builtin:exact_match\); it returns"):
-        trainer.collect_filtered(defaultdict(float), {})
+        trainer.collector._filtered(1, defaultdict(float), {})
 
 
 def test_a_failed_reward_call_under_the_score_policy_drops_its_group_not_the_run(
@@ -540,7 +545,7 @@ def test_a_failed_reward_call_under_the_score_policy_drops_its_group_not_the_run
         "worker.reward.on_error=score",
         "worker.reward.num_workers=16",  # one call per row: only the failing rows fail
     )
-    batch = trainer.collect_filtered(defaultdict(float), {})
+    batch = trainer.collector._filtered(1, defaultdict(float), {})
     assert all("parity" in c for c in batch["reward_components"])  # the failed rows' groups were dropped
 
 
@@ -564,7 +569,7 @@ def test_a_filter_key_the_reward_does_not_return_is_named(tiny_model_dir: Path, 
 
     trainer = _dapo_trainer(tiny_model_dir, tmp_path, "algorithm.filter_key=acc")
     with pytest.raises(RLStackError, match=r"filter_key='acc'.*\['overall', 'parity'\]"):
-        trainer.collect_filtered(defaultdict(float), {})
+        trainer.collector._filtered(1, defaultdict(float), {})
 
 
 @pytest.mark.slow
@@ -649,7 +654,7 @@ def test_pyvision_partial_filtering_oversamples_ranks_and_drops_trajectories(
         "algorithm.max_try_make_batch=50",
     )
     metrics: dict[str, float] = {}
-    batch = trainer.collect_filtered(defaultdict(float), metrics)
+    batch = trainer.collector._filtered(1, defaultdict(float), metrics)
     assert len(set(batch["uid"])) == 4
     assert (
         int(batch["response_mask"].sum(-1).max()) <= 4
@@ -683,7 +688,7 @@ def test_exact_full_kl_loss_uses_a_colocated_reference(tiny_model_dir: Path, tmp
         )
     )
     trainer = Trainer(cfg)
-    assert trainer.ref is None and trainer.actor.worker.ref_model is not None
+    assert trainer.ref is None and trainer.groups["actor"].worker.ref_model is not None
     trainer.fit()
     m = _metrics(cfg.run_dir)
     assert m[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
@@ -746,7 +751,7 @@ def test_weight_sync_check_logs_the_difference_and_stops_on_a_stale_engine(
     # An engine that kept its own copy of the initial weights: the check must catch it
     cfg = load_config(_overrides(tiny_model_dir, tmp_path / "stale", *args))
     trainer = Trainer(cfg)
-    engine = trainer.rollout_workers.worker.engine
+    engine = trainer.groups["rollout"].worker.engine
     engine.model = copy.deepcopy(engine.model)
     with pytest.raises(RLStackError, match="not sampling from the weights being trained"):
         trainer.fit()
@@ -789,14 +794,14 @@ def test_the_weight_sync_probe_wakes_an_engine_put_to_sleep_by_a_later_rollout(
         _overrides(tiny_model_dir, tmp_path, "data.val_files=", "worker.rollout.check_weight_sync=true")
     )
     trainer = Trainer(cfg)
-    worker = trainer.rollout_workers.worker
+    worker = trainer.groups["rollout"].worker
     engine = worker.engine = worker.loop.engine = _SleepyEngine(worker.engine)
-    trainer._collect_step(1)  # a rollout: the engine sleeps after it
+    trainer.collector.collect(1)  # a rollout: the engine sleeps after it
     assert engine.calls == ["wake_up", "sleep"]
-    assert trainer.check_weight_sync()["rollout/weight_sync_max_diff"] < 1e-5
+    assert trainer.weight_sync.check(trainer.step)["rollout/weight_sync_max_diff"] < 1e-5
     assert engine.calls[2:] == ["wake_up", "score", "sleep"] and engine.asleep
-    trainer.sync_weights()  # wakes the engine for the rollout that follows, and it stays awake
-    trainer.check_weight_sync()
+    trainer.weight_sync.sync(trainer.step)  # wakes the engine for the rollout that follows, and it stays awake
+    trainer.weight_sync.check(trainer.step)
     assert engine.calls[5:] == ["wake_up", "wake_up", "score"] and not engine.asleep
 
 
@@ -822,15 +827,15 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
 
     cfg = config(tmp_path)
     trainer = Trainer(cfg)
-    workers = trainer.rollout_workers
-    frozen = trainer.actor.call("score", *trainer._probe())  # what the engine would score, never synced
+    workers = trainer.groups["rollout"]
+    frozen = trainer.policy.score(*trainer.weight_sync.probe)  # what the engine would score, never synced
     numerics = 1e-4  # an engine's own rounding: in step with the policy, it differs by this much
 
     def engine_scores(stale: bool):
         def call(method, *args, **kwargs):
             if method != "score":
                 return type(workers).call(workers, method, *args, **kwargs)
-            scores = frozen if stale else trainer.actor.call("score", *args)
+            scores = frozen if stale else trainer.policy.score(*args)
             return [[s + numerics for s in scores]]
 
         return call
@@ -843,7 +848,7 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
 
     cfg = config(tmp_path / "stale")
     trainer = Trainer(cfg)
-    workers = trainer.rollout_workers
+    workers = trainer.groups["rollout"]
     workers.call = engine_scores(stale=True)
     with pytest.raises(RLStackError, match=r"closer to the previous weights' \(up to 0.0001 apart\)") as info:
         trainer.fit()
@@ -867,7 +872,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir: Path, tmp_
             )
         )
         trainer = Trainer(cfg)
-        assert trainer.actor.worker.model.is_gradient_checkpointing == (flag == "true")
+        assert trainer.groups["actor"].worker.model.is_gradient_checkpointing == (flag == "true")
         trainer.fit()
         runs.append(_metrics(cfg.run_dir)[1])
     assert runs[0]["actor/grad_norm"] > 0
@@ -950,8 +955,8 @@ def test_a_lora_run_syncs_merged_weights_checkpoints_adapters_and_resumes(
     )
     cfg = load_config(_overrides(tiny_model_dir, tmp_path / "straight", *args))
     trainer = Trainer(cfg)
-    assert trainer.ref.worker is trainer.actor.worker  # no second copy of the model
-    assert not trainer.rollout_workers.worker.engine.capabilities.shares_policy_weights
+    assert trainer.groups["ref"].worker is trainer.groups["actor"].worker  # no second copy of the model
+    assert not trainer.groups["rollout"].worker.engine.capabilities.shares_policy_weights
     trainer.fit()
     straight = _metrics(cfg.run_dir)
     assert straight[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero
@@ -1019,7 +1024,7 @@ def test_checkpoints_keep_the_gpu_generators_where_cuda_is_in_use(monkeypatch):
 
 
 def test_phase_timers_wait_for_the_gpu_work_they_queued(monkeypatch):
-    from rlstack.trainer import _timer
+    from rlstack.timing import timer as _timer
 
     synced = []
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)

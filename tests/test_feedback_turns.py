@@ -122,7 +122,7 @@ def test_grpo_with_an_environment_that_asks_again(tiny_model_dir: Path, tmp_path
         ]
     )
     trainer = Trainer(cfg)
-    loop = trainer.rollout_workers.worker.loop
+    loop = trainer.groups["rollout"].worker.loop
     inner = loop.engine
 
     class Answering:  # the random tiny model rarely ends a turn itself: its fourth token becomes EOS

@@ -204,7 +204,10 @@ def updated_weights(tiny_model_dir, batch: Batch, **actor) -> dict[str, torch.Te
         **actor,
     )
     cfg.optim.lr = 1e-3
-    policy = PolicyWorker(cfg, AlgorithmConfig(), max_response_length=40, total_steps=5, seed=0)
+    temperature = batch.meta["temperature"]  # the rollout's, as the step plan gives it to the policy
+    policy = PolicyWorker(
+        cfg, AlgorithmConfig(), max_response_length=40, total_steps=5, seed=0, temperature=temperature
+    )
     with_logprobs = policy.compute_logprobs(Batch(dict(batch.columns), batch.meta))
     grads = recording_gradients(policy)
     metrics = policy.update(batch, mini_batch_size=len(batch) // 2)

@@ -15,6 +15,7 @@ from digits_run import AGENT_RUN, digits_run
 from pinned import deterministic_metrics
 
 from rlstack.cli import main
+from rlstack.collection import seed_prompts
 from rlstack.config import ConfigError, load_config
 from rlstack.models.loading import load_causal_lm, load_tokenizer
 from rlstack.trainer import Trainer
@@ -124,7 +125,7 @@ def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluste
     trainer = Trainer(resumed)
     trainer._resume()
     assert trainer.step == 3
-    policy = trainer.actor.worker
+    policy = trainer.groups["actor"].worker
     weights = policy.model.state_dict()
     assert all(torch.equal(weights[k], final[k]) for k in final)
     exp_avg = [policy.optimizer.state[p]["exp_avg"] for p in policy.model.parameters()]
@@ -225,7 +226,7 @@ def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
         "worker.rollout.weight_sync_tolerance=1e-5",
     )
     trainer = Trainer(cfg)
-    assert trainer.rollout_workers.world_size == 1 and trainer.actor.world_size == 2
+    assert trainer.groups["rollout"].world_size == 1 and trainer.groups["actor"].world_size == 2
     trainer.fit()
     got = deterministic_metrics(cfg.run_dir)
     sync_check = {
@@ -284,8 +285,8 @@ def test_in_flight_weights_reach_a_rollout_actor_while_it_generates(
     trainer = Trainer(cfg)
     try:
         host = trainer.cluster.rollout_hosts[0]
-        prompts = trainer._seed_prompts(trainer.loader.next_batch(), 1, range(64))
-        weights = ray.put(trainer.actor.call("gathered_weights"))
+        prompts = seed_prompts(trainer.loader.next_batch(), cfg.worker.rollout.seed, 1, range(64))
+        weights = trainer.policy.gathered_weights()  # rank 0's object, left in Ray's store
         began = time.perf_counter()
         generating = host.call.remote("rollout", "generate", prompts)
         time.sleep(1.0)  # the generation of 1,024 trajectories of up to 256 tokens is under way

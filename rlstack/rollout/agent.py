@@ -413,7 +413,6 @@ class AgentLoop:
             columns["pixel_values"] = [t.pixel_values for t in trajectories]
             columns["image_grid_thw"] = [t.image_grid_thw for t in trajectories]
         out = batch.update(columns)
-        out.meta["temperature"] = temperature if temperature > 0 else 1.0
         if self.multi_turn:
             out.meta["agent_timing"] = dict(self.timing)
         return out

@@ -15,7 +15,7 @@ from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
 from rlstack.models.vision import position_ids
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
-from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.group import MODEL_INPUTS, Dispatch, remote
 from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
 
 
@@ -89,14 +89,14 @@ class CriticWorker:
         shifted[:, 1:] = v[:, :-1]
         return shifted * b["response_mask"]
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS, reads=MODEL_INPUTS)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         self.model.eval()
         values = self.experience_micro_batching.map(batch, lambda mb: self._values(mb).cpu(), "value pass")
         return batch.update({"values": values})
 
-    @dispatch(Dispatch.MINI_BATCHES)
+    @remote(Dispatch.MINI_BATCHES, reads=(*MODEL_INPUTS, "values", "returns"))
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         def micro_loss(mb: Batch, totals: MiniBatchTotals):
             mb = mb.to(self.model.device)
@@ -128,6 +128,7 @@ class CriticWorker:
         )
         return metrics
 
+    @remote(Dispatch.ALL)
     def save_checkpoint(self, path: Path) -> None:
         """Like the policy's: the Hugging Face model, and with several ranks the sharded state too."""
         distributed.save_pretrained(self.model, path / "critic")
@@ -139,6 +140,7 @@ class CriticWorker:
         if distributed.current().rank == 0:
             torch.save(state, path / "critic_state.pt")
 
+    @remote(Dispatch.ALL)
     def load_checkpoint(self, path: Path) -> None:
         s = torch.load(path / "critic_state.pt", weights_only=False)
         if (path / "critic_dcp").is_dir() or distributed.sharded():

@@ -1,12 +1,16 @@
-"""WorkerGroup: how the driver reaches the workers of one role.
+"""How the driver reaches the workers of one role: remote methods, worker groups and typed handles.
 
-The trainer calls `group.call(method, *args)` and never holds a model. `LocalWorkerGroup` runs a
-single worker in this process (the embedded default). A data-parallel group (`RayWorkerGroup`,
-one Ray actor per rank) implements the same interface; each worker method declares with
-`@dispatch(...)` how its arguments are split across the ranks and its results gathered:
+A worker method the driver may call declares it once, with `@remote(...)`: how its arguments are split
+across the role's ranks and its results gathered, and which Batch columns it reads. Both backends
+(`LocalWorkerGroup`: the worker in this process, the embedded default; `RayRoleGroup`: one Ray actor
+per rank) read the same declaration, and a method without one cannot be called remotely. The trainer
+holds `handle(group, PolicyWorker)`, which type checkers and editors see as the worker class itself,
+and calls `self.policy.compute_logprobs(batch)`; a misspelled or undeclared method fails when the
+handle is asked for it (and a test checks every call the driver makes).
 
-- `Dispatch.ALL` (the default): every rank runs the method with the same arguments (weights,
-  checkpoints, a collective every rank must join); the result is rank 0's.
+Dispatch modes:
+- `Dispatch.ALL`: every rank runs the method with the same arguments (weights, checkpoints, a
+  collective every rank must join); the result is rank 0's.
 - `Dispatch.EACH`: like ALL, but the result is the list of every rank's results, by rank (what
   differs per rank: each rank's rollout engine).
 - `Dispatch.ROWS`: the first argument is a Batch whose rows are split into equal parts, one per
@@ -18,18 +22,24 @@ one Ray actor per rank) implements the same interface; each worker method declar
   an all-zero `response_mask`, so they add nothing to a loss or its normalisers. The result (metrics,
   already reduced over ranks by the workers) is rank 0's.
 
-With one rank every mode is a plain call, so the loop does not change.
+Only what a method reads crosses the border: a Batch argument is cut to the declared `reads`
+columns before it is sent, and a method that adds columns to the Batch it was given sends back only
+those (`Added`), which the driver adds to its own batch. With one rank every mode is a plain call, so
+the loop does not change.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
 from rlstack.batch import Batch
+from rlstack.errors import RLStackError
 
 
 class Dispatch(enum.Enum):
@@ -39,22 +49,95 @@ class Dispatch(enum.Enum):
     MINI_BATCHES = "mini_batches"
 
 
+MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "pixel_values", "image_grid_thw")
+"""The columns a forward pass over trajectories reads (token rows and, for vision models, each row's
+image patches)."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A worker method's declaration (`@remote`)."""
+
+    dispatch: Dispatch
+    reads: frozenset[str] | None = None
+    """The Batch columns the method reads, where present (None: all of them)."""
+    stays_remote: bool = False
+    """The result stays where it was made (a Ray object reference, rank 0's) until another group's call
+    takes it as an argument and fetches it from there: weights go from the policy's ranks to rollout
+    actors without passing through the driver. In-process it is the plain result."""
+
+
 F = TypeVar("F", bound=Callable[..., Any])
+W = TypeVar("W")
 
 
-def dispatch(mode: Dispatch) -> Callable[[F], F]:
-    """Declare how a worker method's arguments are split across ranks (see the module docstring)."""
+def remote(
+    dispatch: Dispatch, reads: Iterable[str] | None = None, stays_remote: bool = False
+) -> Callable[[F], F]:
+    """Declare a worker method callable from the driver: how its arguments are split across ranks (see
+    the module docstring) and, for a method given a Batch, the columns it reads."""
+    declared = Remote(dispatch, None if reads is None else frozenset(reads), stays_remote)
 
     def mark(fn: F) -> F:
-        fn.dispatch = mode  # type: ignore[attr-defined]
+        fn.__remote__ = declared  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
-def dispatch_mode(worker: Any, method: str) -> Dispatch:
-    fn = getattr(type(worker) if not isinstance(worker, type) else worker, method)
-    return getattr(fn, "dispatch", Dispatch.ALL)
+class NotRemote(RLStackError, AttributeError):
+    """A worker method the driver asked for has no `@remote` declaration (or does not exist)."""
+
+
+def declaration(cls: type, method: str) -> Remote:
+    """`cls.method`'s `@remote` declaration; `NotRemote` when it has none."""
+    fn = getattr(cls, method, None)
+    declared = getattr(fn, "__remote__", None)
+    if not isinstance(declared, Remote):
+        what = "has no method" if fn is None else "does not declare the remote method"
+        raise NotRemote(
+            f"{cls.__name__} {what} {method!r}: only methods declared with @remote(Dispatch...) can be called "
+            f"from the driver (remote methods: {', '.join(remote_methods(cls)) or 'none'})"
+        )
+    return declared
+
+
+def remote_methods(cls: type) -> list[str]:
+    return sorted(
+        n for n in dir(cls) if isinstance(getattr(getattr(cls, n, None), "__remote__", None), Remote)
+    )
+
+
+def outgoing(declared: Remote, args: tuple) -> tuple:
+    """The arguments as sent: a Batch first argument cut to the columns the method reads."""
+    if declared.reads is None or not args or not isinstance(args[0], Batch):
+        return args
+    batch = args[0]
+    sent = Batch({k: v for k, v in batch.columns.items() if k in declared.reads}, batch.meta)
+    return (sent, *args[1:])
+
+
+class Added(dict):
+    """The columns a worker method added to (or replaced in) the Batch it was given."""
+
+
+def invoke(worker: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """Run a declared method on the worker (where it lives). A method that adds columns to the Batch it
+    was given returns only those (`Added`): the driver adds them to its own batch."""
+    declaration(type(worker), method)
+    given = args[0] if args and isinstance(args[0], Batch) else None
+    before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
+    result = getattr(worker, method)(*args, **kwargs)
+    if given is not None and result is given:
+        return Added({k: v for k, v in result.columns.items() if before.get(k) != id(v)})
+    return result
+
+
+def incoming(result: Any, args: tuple) -> Any:
+    """The driver's result: added columns go into the driver's own batch, which is returned."""
+    if isinstance(result, Added):
+        return args[0].update(result)
+    return result
 
 
 def split_rows(batch: Batch, world_size: int) -> tuple[list[Batch], int]:
@@ -95,9 +178,11 @@ def gather_rows(results: list[Batch], padding: int, rows_in: int) -> Batch:
 
 class WorkerGroup(Protocol):
     world_size: int
+    cls: type
+    """The class of the role's workers, whose `@remote` declarations the group follows."""
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run `method` on the workers, split and gathered as the method declares (`@dispatch`)."""
+        """Run `method` on the workers, split and gathered as the method declares (`@remote`)."""
         ...
 
 
@@ -108,7 +193,38 @@ class LocalWorkerGroup:
 
     def __init__(self, worker: Any):
         self.worker = worker
+        self.cls = type(worker)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.worker, method)(*args, **kwargs)
-        return [result] if dispatch_mode(self.worker, method) is Dispatch.EACH else result
+        declared = declaration(self.cls, method)
+        result = incoming(invoke(self.worker, method, outgoing(declared, args), kwargs), args)
+        return [result] if declared.dispatch is Dispatch.EACH else result
+
+
+class Handle:
+    """A worker group seen as its worker class: `handle.method(*args)` is `group.call("method", *args)`
+    for the methods the class declares `@remote` (anything else raises `NotRemote`)."""
+
+    def __init__(self, group: WorkerGroup):
+        self._group = group
+
+    @property
+    def world_size(self) -> int:
+        return self._group.world_size
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("__"):
+            raise AttributeError(method)
+        declaration(self._group.cls, method)
+        return functools.partial(self._group.call, method)
+
+    def __repr__(self) -> str:
+        return f"<{self._group.cls.__name__} x {self._group.world_size}>"
+
+
+def handle(group: WorkerGroup, cls: type[W]) -> W:
+    """The typed handle of `group`, whose workers are `cls` (or a subclass): type checkers and editors
+    follow `handle.method(...)` to `cls.method`. An `EACH` method returns a list, one result per rank."""
+    if not issubclass(group.cls, cls):
+        raise TypeError(f"the group's workers are {group.cls.__name__}, not {cls.__name__}")
+    return cast(W, Handle(group))

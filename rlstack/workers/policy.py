@@ -27,14 +27,25 @@ from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor,
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
+from rlstack.plan import exact_kl
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
-from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.group import MODEL_INPUTS, Dispatch, remote
 from rlstack.workers.memory import peaks_since_last
 from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
 #   -> (loss, {metric: contribution summed over the mini-batch})
+UPDATE_READS = (
+    *MODEL_INPUTS,
+    "advantages",
+    "old_logprobs",
+    "rollout_logprobs",
+    "perception_mask",
+    "ref_logprobs",
+)
+"""The columns the policy update reads (where present)."""
+
 LossFn = Callable[
     [Batch, MiniBatchTotals, torch.Tensor, torch.Tensor, torch.Tensor | None],
     tuple[torch.Tensor, dict[str, torch.Tensor]],
@@ -74,8 +85,16 @@ class PolicyWorker:
         total_steps: int,
         seed: int,
         device: str = "cpu",
+        temperature: float = 1.0,
+        old_logprobs: bool = True,
     ):
+        """`temperature` and `old_logprobs` come from the step plan (`rlstack/plan.py`)."""
         self.cfg, self.algo = actor, algorithm
+        self.temperature = temperature
+        """The temperature log-probs are taken at: the rollout's sampling temperature."""
+        self.old_logprobs = old_logprobs
+        """Update batches come with `old_logprobs`; else the update is on-policy and its first forward pass
+        serves as the old policy."""
         path = model_dir(actor.model)
         self.tokenizer, self.processor = load_tokenizer_and_processor(actor.model, path)
         self.device = device
@@ -98,7 +117,7 @@ class PolicyWorker:
         """A frozen copy of the initial policy, colocated for the exact KL (`kl_penalty=full`), which needs
         the reference's whole distributions per micro-batch rather than sampled-token log-probs (with LoRA
         the policy's own base serves)."""
-        self.exact_kl = algorithm.use_kl_loss and algorithm.kl_penalty == KLPenalty.FULL
+        self.exact_kl = exact_kl(algorithm)
         if self.exact_kl and not self.lora:
             self.ref_model = load_trained_model(actor.model, path, device).eval()
             self.ref_model.requires_grad_(False)
@@ -127,7 +146,7 @@ class PolicyWorker:
             "update",
         )
 
-    @dispatch(Dispatch.ALL)
+    @remote(Dispatch.ALL, stays_remote=True)
     def gathered_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The whole weights on rank 0, in host memory (every rank joins the gathering; the others return
         nothing): what is sent to rollout workers placed apart from the policy, through the driver, which
@@ -154,18 +173,25 @@ class PolicyWorker:
         with self.model.disable_adapter():
             yield self.model
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS, reads=MODEL_INPUTS)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """LoRA: adds `ref_logprobs` [B, T], those of the base model (the adapters switched off)."""
         with self._reference_model() as base:  # in eval mode, as every log-prob pass (`_batched_logprobs`)
             logp, _ = _batched_logprobs(
-                base, batch, self.experience_micro_batching, False, self.cfg.padding_free, self.device
+                base,
+                batch,
+                self.experience_micro_batching,
+                False,
+                self.cfg.padding_free,
+                self.device,
+                self.temperature,
             )
         return batch.update({"ref_logprobs": logp})
 
     # ----------------------------------------------------------------------------- log-probs
 
+    @remote(Dispatch.ALL)
     @torch.no_grad()
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """Log-probs (temperature 1) of `token_ids` after a text prompt, under the current weights."""
@@ -176,19 +202,25 @@ class PolicyWorker:
         if self.processor is not None:
             pixel_values, grid = self.processor.process_images([], "the weight-sync probe")
             row.update({"pixel_values": [pixel_values], "image_grid_thw": [grid]})
-        logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, False, self.device)
+        logp, _ = _batched_logprobs(self.model, row, MicroBatching(1), False, False, self.device, 1.0)
         return logp[0, len(prompt_ids) :].tolist()
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS, reads=MODEL_INPUTS)
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> Batch:
         """Adds `old_logprobs` and `entropy` [B, T] under the current weights."""
         logp, ent = _batched_logprobs(
-            self.model, batch, self.experience_micro_batching, True, self.cfg.padding_free, self.device
+            self.model,
+            batch,
+            self.experience_micro_batching,
+            True,
+            self.cfg.padding_free,
+            self.device,
+            self.temperature,
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS, reads=MODEL_INPUTS)
     @torch.no_grad()
     def compute_masked_image_logprobs(self, batch: Batch) -> Batch:
         """Adds `masked_logprobs` [B, T]: log-probs of the sampled tokens under the current weights with
@@ -205,13 +237,19 @@ class PolicyWorker:
         ]
         perturbed = Batch({**batch.columns, "pixel_values": masked}, batch.meta)  # the originals stay
         logp, _ = _batched_logprobs(
-            self.model, perturbed, self.experience_micro_batching, False, self.cfg.padding_free, self.device
+            self.model,
+            perturbed,
+            self.experience_micro_batching,
+            False,
+            self.cfg.padding_free,
+            self.device,
+            self.temperature,
         )
         return batch.update({"masked_logprobs": logp})
 
     # -------------------------------------------------------------------------------- update
 
-    @dispatch(Dispatch.MINI_BATCHES)
+    @remote(Dispatch.MINI_BATCHES, reads=UPDATE_READS)
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """Policy update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
         c, alg = self.cfg, self.algo
@@ -243,7 +281,7 @@ class PolicyWorker:
             inputs = ActorLossInputs(
                 logprobs=logp,
                 entropy=ent,
-                old_logprobs=micro["old_logprobs"] if "old_logprobs" in micro else logp.detach(),
+                old_logprobs=micro["old_logprobs"] if self.old_logprobs else logp.detach(),
                 advantages=micro["advantages"],
                 response_mask=micro["response_mask"],
                 rollout_logprobs=micro.get("rollout_logprobs"),
@@ -281,7 +319,7 @@ class PolicyWorker:
     def _train(
         self, batch: Batch, mini_batch_size: int, loss_fn: LossFn, epochs: int, shuffle: bool
     ) -> dict[str, float]:
-        temperature = batch.meta.get("temperature", 1.0)
+        temperature = self.temperature
         entropy_grad = self.cfg.entropy_coeff != 0
 
         forward = packed_response_logits if self.cfg.padding_free else response_logits
@@ -316,6 +354,7 @@ class PolicyWorker:
 
     # --------------------------------------------------------------------------- checkpoints
 
+    @remote(Dispatch.ALL)
     def save_model(self, path: Path) -> None:
         """The model, tokenizer and (vision models) image processor in Hugging Face format; with several
         ranks the whole weights are gathered on every rank and rank 0 writes them. With LoRA: the merged
@@ -335,6 +374,7 @@ class PolicyWorker:
         else:
             self.tokenizer.save_pretrained(path)
 
+    @remote(Dispatch.ALL)
     def save_checkpoint(self, path: Path) -> None:
         """Model, optimizer and scheduler. One process: the Hugging Face model (`model/`) and the optimizer's
         state. Several ranks: model and optimizer as `torch.distributed.checkpoint` shards (`actor_dcp/`,
@@ -357,6 +397,7 @@ class PolicyWorker:
         if distributed.current().rank == 0:
             torch.save(state, path / "actor_state.pt")
 
+    @remote(Dispatch.ALL)
     def load_checkpoint(self, path: Path) -> None:
         _check_same_model(path / "model", self.model, self.cfg.model.model_path)
         s = torch.load(path / "actor_state.pt", weights_only=False)
@@ -391,8 +432,10 @@ class RefWorker:
     """A frozen copy of the initial policy, for KL terms. It lays out and cuts batches as the policy does
     (`worker.actor.padding_free`, `worker.actor.dynamic_batching`), with its own micro-batch sizes."""
 
-    def __init__(self, actor: ActorConfig, ref: RefConfig, device: str = "cpu"):
+    def __init__(self, actor: ActorConfig, ref: RefConfig, device: str = "cpu", temperature: float = 1.0):
+        """`temperature`: the one log-probs are taken at (the rollout's sampling temperature)."""
         path = model_dir(actor.model)
+        self.temperature = temperature
         self.device = device
         self.model = load_trained_model(actor.model, path, device).eval()
         self.model.requires_grad_(False)
@@ -407,21 +450,26 @@ class RefWorker:
             "experience",
         )
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS, reads=MODEL_INPUTS)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         logp, _ = _batched_logprobs(
-            self.model, batch, self.micro_batching, False, self.padding_free, self.device
+            self.model, batch, self.micro_batching, False, self.padding_free, self.device, self.temperature
         )
         return batch.update({"ref_logprobs": logp})
 
 
 def _batched_logprobs(
-    model, batch: Batch, micro: MicroBatching, with_entropy: bool, padding_free: bool, device: str
+    model,
+    batch: Batch,
+    micro: MicroBatching,
+    with_entropy: bool,
+    padding_free: bool,
+    device: str,
+    temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) `[B, T]` of a batch, computed micro-batch by micro-batch, in eval mode (no
-    dropout: LoRA's would make them random)."""
-    temperature = batch.meta.get("temperature", 1.0)
+    """Log-probs (and entropies) `[B, T]` of a batch at `temperature`, computed micro-batch by micro-batch,
+    in eval mode (no dropout: LoRA's would make them random)."""
 
     def run(mb: Batch) -> torch.Tensor:
         lp, ent = forward_logprobs(

@@ -25,26 +25,23 @@ import torch
 from rlstack.batch import Batch
 from rlstack.config import Config
 from rlstack.errors import RLStackError
-from rlstack.workers.critic import CriticWorker
+from rlstack.plan import StepPlan
 from rlstack.workers.group import (
+    Added,
     Dispatch,
-    dispatch_mode,
+    declaration,
     gather_rows,
+    incoming,
+    invoke,
+    outgoing,
     split_mini_batches,
     split_rows,
 )
-from rlstack.workers.policy import PolicyWorker, RefWorker
 from rlstack.workers.rollout import RolloutWorker
-
-ROLE_CLASSES = {"actor": PolicyWorker, "rollout": RolloutWorker, "ref": RefWorker, "critic": CriticWorker}
 
 
 class WorkerDied(RLStackError):
     """A rank of a worker group died during a call."""
-
-
-class _Added(dict):
-    """The columns a worker method added to (or replaced in) the Batch it was given."""
 
 
 class RankHost:
@@ -72,7 +69,7 @@ class RankHost:
         return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def setup(
-        self, master_addr: str, master_port: int, cfg: Config, total_steps: int, device: str
+        self, master_addr: str, master_port: int, cfg: Config, plan: StepPlan, total_steps: int, device: str
     ) -> list[str]:
         from rlstack import checkpoint
         from rlstack.workers import distributed
@@ -82,21 +79,15 @@ class RankHost:
             device = "cuda:0"  # Ray makes the rank's GPU the only visible one
         distributed.init_process_group(self.rank, self.world_size, master_addr, master_port, device)
         checkpoint.seed_everything(cfg.trainer.seed, cfg.trainer.full_determinism)
-        self.roles = build_roles(cfg, total_steps, device)
+        self.roles = build_roles(cfg, plan, total_steps, device)
         return sorted(self.roles)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The role's method. A method that adds columns to the Batch it was given returns only those
-        (`_Added`): the driver adds them to its own copy, so the rest does not travel back."""
+        """The role's declared method (`invoke`: only the columns it adds travel back)."""
         # a threaded actor's call thread (in-flight weight updates) starts with OpenMP's default
         if self.num_threads > 0 and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
-        given = args[0] if args and isinstance(args[0], Batch) else None
-        before = {k: id(v) for k, v in given.columns.items()} if given is not None else {}
-        result = getattr(self.roles[role], method)(*args, **kwargs)
-        if given is not None and result is given:
-            return _Added({k: v for k, v in result.columns.items() if before.get(k) != id(v)})
-        return result
+        return invoke(self.roles[role], method, args, kwargs)
 
     def setup_rollout(self, cfg: Config, device: str) -> list[str]:
         """A rollout worker placed apart from the policy (no process group: it only generates)."""
@@ -130,7 +121,7 @@ class RankHost:
 class RayCluster:
     """The rank actors of one run and their placement group."""
 
-    def __init__(self, cfg: Config, total_steps: int, device: str):
+    def __init__(self, cfg: Config, plan: StepPlan, total_steps: int, device: str):
         try:
             import ray
             from ray.util.placement_group import placement_group
@@ -174,7 +165,7 @@ class RayCluster:
         try:
             self.where = self.get([h.where.remote() for h in self.hosts])
             addr, port = self.get([self.hosts[0].address.remote()])[0]
-            setup = [h.setup.remote(addr, port, cfg, total_steps, device) for h in self.hosts]
+            setup = [h.setup.remote(addr, port, cfg, plan, total_steps, device) for h in self.hosts]
             self.roles = self.get(setup)[0]
             if not cfg.worker.rollout.colocated:
                 self._start_rollout_hosts(cfg, device, gpu)
@@ -214,12 +205,7 @@ class RayCluster:
             try:
                 ray.get(done[0])
             except ray.exceptions.ActorDiedError as e:
-                i = rank_of[done[0]]
-                if who is not None:
-                    name = who[i]
-                else:
-                    host, pid, _ = self.where[i] if self.where else ("?", 0, "")
-                    name = f"rank {i} of {self.world_size} (host {host}, pid {pid})"
+                name = (who or self.rank_names())[rank_of[done[0]]]
                 raise WorkerDied(
                     f"{name} died: {e}. The run was stopped; resume from the last checkpoint "
                     "(trainer.find_last_checkpoint=true)"
@@ -228,10 +214,16 @@ class RayCluster:
                 raise e.as_instanceof_cause() from None
         return ray.get(refs)
 
-    def group(self, role: str) -> RayRoleGroup:
+    def rank_names(self) -> list[str]:
+        """How a failure names each rank: its place, host and process."""
+        where = self.where or [("?", 0, "")] * self.world_size
+        return [f"rank {i} of {self.world_size} (host {h}, pid {pid})" for i, (h, pid, _) in enumerate(where)]
+
+    def group(self, role: str, cls: type) -> RayRoleGroup:
+        """The role's workers (of class `cls`) on every rank that holds it."""
         if role == "rollout" and self.rollout_hosts:
-            return RayRoleGroup(self, role, ROLE_CLASSES[role], self.rollout_hosts, self.rollout_who)
-        return RayRoleGroup(self, role, ROLE_CLASSES[role], self.hosts)
+            return RayRoleGroup(self, role, cls, self.rollout_hosts, self.rollout_who)
+        return RayRoleGroup(self, role, cls, self.hosts)
 
     def close(self) -> None:
         import ray
@@ -340,22 +332,28 @@ class RayRoleGroup:
         import ray
 
         hosts, w = self.hosts, self.world_size
-        mode = dispatch_mode(self.cls, method)
-        if mode is Dispatch.ROWS:
-            parts, padding = split_rows(args[0], w)
-            refs = [h.call.remote(self.role, method, p, *args[1:], **kwargs) for h, p in zip(hosts, parts)]
+        declared = declaration(self.cls, method)
+        sent = outgoing(declared, args)
+        if declared.dispatch is Dispatch.ROWS:
+            parts, padding = split_rows(sent[0], w)
+            refs = [h.call.remote(self.role, method, p, *sent[1:], **kwargs) for h, p in zip(hosts, parts)]
             results = self.get(refs)
-            if isinstance(results[0], _Added):  # new columns of the driver's batch, as locally
+            if isinstance(results[0], Added):  # new columns of the driver's batch, as locally
                 added = gather_rows([Batch(r) for r in results], padding, len(args[0]) + padding)
-                return args[0].update(added.columns)
+                return incoming(Added(added.columns), args)
             return gather_rows(results, padding, len(args[0]) + padding)
-        if mode is Dispatch.MINI_BATCHES:
-            parts, per_rank = split_mini_batches(args[0], args[1], w)
+        if declared.dispatch is Dispatch.MINI_BATCHES:
+            parts, per_rank = split_mini_batches(sent[0], sent[1], w)
             refs = [
-                h.call.remote(self.role, method, p, per_rank, *args[2:], **kwargs)
+                h.call.remote(self.role, method, p, per_rank, *sent[2:], **kwargs)
                 for h, p in zip(hosts, parts)
             ]
             return self.get(refs)[0]
-        shared = [ray.put(a) for a in args]  # one copy in the object store for all ranks
-        results = self.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])
-        return results if mode is Dispatch.EACH else results[0]
+        # one copy in the object store for all ranks; a reference another group's call left remote as is
+        shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in sent]
+        refs = [h.call.remote(self.role, method, *shared, **kwargs) for h in hosts]
+        if declared.stays_remote:  # the other ranks' results (they joined a collective) say whether it worked
+            self.cluster.get(refs[1:], (self.who or self.cluster.rank_names())[1:])
+            return refs[0]
+        results = self.get(refs)
+        return results if declared.dispatch is Dispatch.EACH else results[0]

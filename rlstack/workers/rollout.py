@@ -19,7 +19,7 @@ from rlstack.rollout.engine import Engine, EngineCapabilities, Request
 from rlstack.rollout.hf import HFEngine
 from rlstack.tools.registry import build_toolset
 from rlstack.workers import distributed
-from rlstack.workers.group import Dispatch, dispatch
+from rlstack.workers.group import Dispatch, remote
 from rlstack.workers.memory import device_memory_in_use
 from rlstack.workers.policy import PolicyWorker, load_trained_model
 
@@ -120,10 +120,11 @@ class RolloutWorker:
             ignore_eos=cfg.ignore_eos,
         )
 
+    @remote(Dispatch.ALL)
     def capabilities(self) -> EngineCapabilities:
         return self.engine.capabilities
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS)
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
         """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`)."""
         r = self.cfg
@@ -131,7 +132,7 @@ class RolloutWorker:
             return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k, validate=True)
         return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
-    @dispatch(Dispatch.ROWS)
+    @remote(Dispatch.ROWS)
     def generate_greedy(self, prompts: Batch) -> Batch:
         """One greedy trajectory per prompt, tools included (ReMax's baseline)."""
         return self._run(prompts, 1, 0.0, 1.0, -1)
@@ -218,6 +219,7 @@ class RolloutWorker:
             )
         return f"{where}: {fix}. The device said: {str(e).splitlines()[0]}"
 
+    @remote(Dispatch.ALL)
     def update_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = True
     ) -> int:
@@ -240,6 +242,7 @@ class RolloutWorker:
             self.engine.update_weights(None if weights is None else counted(), version)
         return loaded
 
+    @remote(Dispatch.ALL)
     def sync_weights(self, version: int) -> int:
         """Bring the engine to the colocated policy's current weights, streamed from it under Hugging Face
         names (gathered from the shards on every rank); an engine sharing the module records the version.
@@ -251,7 +254,7 @@ class RolloutWorker:
         shares = self.engine.capabilities.shares_policy_weights
         return self.update_weights(None if shares else self.policy.named_weights(), version, private=False)
 
-    @dispatch(Dispatch.EACH)
+    @remote(Dispatch.EACH)
     def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe); every rank's
         engine is asked."""
@@ -281,10 +284,12 @@ class RolloutWorker:
         self.engine.wake_up()
         self.asleep = False
 
+    @remote(Dispatch.ALL)
     def save_checkpoint(self, path: Path) -> None:
         """The engine's sampling state; each rank's its own (`rollout_state.pt` for rank 0)."""
         torch.save({"engine": self.engine.state_dict()}, path / _rollout_state(self.rank))
 
+    @remote(Dispatch.ALL)
     def load_checkpoint(self, path: Path) -> None:
         """This rank's sampling state, or rank 0's for a rank the saving run did not have."""
         own = path / _rollout_state(self.rank)
