@@ -17,7 +17,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-import rlstack.rollout.hf as hf
+import rlstack.rollout.hf_cache as hf_cache
+import rlstack.rollout.hf_sampling as hf_sampling
 from rlstack.models.decoding import LeanDecoder, lean_decoder, why_not_lean
 from rlstack.models.loading import load_causal_lm
 
@@ -71,8 +72,8 @@ def sampled(model, through_module: bool, monkeypatch, temperature=1.0, **kw) -> 
     with monkeypatch.context() as mp:
         mp.setattr(LeanDecoder, "step", counted)
         if through_module:
-            mp.setattr(hf, "lean_decoder", lambda model, positions: None)
-        out = hf.sample(
+            mp.setattr(hf_sampling, "lean_decoder", lambda model, positions: None)
+        out = hf_sampling.sample(
             model,
             prompts(),
             max_new_tokens=10,
@@ -129,7 +130,7 @@ def test_bfloat16_logits_match_the_module():
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, P:].float()
-        cache = hf._preallocated(hf.DynamicCache(config=model.config), P + R)
+        cache = hf_cache._preallocated(hf_cache.DynamicCache(config=model.config), P + R)
         model(
             input_ids=ids[:, :P], attention_mask=mask[:, :P], position_ids=pos[:, :P], past_key_values=cache
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rlstack.rollout.hf as hf
+import rlstack.rollout.hf_sampling as hf_sampling
 from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs, run_starts
 from rlstack.rollout.hf import sample
@@ -185,7 +185,7 @@ def draw(m, tok, prompts, temperature=1.0, seed=0, max_new=8, **kw):
 def every_row_prefilled(m, tok, prompts, monkeypatch, **kw):
     """`sample` with the duplicate detection turned off: every row is prefilled on its own."""
     with monkeypatch.context() as mp:
-        mp.setattr(hf, "run_starts", lambda ids, mask: torch.ones(len(ids), dtype=torch.bool))
+        mp.setattr(hf_sampling, "run_starts", lambda ids, mask: torch.ones(len(ids), dtype=torch.bool))
         return draw(m, tok, prompts, **kw)
 
 

@@ -12,7 +12,8 @@ from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import VisionProcessor, position_ids
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.engine import Request, RequestTooLong, SamplingSettings, mix_seed
-from rlstack.rollout.hf import HFEngine, _inverse_cdf, _uniform, sample
+from rlstack.rollout.hf import HFEngine, sample
+from rlstack.rollout.hf_sampling import _inverse_cdf, _uniform
 
 PROMPTS = ["1+2=", "12+34=", "123+4567=", "ab", "99+1=", "x"]
 MAX_NEW = 8
@@ -391,9 +392,9 @@ def test_one_model_call_per_token_and_ended_rows_keep_attending(eos_model, tok, 
     test_lean_decoding.py for the lean step's own count): the prefill gives the first token and each
     later token costs one decode call, none after the last; rows that ended keep 1 in the attention mask
     (their padding is masked out of the result)."""
-    import rlstack.rollout.hf as hf
+    import rlstack.rollout.hf_sampling as hf_sampling
 
-    monkeypatch.setattr(hf, "lean_decoder", lambda model, positions: None)
+    monkeypatch.setattr(hf_sampling, "lean_decoder", lambda model, positions: None)
     masks = []
 
     def record(module, args, kwargs):

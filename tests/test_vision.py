@@ -492,7 +492,7 @@ def test_rollout_logprobs_match_a_multimodal_forward_pass(family):
 def test_decoding_steps_take_the_lean_step_and_sample_as_the_module_does(family, monkeypatch):
     """After the multimodal prefill, each decoded token is a text token at one M-RoPE id in all three
     dimensions: the lean step (`rlstack.models.decoding`) computes it as the module's `forward` does."""
-    import rlstack.rollout.hf as hf
+    import rlstack.rollout.hf_sampling as hf_sampling
     from rlstack.models.decoding import LeanDecoder, why_not_lean
 
     vl_model, proc, encoded = family
@@ -508,7 +508,7 @@ def test_decoding_steps_take_the_lean_step_and_sample_as_the_module_does(family,
     def run(seeds: torch.Tensor, through_module: bool) -> dict:
         with monkeypatch.context() as mp:
             if through_module:
-                mp.setattr(hf, "lean_decoder", lambda model, positions: None)
+                mp.setattr(hf_sampling, "lean_decoder", lambda model, positions: None)
             return sample_rows(vl_model, proc, encoded, temperature=1.0, seeds=seeds)
 
     for seed in range(20):  # seeds under which some row decodes several tokens
