@@ -13,7 +13,7 @@ import yaml
 
 from rlstack import config as config_module
 from rlstack.cli import main
-from rlstack.config import Config, ConfigError, describe, field_docs, load_config, to_yaml
+from rlstack.config import Config, ConfigError, describe, field_docs, load_config, machine, to_yaml
 
 
 def write_yaml(path: Path, text: str) -> Path:
@@ -204,7 +204,14 @@ def test_cross_field_problems_are_reported_together(tmp_path):
         ]
     )
     assert len(problems) == 6, problems
-    batch, micro, group, train, template, model = problems
+
+    def one(fragment: str) -> str:
+        (problem,) = [p for p in problems if fragment in p]
+        return problem
+
+    batch, micro = one("data.rollout_batch_size (10)"), one("4 * 1 = 4")
+    group, train = one("compares responses within a group"), one("data.train_files:")
+    template, model = one("data.format_prompt:"), one("worker.actor.model.model_path:")
     # batch sizes that don't divide: the numbers, the rule and divisors to pick from
     assert "data.rollout_batch_size (10) must be divisible by worker.actor.global_batch_size (4)" in batch
     assert "1, 2, 5, 10" in batch
@@ -281,8 +288,11 @@ def test_non_positive_sizes_and_bad_sampling_values():
     assert any("data.max_response_length = 0: must be at least 1" in p for p in problems)
     problems = problems_of(["worker.rollout.top_p=0", "worker.rollout.temperature=0"])
     assert len(problems) == 2
-    assert "worker.rollout.top_p = 0.0: must be in (0, 1]" in problems[0]
-    assert "worker.rollout.temperature = 0.0" in problems[1] and "val_temperature" in problems[1]
+    assert (
+        "worker.rollout.temperature = 0.0: must be positive" in problems[0]
+        and "val_temperature" in problems[0]
+    )
+    assert "worker.rollout.top_p = 0.0: must be in (0, 1]" in problems[1]
 
 
 def test_missing_reward_file_and_unknown_logger(tmp_path):
@@ -421,10 +431,11 @@ def test_every_leaf_key_has_a_docstring():
 
 
 def _config_dataclasses() -> list[type]:
+    """The sections `rlstack.config` exports, from whichever of its modules defines them."""
     return [
         obj
         for _, obj in inspect.getmembers(config_module, inspect.isclass)
-        if dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__
+        if dataclasses.is_dataclass(obj) and obj.__module__.startswith(config_module.__name__ + ".")
     ]
 
 
@@ -455,7 +466,7 @@ def test_every_default_is_reachable_from_config():
 
 
 def test_config_choices_match_the_algorithm_registries():
-    """config.py cannot import algos/ (it sits below it), so its Literal choices are checked here."""
+    """rlstack.config cannot import algos/ (it sits below it), so its Literal choices are checked here."""
     import typing
 
     from rlstack.algos.advantages import ADVANTAGE_ESTIMATORS, AdvEstimator
@@ -501,7 +512,7 @@ def test_config_choices_match_the_algorithm_registries():
 def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
     import importlib.util
 
-    monkeypatch.setattr(config_module, "cpu_supports_bfloat16", lambda: False)
+    monkeypatch.setattr(machine, "cpu_supports_bfloat16", lambda: False)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -690,7 +701,7 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     assert a.model.lora.target_modules == ["q_proj", "v_proj"]
     assert (r.agent.max_images, r.val_temperature, r.val_top_p, r.val_n) == (3, 0.6, 0.95, 2)
     assert cfg.algorithm.max_try_make_batch == 7
-    notes = [rec.getMessage() for rec in caplog.records if rec.name == "rlstack.foreign_keys"]
+    notes = [rec.getMessage() for rec in caplog.records if rec.name == "rlstack.config.compat.easyr1"]
     assert (
         f"config: worker.actor.model.freeze_vision_tower ({path}, line 17): EasyR1's key, read as "
         "worker.actor.freeze_vision_tower=True" in notes
@@ -820,3 +831,67 @@ def test_ignore_eos_is_refused_where_it_cannot_work():
         ConfigError, match="overlong_buffer_length=8 gives every sample the full overlong penalty"
     ):
         load_config(["worker.rollout.ignore_eos=true", "worker.reward.overlong_buffer_length=8"])
+
+
+# ------------------------------------------------------------------------------------ ranges, choices
+
+
+def test_a_negative_learning_rate_is_refused_at_load_naming_the_key():
+    (problem,) = problems_of(["worker.actor.optim.lr=-1e-4"])
+    assert problem == "worker.actor.optim.lr = -0.0001: must be at least 0"
+
+
+def test_every_value_out_of_its_range_is_reported_at_once():
+    problems = problems_of(
+        [
+            "worker.actor.optim.lr=-1e-4",
+            "worker.actor.optim.betas=[0.9,1.0]",
+            "worker.actor.optim.weight_decay=-0.1",
+            "worker.actor.optim.lr_warmup_steps=-1",
+            "worker.actor.max_grad_norm=0",
+            "worker.actor.clip_ratio_low=-0.2",
+            "worker.actor.clip_ratio_high=-0.1",
+            "worker.critic.optim.betas=[-0.1,0.999]",
+            "data.val_max_samples=0",
+            "worker.rollout.top_k=-2",
+        ]
+    )
+    assert problems == [
+        "data.val_max_samples = 0: must be at least 1, or -1",
+        "worker.actor.optim.lr = -0.0001: must be at least 0",
+        "worker.actor.optim.betas[1] = 1.0: must be in [0, 1)",
+        "worker.actor.optim.weight_decay = -0.1: must be at least 0",
+        "worker.actor.optim.lr_warmup_steps = -1: must be at least 0, or null",
+        "worker.actor.max_grad_norm = 0.0: must be positive (clipping to 0 stops every update; inf: no clipping)",
+        "worker.actor.clip_ratio_low = -0.2: must be at least 0",
+        "worker.actor.clip_ratio_high = -0.1: must be at least 0",
+        "worker.rollout.top_k = -2: must be at least -1 (-1 or 0: all tokens)",
+        "worker.critic.optim.betas[0] = -0.1: must be in [0, 1)",
+    ]
+
+
+def test_range_problems_join_the_other_problems():
+    problems = problems_of(["worker.actor.optim.lr=-1", "worker.rollout.n=abc", "trainer.save_freqq=3"])
+    assert len(problems) == 3
+    assert "worker.actor.optim.lr = -1.0: must be at least 0" in problems
+
+
+def test_every_default_and_every_shipped_config_is_in_range():
+    from rlstack.config.fields import range_problems
+
+    assert range_problems(Config()) == []
+    root = Path(__file__).parent.parent
+    for path in sorted([*root.glob("examples/**/*.yaml"), *root.glob("rlstack/configs/*.yaml")]):
+        assert load_config([f"config={path}"]), path
+
+
+def test_a_wrong_choice_lists_the_choices_and_the_key_it_belongs_to():
+    (problem,) = problems_of(["algorithm.adv_estimator=gspo"])
+    assert (
+        "algorithm.adv_estimator (command-line override 'algorithm.adv_estimator=gspo'): expected one of "
+        in (problem)
+    )
+    assert "gae, grpo, rloo," in problem and "grpo_passk or loo_std, got 'gspo' (str)" in problem
+    assert problem.endswith("; gspo is a choice of worker.actor.loss_type")
+    (problem,) = problems_of(["worker.actor.loss_agg_mode=mean"])
+    assert "seq-mean-token-sum-norm or null, got 'mean' (str)" in problem

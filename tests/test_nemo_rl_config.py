@@ -1,4 +1,4 @@
-"""NeMo RL's GRPO configs load as rlstack's (`rlstack/nemo_rl.py`): the 2-GPU code config of our users'
+"""NeMo RL's GRPO configs load as rlstack's (`rlstack/config/compat/nemo_rl.py`): the 2-GPU code config of our users'
 research notes over NeMo RL's `grpo_math_1B.yaml` (its `defaults`), key by key; what rlstack cannot do is
 a problem naming the key's file and line; and a NeMo RL config of the built-in task trains."""
 
@@ -92,7 +92,7 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
 
 
 def test_nemo_rls_chat_templates(configs: Path, tmp_path: Path):
-    from rlstack.nemo_rl import PASSTHROUGH_TEMPLATE
+    from rlstack.config.compat.nemo_rl_rules import PASSTHROUGH_TEMPLATE
 
     base = [
         f"config={configs / 'code_grpo_test.yaml'}",

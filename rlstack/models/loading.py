@@ -18,7 +18,13 @@ from transformers import (
 )
 
 from rlstack.checkpoint import write_dir_atomically
-from rlstack.config import BUILTIN_MODEL, HUB_NAME, ModelConfig
+from rlstack.config import (
+    BUILTIN_DIRS,
+    BUILTIN_VISION_MODEL,
+    HUB_NAME,
+    ModelConfig,
+    chat_template_text,
+)
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.gguf import gguf_path, resolve_gguf
@@ -28,8 +34,6 @@ from rlstack.models.vision import VisionProcessor, init_vision_model, is_vision_
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERIC_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
-BUILTIN_VISION_MODEL = "builtin:tiny-qwen2.5-vl"
-BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
 
 
 class ModelLoadError(RLStackError, RuntimeError):
@@ -92,16 +96,6 @@ def mark_generic_tokenizer(path: Path) -> None:
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["padding_side"] = "left"
     cfg_file.write_text(json.dumps(cfg, indent=2))
-
-
-def is_template_text(template: str) -> bool:
-    """Whether a configured chat template is Jinja text (it has a `{{` or `{%`) rather than a file's path."""
-    return "{{" in template or "{%" in template
-
-
-def chat_template_text(template: str) -> str:
-    """A chat template given in the config: the template itself (Jinja text), or the text of the file it names."""
-    return template if is_template_text(template) else Path(template).read_text()
 
 
 def load_tokenizer(

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import rlstack.config.tree as tree
+
 log = logging.getLogger(__name__)
 
 ANY = object()
@@ -148,16 +150,16 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     notes: list[str] = []
 
     def at(key: str) -> str:
-        return where_set(sources, key)
+        return tree.where_set(sources, key)
 
     def move(key: str, to: str, value: Any, spellings: dict | None = None) -> None:
-        if _get(values, to) is not _MISSING:
+        if tree.get(values, to) is not tree.MISSING:
             problems.append(f"{key}{at(key)} is EasyR1's name for {to}, which is set too: keep {to} only")
         elif value is None:  # EasyR1's "unset"
             notes.append(f"{key}{at(key)}: EasyR1's key, unset: {to} keeps rlstack's default")
         else:
             value = spellings.get(value, value) if spellings and isinstance(value, str) else value
-            _set(values, to, value)
+            tree.set(values, to, value)
             notes.append(f"{key}{at(key)}: EasyR1's key, read as {to}={value}")
 
     handlers: dict[str, Callable[[str, Any], None]] = {
@@ -168,8 +170,8 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         ),
     }
     for key in [*FOREIGN, *handlers]:
-        value = _pop(values, key)
-        if value is _MISSING:
+        value = tree.pop(values, key)
+        if value is tree.MISSING:
             continue
         if key in handlers:
             handlers[key](key, value)
@@ -182,16 +184,16 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         else:
             problems.append(f"{key}={value!r}{at(key)}: {rule.why}")
     for section in ("worker.actor.offload", "worker.ref.offload", "worker.ref.fsdp"):
-        if _get(values, section) == {}:  # emptied above
-            _pop(values, section)
+        if tree.get(values, section) == {}:  # emptied above
+            tree.pop(values, section)
     for key, spellings in VALUE_ALIASES.items():
-        value = _get(values, key)
+        value = tree.get(values, key)
         if isinstance(value, str) and value in spellings:
-            _set(values, key, spellings[value])
+            tree.set(values, key, spellings[value])
             notes.append(f"{key}={value}{at(key)}: EasyR1's spelling, read as {spellings[value]}")
-    modules = _get(values, LORA_MODULES)
+    modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
-        _set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
+        tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
         notes.append(f"{LORA_MODULES}={modules!r}{at(LORA_MODULES)}: EasyR1's spelling, read as a list")
     for note in notes:
         log.warning("config: %s", note)
@@ -205,9 +207,9 @@ def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callab
         )
         return
     kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")
-    overridden = [f"{k}=true{at(k)}" for k in kl_keys if _get(values, k) is True]
+    overridden = [f"{k}=true{at(k)}" for k in kl_keys if tree.get(values, k) is True]
     for k in kl_keys:
-        _set(values, k, False)
+        tree.set(values, k, False)
     over = f", over {' and '.join(overridden)} (as EasyR1 does)" if overridden else ""
     notes.append(
         f"{key}{at(key)}=true: EasyR1's key, read as algorithm.use_kl_loss=false, use_kl_in_reward=false{over}"
@@ -237,41 +239,3 @@ def _val_overrides(
                 f"{key}.{name}{at(key)}: rlstack's validation settings are worker.rollout."
                 + ", worker.rollout.".join(VAL_OVERRIDES.values())
             )
-
-
-def where_set(sources: dict[str, str], key: str) -> str:
-    """` (file, line N)` where `key` (or a key under it) was set, for messages; empty if nowhere known."""
-    where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
-    return f" ({where})" if where else ""
-
-
-_MISSING = object()
-
-
-def _get(values: dict, dotted: str) -> Any:
-    node: Any = values
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def _pop(values: dict, dotted: str) -> Any:
-    *parents, last = dotted.split(".")
-    node: Any = values
-    for part in parents:
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    if not isinstance(node, dict) or last not in node:
-        return _MISSING
-    return node.pop(last)
-
-
-def _set(values: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = values
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value

@@ -1,0 +1,189 @@
+"""`worker.actor.*`: the policy's optimizer, sharding, batching and loss; the reference follows its batching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from rlstack.config.fields import field
+from rlstack.config.model import ModelConfig
+
+if TYPE_CHECKING:
+    from rlstack.config.schema import Config
+
+# Losses defined with one aggregation (a length-normalised sequence ratio or veRL's fixed choice):
+# `worker.actor.loss_agg_mode` defaults to it and may not be set to another.
+DEFINED_AGG_MODES = {
+    "gspo": "seq-mean-token-mean",
+    "gspo_token": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+}
+
+
+@dataclass
+class OptimConfig:
+    lr: float = field(1.0e-6, ge=0)
+    """Peak learning rate of AdamW."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], ge=0, lt=1)
+    """AdamW betas."""
+    weight_decay: float = field(1.0e-2, ge=0)
+    """AdamW weight decay."""
+    lr_warmup_ratio: float = field(0.0, ge=0, le=1)
+    """Fraction of the training steps spent warming the learning rate up linearly."""
+    lr_warmup_steps: int | None = field(None, ge=0)
+    """Warm-up steps; overrides `lr_warmup_ratio` when set."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = field(0.0, ge=0, le=1)
+    """Cosine schedule floor, as a fraction of `lr`."""
+
+
+@dataclass
+class FSDPConfig:
+    mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """With several ranks (FSDP2): the dtype parameters are gathered and computed in, gradients reduced in float32 (unset: `model.dtype`)."""
+    offload_params: bool = False
+    """With several ranks (FSDP2): keep the policy's and reference's parameter shards, gradients and optimizer state in host memory (FSDP2's CPU offload; EasyR1's offload_params and offload_optimizer together); saves GPU memory for host transfers and a CPU optimizer step."""
+
+
+@dataclass
+class ActorConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The policy optimizer."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of the policy and reference over several ranks (`trainer.backend=ray`)."""
+    global_batch_size: int = field(32, ge=1)
+    """Prompts per optimizer step (mini-batch); its trajectories are `global_batch_size * n`."""
+    micro_batch_size_per_device_for_update: int = field(64, ge=1)
+    """Trajectories per forward/backward pass during the update (gradient accumulation unit)."""
+    micro_batch_size_per_device_for_experience: int = field(128, ge=1)
+    """Trajectories per forward pass when computing log-probs without gradient."""
+    ppo_epochs: int = field(1, ge=1)
+    """Passes over the rollout batch per training step."""
+    max_grad_norm: float = field(1.0, gt=0, why="clipping to 0 stops every update; inf: no clipping")
+    """Gradient clipping norm."""
+    clip_ratio_low: float = field(0.2, ge=0)
+    """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
+    clip_ratio_high: float = field(0.28, ge=0)
+    """PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO's clip-higher)."""
+    loss_type: Literal["vanilla", "gspo", "gspo_token", "cispo", "sapo"] = "vanilla"
+    """Policy loss: PPO clip (vanilla, with dual clip), GSPO, GSPO-token, CISPO or SAPO."""
+    loss_agg_mode: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
+    """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO, veRL's sum over sequences / max length); unset: the mode the loss is defined with, seq-mean-token-mean for gspo, gspo_token and sapo, token-mean otherwise."""
+    clip_ratio_dual: float = field(
+        3.0, gt=1, why="it caps the loss of a negative advantage at c times it; inf: no dual clip"
+    )
+    """Dual-clip bound c for negative advantages (loss <= -c * A)."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    top_entropy_quantile: float = field(1.0, gt=0, le=1, why="1 trains on every token")
+    """Train only on this fraction of highest-entropy response tokens of each micro-batch (0.2: the 80/20 rule; 1: all)."""
+    rollout_correction: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    """Importance-sampling correction for rollout-vs-trainer numerics: truncated IS, IcePop, or sequence-masked TIS."""
+    rollout_correction_low: float = 0.5
+    """Lower bound of the kept IS-weight band (icepop, seq-mask-tis)."""
+    rollout_correction_high: float = 2.0
+    """Cap of the IS weight (tis) / upper bound of the kept band (icepop, seq-mask-tis)."""
+    shuffle_mini_batches: bool = False
+    """Shuffle trajectories before cutting mini-batches (seeded)."""
+    freeze_vision_tower: bool = False
+    """Vision models: keep the vision encoder's weights fixed (only the language model and merger train)."""
+    padding_free: bool = False
+    """Pack each micro-batch's rows into one sequence without their padding for log-probs, entropies and the update (veRL's use_remove_padding, EasyR1's padding_free); the reference model follows. false: the padded layout, which runs a prompt once for all its samples."""
+    dynamic_batching: bool = False
+    """Form micro-batches by a token budget (max_token_len_per_device_*) instead of a row count (veRL's use_dynamic_bsz); the gradient does not change."""
+    max_token_len_per_device_for_update: int = field(16384, ge=1)
+    """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu). With padding_free on CPU (SDPA attends over a dense tokens x tokens mask) keep it to a few of the longest trajectories."""
+    max_token_len_per_device_for_experience: int = field(32768, ge=1)
+    """Dynamic batching: attended tokens per forward pass computing log-probs (veRL's log_prob_max_token_len_per_gpu)."""
+
+
+def actor_rules(cfg: Config, p: list[str]) -> None:
+    """Batch sizes that must divide, token budgets that must hold a trajectory, the loss's aggregation."""
+    d, a, r, t = cfg.data, cfg.worker.actor, cfg.worker.rollout, cfg.trainer
+    if min(d.rollout_batch_size, a.global_batch_size) >= 1 and d.rollout_batch_size % a.global_batch_size:
+        p.append(
+            f"data.rollout_batch_size ({d.rollout_batch_size}) must be divisible by "
+            f"worker.actor.global_batch_size ({a.global_batch_size}): each step's prompts are cut into "
+            f"mini-batches of global_batch_size prompts; pick a divisor such as "
+            f"{divisors_hint(d.rollout_batch_size)}"
+        )
+    budget_problems(cfg, p, token_budgets(cfg))
+    mini = a.global_batch_size * r.n
+    micro = a.micro_batch_size_per_device_for_update
+    if min(mini, micro) >= 1 and not a.dynamic_batching and mini % micro:
+        p.append(
+            f"worker.actor.global_batch_size * worker.rollout.n = {a.global_batch_size} * {r.n} = {mini} "
+            f"trajectories per mini-batch must be divisible by "
+            f"worker.actor.micro_batch_size_per_device_for_update ({micro}); "
+            f"pick a divisor such as {divisors_hint(mini)}"
+        )
+    optim_problems(p, "worker.actor.optim", a.optim)
+    defined = DEFINED_AGG_MODES.get(a.loss_type)
+    if defined and a.loss_agg_mode not in (None, defined):
+        p.append(
+            f"worker.actor.loss_type={a.loss_type} is defined with loss_agg_mode={defined} (each sequence counts "
+            f"once, as in the paper and veRL), got worker.actor.loss_agg_mode={a.loss_agg_mode}: remove the key "
+            f"or set it to {defined}"
+        )
+    if a.rollout_correction and not 0 <= a.rollout_correction_low <= a.rollout_correction_high:
+        p.append(
+            f"worker.actor.rollout_correction_low ({a.rollout_correction_low}) and _high ({a.rollout_correction_high}) "
+            "must satisfy 0 <= low <= high"
+        )
+    if min(t.nnodes, t.n_gpus_per_node) < 1:
+        return
+    world = t.nnodes * t.n_gpus_per_node
+    if a.fsdp.offload_params and world == 1:
+        p.append(
+            "worker.actor.fsdp.offload_params=true offloads FSDP2 shards, which only several ranks have: set "
+            "trainer.backend=ray with trainer.n_gpus_per_node (x trainer.nnodes) > 1, or leave it off"
+        )
+    if t.backend == "ray" and mini % world:
+        p.append(
+            f"worker.actor.global_batch_size x worker.rollout.n = {mini} trajectories per mini-batch do not "
+            f"split evenly over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a multiple of {world}"
+        )
+
+
+def optim_problems(p: list[str], key: str, optim: OptimConfig) -> None:
+    """AdamW takes two betas."""
+    if len(optim.betas) != 2:
+        p.append(f"{key}.betas = {optim.betas}: AdamW takes two betas, e.g. [0.9, 0.999]")
+
+
+def token_budgets(cfg: Config) -> list[tuple[str, int]]:
+    """The token budgets of the actor and the reference that are in use (dynamic batching on), under their keys."""
+    a = cfg.worker.actor
+    if not a.dynamic_batching:
+        return []
+    return [
+        ("worker.actor.max_token_len_per_device_for_update", a.max_token_len_per_device_for_update),
+        ("worker.actor.max_token_len_per_device_for_experience", a.max_token_len_per_device_for_experience),
+        (
+            "worker.ref.max_token_len_per_device_for_experience",
+            cfg.worker.ref.max_token_len_per_device_for_experience,
+        ),
+    ]
+
+
+def budget_problems(cfg: Config, p: list[str], budgets: list[tuple[str, int]]) -> None:
+    """Token budgets that cannot hold the longest trajectory (those below 1 are range problems already)."""
+    d = cfg.data
+    longest = d.max_prompt_length + d.max_response_length
+    if min(d.max_prompt_length, d.max_response_length) < 1:
+        return
+    for key, value in budgets:
+        if 1 <= value < longest:
+            p.append(
+                f"{key} = {value} is less than data.max_prompt_length + data.max_response_length = {longest}: a "
+                f"trajectory that long would not fit in a micro-batch; raise it to at least {longest}"
+            )
+
+
+def divisors_hint(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)

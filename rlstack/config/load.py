@@ -1,0 +1,265 @@
+"""Loading: defaults <- `config=file.yaml` (with the files its `defaults` names) <- `a.b=c` overrides,
+merged as plain dicts, foreign layouts (EasyR1's keys, NeMo RL's sections) read as rlstack's, then built
+into `Config` with each value converted to its field's type, validated, and its derived defaults filled in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+
+from rlstack.config.actor import DEFINED_AGG_MODES
+from rlstack.config.compat import easyr1, nemo_rl
+from rlstack.config.fields import choices, type_name
+from rlstack.config.machine import resolve_device
+from rlstack.config.schema import Config, ConfigError, validate
+
+
+def load_config(args: list[str] | None = None, base: dict | None = None) -> Config:
+    """Build a validated Config from `config=file.yaml` and `a.b=c` arguments.
+
+    `base` is an optional dict merged between the defaults and the YAML file (used by built-in
+    recipes such as the demo).
+    """
+    problems: list[str] = []
+    layers: list[tuple[dict, dict[str, str]]] = []  # (values, key -> where it came from)
+    if base:
+        layers.append((base, {}))
+    overrides = []
+    for arg in args or []:
+        if "=" not in arg:
+            problems.append(f"argument {arg!r} is not of the form key=value (for example worker.rollout.n=8)")
+        elif arg.startswith("config="):
+            layers += _config_file(arg.split("=", 1)[1], problems)
+        else:
+            overrides.append(arg)
+    if overrides:
+        try:
+            # `key=` means the empty string (OmegaConf would read it as null).
+            dotlist = OmegaConf.to_container(
+                OmegaConf.from_dotlist([a + "''" if a.endswith("=") else a for a in overrides])
+            )
+        except Exception as e:  # omegaconf grammar errors
+            problems.append(f"could not parse the overrides {overrides}: {e}")
+        else:
+            where = {arg.split("=", 1)[0]: f"command-line override {arg!r}" for arg in overrides}
+            layers.append((dotlist, where))
+
+    merged: dict = {}
+    sources: dict[str, str] = {}
+    for values, where in layers:
+        _deep_merge(merged, values)
+        sources.update(where)
+
+    if nemo_rl.is_nemo_rl(merged):
+        nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
+    easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
+    cfg = _build(Config, merged, "", sources, problems)
+    _resolve_backend(cfg)
+    problems += validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+    _fill_derived_defaults(cfg)
+    return cfg
+
+
+def _resolve_backend(cfg: Config) -> None:
+    """`trainer.backend=auto`: Ray where the run needs more than this process (several ranks, or rollout
+    engines in actors of their own), else local. Resolved before validation, which checks the result."""
+    t = cfg.trainer
+    if t.backend == "auto":
+        apart = not cfg.worker.rollout.colocated
+        t.backend = "ray" if t.nnodes * t.n_gpus_per_node > 1 or apart else "local"
+
+
+def _fill_derived_defaults(cfg: Config) -> None:
+    """Keys whose default depends on another key, resolved once so that `--print-config` and the run's
+    config.yaml show the value used."""
+    a = cfg.worker.actor
+    if a.loss_agg_mode is None:
+        a.loss_agg_mode = DEFINED_AGG_MODES.get(a.loss_type, "token-mean")
+    r = cfg.worker.rollout
+    if r.name == "vllm" and r.free_cache_engine is None:
+        r.free_cache_engine = resolve_device(cfg.trainer.device) == "cuda"
+    if r.name == "vllm" and r.max_model_len is None:
+        r.max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
+def _config_file(
+    path: str, problems: list[str], seen: tuple[str, ...] = ()
+) -> list[tuple[dict, dict[str, str]]]:
+    """A config file's layers: the files its `defaults` names (NeMo RL's inheritance: paths relative to the
+    file, each with its own defaults), then the file itself."""
+    loaded = _load_yaml(path, problems)
+    if loaded is None:
+        return []
+    values, where = loaded
+    parents = values.pop("defaults", None)
+    layers: list[tuple[dict, dict[str, str]]] = []
+    for parent in [parents] if isinstance(parents, str) else parents or []:
+        full = str((Path(path).parent / parent).resolve())
+        if full in seen or full == str(Path(path).resolve()):
+            problems.append(f"{path}: defaults {parent!r} includes itself")
+        elif not Path(full).is_file():
+            problems.append(
+                f"{where.get('defaults', path)}: defaults {parent!r} is not next to the file ({full}); copy the "
+                "base config there (NeMo RL's are in its examples/configs), or write its keys out"
+            )
+        else:
+            layers += _config_file(full, problems, (*seen, str(Path(path).resolve())))
+    return [*layers, (values, where)]
+
+
+def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:
+    p = Path(path)
+    if not p.is_file():
+        problems.append(f"config file {path!r} does not exist (pass config=path/to/file.yaml)")
+        return None
+    text = p.read_text()
+    try:
+        node = yaml.compose(text)
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problems.append(f"config file {path} is not valid YAML: {e}")
+        return None
+    if values is None:
+        return {}, {}
+    if not isinstance(values, dict):
+        problems.append(f"config file {path} must hold a mapping of sections, not {type(values).__name__}")
+        return None
+    where: dict[str, str] = {}
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = f"{prefix}{k.value}"
+                where[key] = f"{path}, line {k.start_mark.line + 1}"
+                walk(v, key + ".")
+
+    walk(node, "")
+    return values, where
+
+
+def _deep_merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _build(cls: type, values: Any, prefix: str, sources: dict[str, str], problems: list[str]) -> Any:
+    if not isinstance(values, dict):
+        where = sources.get(prefix.rstrip("."), "")
+        problems.append(f"{prefix.rstrip('.')}: expected a section (mapping), got {values!r} {_at(where)}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(names)}"
+            where = sources.get(dotted) or next(
+                (v for k, v in sources.items() if k.startswith(dotted + ".")), ""
+            )
+            problems.append(f"unknown key {dotted} {_at(where)}: {hint}".replace("  ", " "))
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, dotted + ".", sources, problems)
+            continue
+        ok, converted = _check_type(value, tp)
+        if ok:
+            kwargs[key] = converted
+        else:
+            problems.append(
+                f"{dotted} {_at(sources.get(dotted, ''))}: expected {_expected(tp)}, got {value!r} "
+                f"({type(value).__name__}){_choice_elsewhere(value, dotted)}"
+            )
+    return cls(**kwargs)
+
+
+def _expected(tp: Any) -> str:
+    """The type a value should have; for a `Literal`, its choices."""
+    options = choices(tp)
+    if not options:
+        return type_name(tp)
+    listed = [str(o) for o in options] + ["null"] * (type(None) in typing.get_args(tp))
+    return f"one of {', '.join(listed[:-1])} or {listed[-1]}" if len(listed) > 1 else listed[0]
+
+
+def _choice_elsewhere(value: Any, key: str) -> str:
+    """`; gspo is a choice of worker.actor.loss_type` when a wrong choice belongs to another key."""
+    if not isinstance(value, str):
+        return ""
+    keys = [k for k in _choice_keys().get(value, ()) if k != key]
+    return f"; {value} is a choice of {' and '.join(keys)}" if keys else ""
+
+
+@functools.cache
+def _choice_keys(cls: type = Config, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """Every `Literal` choice of the config -> the keys that offer it."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        inner = _choice_keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else {}
+        own = {str(c): (f"{prefix}{name}",) for c in choices(tp)}
+        for part in (inner, own):
+            for value, keys in part.items():
+                out[value] = out.get(value, ()) + keys
+    return out
+
+
+def _at(where: str) -> str:
+    return f"({where})" if where else ""
+
+
+def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True, value
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _check_type(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:  # a name such as experiment_name=2024 arrives from YAML/CLI as a number
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, str(value)
+        return isinstance(value, str), value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        (item,) = typing.get_args(tp)
+        out = []
+        for v in value:
+            ok, cv = _check_type(v, item)
+            if not ok:
+                return False, value
+            out.append(cv)
+        return True, out
+    if origin is dict:
+        return isinstance(value, dict), dict(value) if isinstance(value, dict) else value
+    raise TypeError(f"config type {tp} is not supported by the loader")

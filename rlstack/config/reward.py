@@ -1,0 +1,199 @@
+"""`worker.reward.*`: the reward functions, their built-ins' settings, the judge and the reward model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from rlstack.config.fields import field
+from rlstack.config.paths import function_file_problem
+
+if TYPE_CHECKING:
+    from rlstack.config.schema import Config
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """OpenAI-compatible endpoint, e.g. http://host:18901/v1; empty: env LLM_AS_A_JUDGE_BASE."""
+    api_key: str = ""
+    """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
+    model: str = ""
+    """Served model name; empty: the first model the endpoint lists at GET /models."""
+    template: Literal["consistency", "verifier", "rubric"] = "consistency"
+    """Judge prompt: DeepEyes' two-answer consistency judge, a TRUE/FALSE verifier, or a 0-1 rubric grader."""
+    max_concurrency: int = field(16, ge=1)
+    """Judge requests in flight at once."""
+    timeout: float = field(60.0, gt=0)
+    """Seconds one request may take before it counts as a failed attempt."""
+    max_attempts: int = field(4, ge=1)
+    """Attempts per sample (the first call plus retries) before `on_error` applies."""
+    backoff_base: float = field(1.0, ge=0)
+    """Seconds before the first retry; doubles each retry, with jitter in [50%, 100%] of the delay."""
+    backoff_max: float = field(30.0, ge=0)
+    """Longest wait between two attempts, in seconds."""
+    on_error: Literal["raise", "score"] = "raise"
+    """When every attempt failed: `raise` (stop the run, naming the sample), or `score` with error_score, counted in reward/judge_errors."""
+    error_score: float = 0.0
+    """Score given to a sample whose judging failed, with on_error=score."""
+    max_tokens: int = field(512, ge=1)
+    """Longest judge reply, in tokens."""
+    seed: int = 0
+    """Seed of the backoff jitter."""
+    send_images: bool = False
+    """Send each row's images with its judge request (a vision-language judge, e.g. Qwen2.5-VL under `vllm serve`)."""
+
+
+@dataclass
+class MathRewardConfig:
+    format_weight: float = field(0.1, ge=0, le=1)
+    """`builtin:math`: overall = (1 - format_weight) * accuracy + format_weight * format."""
+    judge_fallback: bool = False
+    """Ask the judge (`worker.reward.judge`) about answers math-verify cannot parse (free text, words)."""
+    timeout_s: int = field(5, ge=0)
+    """math-verify's own parse/verify timeout per sample, in seconds (main thread only)."""
+    max_answer_chars: int = field(1000, ge=1)
+    """Longer extracted answers score 0 without being parsed."""
+
+
+@dataclass
+class CodeRewardConfig:
+    mode: Literal["fraction", "all_or_nothing"] = "fraction"
+    """`builtin:code` score: the fraction of tests passed, or 1 only when every test passes."""
+    stop_at_first_failure: bool = False
+    """Stop a response's tests at its first failure; tests not run count as failed."""
+    stop_at_first_timeout: bool = True
+    """Stop a response's tests at the first that runs out of time (a hanging program costs one test_time_s, not one per test; NeMo RL / veRL's option); tests not run count as failed."""
+    test_time_s: float = field(5.0, gt=0)
+    """Wall-clock and CPU seconds allowed per test."""
+    total_time_s: float = field(60.0, gt=0)
+    """Seconds allowed for all the tests of one response; tests not started by then count as failed."""
+    memory_mb: int = field(1024, ge=1)
+    """Address-space limit of the program, in MiB."""
+    sandbox: Literal["local", "fusion"] = "local"
+    """Where programs run: the local sandbox (own uid, no network, rlimits) or a SandboxFusion server."""
+    sandbox_url: str = ""
+    """SandboxFusion base URL (e.g. http://host:8080) for sandbox=fusion; programs go to POST <url>/run_code."""
+
+
+@dataclass
+class AgentRewardConfig:
+    accuracy_weight: float = 0.8
+    """`builtin:agent`: weight of the answer's accuracy (DeepEyes: 0.8)."""
+    format_weight: float = 0.2
+    """Weight of the format check: balanced tool tags, one answer, short enough (DeepEyes: 0.2)."""
+    tool_bonus: float = 1.2
+    """Added only when the answer is correct and a tool call succeeded (DeepEyes: 1.2)."""
+    max_answer_chars: int = field(200, ge=1)
+    """Longest answer the format check accepts."""
+    judge_fallback: bool = False
+    """Ask the judge (`worker.reward.judge`) about answers the rule cannot decide."""
+
+
+@dataclass
+class RewardModelConfig:
+    model_path: str = ""
+    """`builtin:reward_model`: a Hugging Face sequence-classification model with one output (num_labels=1)."""
+    micro_batch_size: int = field(8, ge=1)
+    """Texts scored per forward pass."""
+    max_length: int = field(4096, ge=1)
+    """Most tokens of one scored text (the row's chat with the response, in the reward model's template)."""
+    truncation: Literal["left", "error"] = "left"
+    """A longer text: `left` keeps its last max_length tokens (counted in reward/rm_truncated), `error` stops naming the row."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The reward model's parameter dtype."""
+    device: str = "auto"
+    """Where it runs: auto (CUDA when available), cpu, cuda, cuda:1, ..."""
+    trust_remote_code: bool = False
+    """Allow the model's own code from its directory."""
+
+
+@dataclass
+class RewardConfig:
+    reward_function: str = "builtin:exact_match"
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `reward_model`)."""
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
+    reward_function_by_source: dict[str, str] = field(default_factory=dict)
+    """Reward function per data source, in place of reward_function for its rows: keys are data_source values or glob patterns (`code_*`; exact names first, then patterns in order); other rows keep reward_function."""
+    extra_reward_functions: list[str] = field(default_factory=list)
+    """More reward functions; overall = the weighted sum of every function's overall."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per function (reward_function first, then the extra ones); empty: all 1."""
+    num_workers: int = field(1, ge=1)
+    """Reward calls run at once, in threads (sequential functions: one sample per call; batch functions: a chunk)."""
+    timeout_s: float | None = field(None, gt=0, why="null: no limit")
+    """Seconds allowed per sample (None: no limit); a call past it follows on_error."""
+    on_error: Literal["raise", "score"] = "raise"
+    """A reward call that raises or times out: `raise` (stop, naming the sample) or `score` with error_score, counted in reward/errors."""
+    error_score: float = 0.0
+    """Score of a sample whose reward call failed, with on_error=score."""
+    overlong_buffer_length: int = 0
+    """DAPO soft overlong punishment: the last this many tokens before max_response_length are penalized (0: off)."""
+    overlong_penalty_factor: float = field(1.0, ge=0)
+    """Penalty at max_response_length; it grows linearly from 0 across the buffer (logged as reward/overlong)."""
+    math: MathRewardConfig = field(default_factory=MathRewardConfig)
+    """Settings of `builtin:math`."""
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """Settings of `builtin:code`."""
+    agent: AgentRewardConfig = field(default_factory=AgentRewardConfig)
+    """Settings of `builtin:agent`."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The LLM judge, used by the built-ins' judge_fallback (and available to user functions)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Settings of `builtin:reward_model` (a reward model scoring in the trainer's process)."""
+
+
+def functions_in_use(rw: RewardConfig) -> list[str]:
+    """Every reward function the run may call: the main one, the extra ones, those per data source."""
+    return [rw.reward_function, *rw.extra_reward_functions, *rw.reward_function_by_source.values()]
+
+
+def reward_rules(cfg: Config, p: list[str]) -> None:
+    """The overlong buffer, the weights, and what each function in use needs (a file, a server, a model)."""
+    rw, max_response = cfg.worker.reward, cfg.data.max_response_length
+    if rw.overlong_buffer_length < 0 or rw.overlong_buffer_length > max_response:
+        p.append(
+            f"worker.reward.overlong_buffer_length = {rw.overlong_buffer_length}: must be between 0 (off) and "
+            f"data.max_response_length ({max_response})"
+        )
+    functions = [rw.reward_function, *rw.extra_reward_functions]
+    if rw.reward_weights and len(rw.reward_weights) != len(functions):
+        p.append(
+            f"worker.reward.reward_weights has {len(rw.reward_weights)} weight(s) for {len(functions)} reward "
+            f"function(s) ({', '.join(functions)}): give one weight per function, reward_function first, or none"
+        )
+    if rw.code.sandbox == "fusion" and not rw.code.sandbox_url:
+        p.append(
+            "worker.reward.code.sandbox=fusion needs worker.reward.code.sandbox_url (the SandboxFusion server, "
+            "e.g. http://host:8080), or use sandbox=local"
+        )
+    uses_model = "builtin:reward_model" in functions_in_use(rw)
+    if uses_model and not rw.reward_model.model_path:
+        p.append(
+            "builtin:reward_model needs worker.reward.reward_model.model_path: a Hugging Face sequence-classification "
+            "model directory with one output (num_labels=1)"
+        )
+    if uses_model and cfg.trainer.backend == "ray":
+        p.append(
+            "builtin:reward_model scores in the trainer's process, but with trainer.backend=ray rewards are scored "
+            "in CPU reward actors, where it would load one CPU copy per actor: use trainer.backend=local, or serve "
+            "the reward model behind an endpoint and call it from a reward function"
+        )
+    judged = [s for s, on in (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback)) if on]
+    if judged and not (rw.judge.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE")):
+        p.append(
+            f"worker.reward.{judged[0]}.judge_fallback=true needs a judge endpoint: set worker.reward.judge.base_url "
+            "(or the LLM_AS_A_JUDGE_BASE environment variable) to an OpenAI-compatible URL such as http://host:18901/v1"
+        )
+    for key, fn in (
+        [("worker.reward.reward_function", rw.reward_function)]
+        + [(f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)]
+        + [
+            (f"worker.reward.reward_function_by_source.{s}", f)
+            for s, f in rw.reward_function_by_source.items()
+        ]
+    ):
+        if problem := function_file_problem(key, fn):
+            p.append(problem)

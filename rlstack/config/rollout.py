@@ -1,0 +1,152 @@
+"""`worker.rollout.*`: sampling, the generation engine, and the multi-turn agent loop (`agent.*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from rlstack.config.fields import field
+from rlstack.config.paths import function_file_problem, path_problems
+
+if TYPE_CHECKING:
+    from rlstack.config.schema import Config
+
+
+@dataclass
+class AgentConfig:
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Tools the policy may call, each {import_path (builtin:python, builtin:zoom, pkg.mod:Class or file.py:Class), name, kwargs, schema}; empty: single-turn generation."""
+    tool_call_format: Literal["code", "hermes"] = "code"
+    """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes)."""
+    max_turns: int = field(4, ge=1)
+    """Assistant turns per trajectory; a trajectory still calling tools after this many ends with end_reason max_turns."""
+    max_images: int = field(8, ge=1)
+    """Images per trajectory (input images included): a data row with more is refused at load; a tool result that would exceed it ends the trajectory (max_images)."""
+    system_prompt: str | None = None
+    """File holding the system prompt (Hermes format: the tools' JSON schemas are appended in a <tools> block)."""
+    max_tool_workers: int = field(8, ge=1)
+    """Tool calls run at once across the trajectories of a batch (threads; each Python tool runs in its own sandbox)."""
+    tool_timeout_s: float | None = field(None, gt=0, why="null: the tools decide")
+    """Wall-clock limit of one turn's tool calls: a trajectory whose call has not returned ends (end_reason timeout, its tools closed) and the trainer drops its group; unset: the tools' own limits."""
+    feedback: str | None = None
+    """An environment's reply to an answer (`file.py:fn` or `pkg.mod:fn`, NeMo RL's multi-turn environments): called with {prompt, answer, response, ground_truth, data_source, extra, turn} after a turn that ends with EOS; a string it returns is the next user turn (not trained on) and the model answers again, up to max_turns; None accepts the answer."""
+
+
+@dataclass
+class RolloutConfig:
+    n: int = field(8, ge=1)
+    """Responses sampled per prompt."""
+    temperature: float = field(
+        1.0, gt=0, why="greedy decoding is for validation only: worker.rollout.val_temperature=0"
+    )
+    """Sampling temperature (the actor scores log-probs at the same temperature)."""
+    top_p: float = field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens")
+    """Sample among the k most likely tokens (-1: all)."""
+    val_temperature: float = field(0.0, ge=0, why="0: greedy")
+    """Temperature for validation (0: greedy)."""
+    val_top_p: float = field(1.0, gt=0, le=1)
+    """Top-p for validation."""
+    val_top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens")
+    """Top-k for validation."""
+    val_n: int = field(1, ge=1)
+    """Responses per validation prompt."""
+    ignore_eos: bool = False
+    """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
+    seed: int = 1
+    """Seed of the sampling generator (saved and restored with checkpoints)."""
+    name: Literal["hf", "vllm"] = "hf"
+    """Generation engine: hf (the policy's own module, in process) or vllm (pip install 'rlstack[vllm]'; weights pushed after each update)."""
+    gpu_memory_utilization: float = field(0.6, gt=0, le=1)
+    """vllm: share of the GPU's memory vLLM may take (weights + KV cache)."""
+    tensor_parallel_size: int = field(1, ge=1)
+    """vllm: GPUs one engine's model is split over."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs (always eager on CPU)."""
+    enable_prefix_caching: bool = True
+    """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns)."""
+    max_num_batched_tokens: int = field(8192, ge=1)
+    """vllm: tokens one scheduler step may process."""
+    max_model_len: int | None = field(None, ge=1)
+    """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
+    free_cache_engine: bool | None = None
+    """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""
+    colocated: bool = True
+    """Rollout engines live in the policy's ranks (EasyR1's hybrid engine); false (`trainer.backend=ray`): in `num_ranks` Ray actors of their own, sent the policy's weights after every update."""
+    num_ranks: int = field(1, ge=1)
+    """Rollout actors when `colocated=false` (one GPU each, or one CPU on machines without GPUs)."""
+    check_weight_sync: bool = False
+    """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""
+    weight_sync_tolerance: float = field(1.0e-2, gt=0)
+    """Largest allowed |engine log-prob - policy log-prob| on the probe's tokens."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The multi-turn agent loop (tools); off while `tools` is empty."""
+
+
+def rollout_rules(cfg: Config, p: list[str]) -> None:
+    """Sampling settings that contradict other keys, the agent's tools and files, the engine's settings."""
+    r, d = cfg.worker.rollout, cfg.data
+    ag = r.agent
+    if r.ignore_eos and (ag.tools or ag.feedback):
+        p.append(
+            "worker.rollout.ignore_eos=true cannot be used with worker.rollout.agent.tools or "
+            "worker.rollout.agent.feedback: a multi-turn trajectory's turn ends at its end-of-sequence token"
+        )
+    if r.ignore_eos and cfg.algorithm.mask_truncated_responses:
+        p.append(
+            "worker.rollout.ignore_eos=true runs every response to data.max_response_length, and "
+            "algorithm.mask_truncated_responses=true gives responses cut there no loss: nothing would train; "
+            "turn one of them off"
+        )
+    overlong = cfg.worker.reward.overlong_buffer_length
+    if r.ignore_eos and overlong:
+        p.append(
+            "worker.rollout.ignore_eos=true runs every response to data.max_response_length, where "
+            f"worker.reward.overlong_buffer_length={overlong} gives every sample the full overlong "
+            "penalty; set overlong_buffer_length=0"
+        )
+    if r.val_n > 1 and r.val_temperature == 0:
+        p.append(
+            f"worker.rollout.val_n = {r.val_n} with worker.rollout.val_temperature = 0: greedy decoding gives "
+            f"{r.val_n} identical answers per prompt (and pass@k = pass@1); sample them (e.g. "
+            "worker.rollout.val_temperature=0.8) or set val_n=1"
+        )
+    for i, spec in enumerate(ag.tools):
+        if not spec.get("import_path"):
+            p.append(
+                f"worker.rollout.agent.tools[{i}] has no import_path: give builtin:python, builtin:zoom, "
+                "package.module:Class or path/to/file.py:Class (name is optional: the class's own name by default)"
+            )
+    path_problems(p, ("worker.rollout.agent.system_prompt", ag.system_prompt))
+    if problem := function_file_problem("worker.rollout.agent.feedback", ag.feedback or ""):
+        p.append(problem)
+    if r.name != "vllm" and r.tensor_parallel_size != 1:
+        p.append(
+            f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size} with worker.rollout.name = {r.name}: "
+            "only the vLLM engine is split over ranks; use worker.rollout.name=vllm, or leave it at 1"
+        )
+    if r.name != "vllm":
+        if r.free_cache_engine is not None:
+            p.append(
+                f"worker.rollout.free_cache_engine is a vLLM setting, but worker.rollout.name = {r.name}: set "
+                "worker.rollout.name=vllm or leave it unset"
+            )
+        return
+    longest = d.max_prompt_length + d.max_response_length
+    if r.max_model_len is not None and 1 <= r.max_model_len < longest:
+        p.append(
+            f"worker.rollout.max_model_len = {r.max_model_len} is less than data.max_prompt_length + "
+            f"data.max_response_length = {longest}: responses would be cut short by the engine's context "
+            f"rather than by max_response_length; raise it to at least {longest} (or leave it unset)"
+        )
+    truncated = [f"top_p = {r.top_p}"] * (r.top_p < 1) + [f"top_k = {r.top_k}"] * (r.top_k > 0)
+    correction = cfg.worker.actor.rollout_correction
+    if correction and truncated:
+        p.append(
+            f"worker.actor.rollout_correction = {correction} with worker.rollout.name = "
+            f"vllm and worker.rollout.{' and '.join(truncated)}: vLLM reports the behaviour log-probs of the "
+            "truncated distribution (renormalised over the kept tokens), while the policy scores the whole "
+            "one, so the correction would see a mismatch where there is none; sample with top_p=1.0 and "
+            "top_k=-1, or use worker.rollout.name=hf"
+        )

@@ -1,0 +1,128 @@
+"""The whole configuration: `Config` and its sections, the one `validate` over every section's rules,
+and the listings read from the fields' docstrings (`describe`, for `rlstack config-keys` and the docs)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlstack.config.actor import ActorConfig, actor_rules
+from rlstack.config.algorithm import AlgorithmConfig, algorithm_rules
+from rlstack.config.critic import CriticConfig, RefConfig, critic_rules
+from rlstack.config.data import DataConfig, data_rules
+from rlstack.config.fields import field, range_problems, type_name
+from rlstack.config.machine import machine_rules
+from rlstack.config.model import model_rules
+from rlstack.config.reward import RewardConfig, reward_rules
+from rlstack.config.rollout import RolloutConfig, rollout_rules
+from rlstack.config.trainer import TrainerConfig, trainer_rules
+from rlstack.errors import RLStackError
+
+
+@dataclass
+class WorkerConfig:
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The trained policy."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling of responses."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (built only for `algorithm.adv_estimator=gae`)."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy (built only when a KL term is used)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring of responses."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training and validation rows."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, KL."""
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Actor, rollout, reference, reward."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, validation, checkpoints, tracking."""
+
+    @property
+    def run_dir(self) -> Path:
+        t = self.trainer
+        return Path(t.output_dir) / t.project_name / t.experiment_name
+
+
+RULES = (
+    data_rules,
+    model_rules,
+    actor_rules,
+    rollout_rules,
+    critic_rules,
+    reward_rules,
+    algorithm_rules,
+    trainer_rules,
+    machine_rules,
+)
+"""Each section's cross-field rules, in the order their problems are reported (what the machine cannot run last)."""
+
+
+class ConfigError(RLStackError, ValueError):
+    """Every problem found in a configuration, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in the configuration:\n{lines}")
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem of a built config: values out of their fields' ranges, then each section's rules,
+    then what this machine cannot run. Each says what, why and how to fix it."""
+    p = range_problems(cfg)
+    for rules in RULES:
+        rules(cfg, p)
+    return p
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            docs[stmt.target.id] = str(nxt.value.value)
+    return docs
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, doc) for every leaf field."""
+    rows = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe(hints[f.name], key + ".")
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            rows.append((key, type_name(hints[f.name]), default, docs.get(f.name, "")))
+    return rows
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

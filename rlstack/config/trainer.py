@@ -1,0 +1,95 @@
+"""`trainer.*`: the loop's length, validation, checkpoints, trackers, and where it runs (backend, ranks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from rlstack.config.fields import field
+from rlstack.config.paths import path_problems
+
+if TYPE_CHECKING:
+    from rlstack.config.schema import Config
+
+LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab", "mlflow", "trackio")
+"""The trackers `trainer.logger` may list."""
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "rlstack"
+    """Project folder under `output_dir`, and the tracker's project."""
+    experiment_name: str = "default"
+    """Run folder under the project."""
+    output_dir: str = "outputs"
+    """Root of the run directories."""
+    total_epochs: int = field(1, ge=1)
+    """Passes over the training rows."""
+    max_steps: int | None = field(None, ge=1, why="null: the epochs decide")
+    """Stop after this many steps (default: the epochs decide)."""
+    critic_warmup: int = field(0, ge=0)
+    """Steps that train only the critic before the actor starts updating (gae)."""
+    val_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end")
+    """Validate every this many steps (-1: only at the end)."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_only: bool = False
+    """Validate and stop."""
+    val_generations_to_log: int = field(8, ge=0)
+    """Validation generations written to `generations/` each time."""
+    train_generations_to_log: int = field(4, ge=0)
+    """Training generations written to `generations/` each step."""
+    save_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end")
+    """Save a checkpoint every this many steps (-1: only at the end)."""
+    save_limit: int = field(2, ge=1, also=(-1,), why="-1: all")
+    """Keep at most this many checkpoints (-1: all)."""
+    save_model_only: bool = False
+    """At the end, write only the Hugging Face model, no resumable checkpoint."""
+    find_last_checkpoint: bool = True
+    """Resume from the newest complete checkpoint of the run directory."""
+    load_checkpoint_path: str | None = None
+    """Resume from this checkpoint directory instead."""
+    logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"])
+    """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
+    seed: int = 1
+    """Seed of torch, numpy and random."""
+    full_determinism: bool = False
+    """Deterministic GPU kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN, flash-attn) in every process, as TRL's full_determinism: slower; CPU runs are deterministic without it."""
+    num_threads: int = field(0, ge=0)
+    """torch CPU threads (0: leave torch's default)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""
+    backend: Literal["auto", "local", "ray"] = "auto"
+    """local: every worker in this process; ray: one Ray actor per rank, models sharded with FSDP2; auto: ray for several ranks (nnodes x n_gpus_per_node) or rollout actors apart, else local."""
+    nnodes: int = field(1, ge=1)
+    """Nodes of the Ray cluster the run uses (`backend=ray`)."""
+    n_gpus_per_node: int = field(1, ge=1)
+    """Ranks per node (`backend=ray`): one per GPU; on machines without a GPU, CPU ranks."""
+
+
+def trainer_rules(cfg: Config, p: list[str]) -> None:
+    """The critic warm-up, the checkpoint to resume, the trackers, and what the local backend cannot run."""
+    t = cfg.trainer
+    if t.critic_warmup and cfg.algorithm.adv_estimator != "gae":
+        p.append(
+            f"trainer.critic_warmup = {t.critic_warmup} only applies to algorithm.adv_estimator=gae (there is no critic "
+            f"with {cfg.algorithm.adv_estimator}); set trainer.critic_warmup=0"
+        )
+    path_problems(p, ("trainer.load_checkpoint_path", t.load_checkpoint_path))
+    unknown_loggers = set(t.logger) - set(LOGGERS)
+    if unknown_loggers:
+        p.append(
+            f"trainer.logger: unknown logger(s) {sorted(unknown_loggers)}; choose from {', '.join(LOGGERS)}"
+        )
+    world = t.nnodes * t.n_gpus_per_node
+    if t.backend == "local" and min(t.nnodes, t.n_gpus_per_node) >= 1:
+        if not cfg.worker.rollout.colocated:
+            p.append(
+                "worker.rollout.colocated = false places rollout engines in Ray actors of their own: set "
+                "trainer.backend=ray (the local backend runs everything in one process)"
+            )
+        if world > 1:
+            p.append(
+                f"trainer.nnodes x trainer.n_gpus_per_node = {world} ranks, but trainer.backend = local runs one "
+                "process: set trainer.backend=ray (or both to 1)"
+            )
