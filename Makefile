@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/rlstack demo
 
-# The agent demos (README, Tool-using agents): code RL with unit tests, and the visual tool agent.
+# The agent demos (docs/agents.md): code RL with unit tests, and the visual tool agent.
 demo-code: $(STAMP)
 	$(BIN)/rlstack demo --task code
 
