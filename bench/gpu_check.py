@@ -280,10 +280,11 @@ def check_device_placement(ctx: Context) -> Outcome:
     import torch
 
     from rlstack.config import resolve_device
+    from rlstack.plan import StepPlan
     from rlstack.workers.roles import build_roles
 
     cfg = ctx.config("algorithm.use_kl_loss=true", "algorithm.kl_penalty=low_var_kl")
-    roles = build_roles(cfg, total_steps=1, device=resolve_device(cfg.trainer.device))
+    roles = build_roles(cfg, StepPlan.of(cfg), total_steps=1, device=resolve_device(cfg.trainer.device))
     models = {
         "policy": roles["actor"].model,
         "reference": roles["ref"].model,
@@ -316,10 +317,11 @@ def check_hf_rollout(ctx: Context) -> Outcome:
 
     from rlstack.config import resolve_device
     from rlstack.data.dataset import PromptDataset
+    from rlstack.plan import StepPlan
     from rlstack.workers.roles import build_roles
 
     cfg = ctx.config()
-    roles = build_roles(cfg, total_steps=1, device=resolve_device(cfg.trainer.device))
+    roles = build_roles(cfg, StepPlan.of(cfg), total_steps=1, device=resolve_device(cfg.trainer.device))
     rollout = roles["rollout"]
     if rollout.engine.capabilities.name != "hf":
         raise CheckFailed(f"the engine is {rollout.engine.capabilities.name}, not hf")
@@ -372,7 +374,13 @@ def check_padding_free(ctx: Context) -> Outcome:
                 f"worker.actor.model.dtype={dtype}", f"worker.actor.padding_free={str(padding_free).lower()}"
             )
             worker = PolicyWorker(
-                cfg.worker.actor, cfg.algorithm, ctx.work.response_tokens, 1, 1, ctx.rank_device
+                cfg.worker.actor,
+                cfg.algorithm,
+                ctx.work.response_tokens,
+                1,
+                1,
+                ctx.rank_device,
+                old_logprobs=False,
             )
             batch = ctx.synthetic_batch(len(worker.tokenizer))
             mask = batch["response_mask"].bool()
@@ -408,7 +416,10 @@ def check_lora(ctx: Context) -> Outcome:
     from rlstack.workers.policy import PolicyWorker
 
     cfg = ctx.config("worker.actor.model.lora.rank=8", "worker.actor.optim.lr=1e-3")
-    worker = PolicyWorker(cfg.worker.actor, cfg.algorithm, ctx.work.response_tokens, 1, 1, ctx.rank_device)
+    # one on-policy update of a synthetic batch: its first forward pass is the old policy
+    worker = PolicyWorker(
+        cfg.worker.actor, cfg.algorithm, ctx.work.response_tokens, 1, 1, ctx.rank_device, old_logprobs=False
+    )
     before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
     trainable = {n for n, p in worker.model.named_parameters() if p.requires_grad}
     batch = ctx.synthetic_batch(len(worker.tokenizer))
@@ -469,7 +480,7 @@ def check_fsdp2_bf16(ctx: Context) -> Outcome:
     distributed.init_process_group(0, 1, "127.0.0.1", free_port(), device)
     try:
         backend = str(dist.get_backend())
-        worker = PolicyWorker(a, cfg.algorithm, ctx.work.response_tokens, 1, 1, device)
+        worker = PolicyWorker(a, cfg.algorithm, ctx.work.response_tokens, 1, 1, device, old_logprobs=False)
         # PolicyWorker shards only with several ranks (`distributed.sharded()`); one NCCL rank per GPU means
         # a world of one here, so shard and build the optimizer as its constructor does with several.
         distributed.shard_model(worker.model, device, a.fsdp.mp_param_dtype, a.fsdp.offload_params)

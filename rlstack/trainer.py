@@ -19,22 +19,17 @@ from rlstack.algos.kl import KLPenalty
 from rlstack.algos.step import StepParams, step_advantages, visual_dependency
 from rlstack.batch import Batch
 from rlstack.collection import Collector
-from rlstack.config import Config, resolve_device, to_dict, to_yaml
-from rlstack.data.dataset import PromptDataset, PromptLoader
+from rlstack.config import Config, to_dict, to_yaml
+from rlstack.data.dataset import PromptLoader, prompt_sets
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
-from rlstack.rewards.manager import build_reward_manager
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.timing import timer
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.validation import validate
 from rlstack.weight_sync import PROBE_TEXT, WeightSync
-from rlstack.workers.critic import CriticWorker
-from rlstack.workers.group import LocalWorkerGroup, WorkerGroup, handle
-from rlstack.workers.policy import PolicyWorker, RefWorker
-from rlstack.workers.roles import build_roles, role_classes
-from rlstack.workers.rollout import RolloutWorker
+from rlstack.workers.start import start_workers
 
 
 class Trainer:
@@ -48,43 +43,21 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
-        self.train_set = PromptDataset.from_config(d.train_files, tokenizer, d, -1, processor, system, images)
-        self.val_set = (
-            PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, processor, system, images)
-            if d.val_files
-            else self.train_set.held_out(d.val_split, d.seed, d.val_max_samples)
-            if d.val_split > 0
-            else None
-        )
+        self.train_set, self.val_set = prompt_sets(d, tokenizer, processor, system, images)
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
         by_epochs = len(self.loader) * t.total_epochs
         self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
         self.plan = StepPlan.of(cfg)
-        self.groups = self._start_workers()
-        self.policy = handle(self.groups["actor"], PolicyWorker)
-        self.rollout = handle(self.groups["rollout"], RolloutWorker)
-        self.ref: PolicyWorker | RefWorker | None = (
-            handle(self.groups["ref"], self.groups["ref"].cls) if "ref" in self.groups else None
-        )
-        self.critic = handle(self.groups["critic"], CriticWorker) if "critic" in self.groups else None
+        self.workers = ws = start_workers(cfg, self.plan, self.total_steps)
+        self.groups, self.cluster, self.rewards = ws.groups, ws.cluster, ws.rewards
+        self.policy, self.rollout, self.ref, self.critic = ws.policy, ws.rollout, ws.ref, ws.critic
         self.engine = self.rollout.capabilities()
-        try:
-            self.rewards = self._start_rewards()
-        except BaseException:
-            self._close_cluster()
-            raise
         self.collector = Collector(
-            cfg, self.plan, self.loader, self.rollout, self.rewards, tokenizer.pad_token_id
+            cfg, self.plan, self.loader, ws.rollout, ws.rewards, tokenizer.pad_token_id
         )
         probe = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-        self.weight_sync = WeightSync(
-            self.policy,
-            self.rollout,
-            self.plan.rollout_apart,
-            probe,
-            w.rollout.weight_sync_tolerance,
-            self.engine.name,
-        )
+        tolerance, apart = w.rollout.weight_sync_tolerance, self.plan.rollout_apart
+        self.weight_sync = WeightSync(ws.policy, ws.rollout, apart, probe, tolerance, self.engine.name)
         self.step_params = StepParams(
             AdvEstimator(alg.adv_estimator),
             AdvantageParams(
@@ -102,30 +75,6 @@ class Trainer:
         """Asynchronous GRPO: batches the producer had made when the resumed checkpoint was saved."""
         self.producer: RolloutProducer | None = None
         """Asynchronous GRPO's rollout thread, running during `fit`."""
-
-    def _start_workers(self) -> dict[str, WorkerGroup]:
-        """The role workers, in this process or (`trainer.backend=ray`) in Ray actors, one per rank."""
-        device = resolve_device(self.cfg.trainer.device)
-        self.cluster = None
-        """The Ray rank actors (`trainer.backend=ray`), closed at the end of `fit`."""
-        if self.cfg.trainer.backend != "ray":
-            roles = build_roles(self.cfg, self.plan, self.total_steps, device)
-            return {role: LocalWorkerGroup(worker) for role, worker in roles.items()}
-        from rlstack.workers.ray_group import RayCluster
-
-        self.cluster = RayCluster(self.cfg, self.plan, self.total_steps, device)
-        return {role: self.cluster.group(role, cls) for role, cls in role_classes(self.plan).items()}
-
-    def _start_rewards(self):
-        if self.cluster is None:
-            return build_reward_manager(self.cfg.worker.reward, self.cfg.data.max_response_length)
-        from rlstack.workers.ray_group import RayRewards
-
-        return RayRewards(self.cluster, self.cfg)  # scoring runs in CPU actors, off the training ranks
-
-    def _close_cluster(self) -> None:
-        if self.cluster is not None:
-            self.cluster.close()
 
     # ------------------------------------------------------------------------------------ loop
 
@@ -171,8 +120,7 @@ class Trainer:
             if self.producer is not None:
                 self.producer.close()
             self.tracker.close()
-            self.rewards.close()
-            self._close_cluster()
+            self.workers.close()
         return metrics
 
     def train_step(self) -> dict[str, float]:

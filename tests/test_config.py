@@ -796,7 +796,7 @@ def test_easyr1s_override_chat_template_renders_every_prompt(tiny_model_dir: Pat
         trainer = Trainer(cfg)
         prompt = load_tokenizer(str(tiny_model_dir)).decode(trainer.train_set.items[0]["prompt_ids"])
         assert prompt.startswith("[user] ") and prompt.endswith("[assistant] "), prompt
-    trainer.actor.worker._save_processing(tmp_path / "hf")  # what a Hugging Face checkpoint holds
+    trainer.groups["actor"].worker._save_processing(tmp_path / "hf")  # what a Hugging Face checkpoint holds
     assert load_tokenizer(str(tmp_path / "hf")).chat_template == BRACKETS
 
 

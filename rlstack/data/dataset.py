@@ -197,6 +197,22 @@ class PromptDataset:
         return Batch(cols)
 
 
+def prompt_sets(
+    d: DataConfig,
+    tokenizer,
+    processor: VisionProcessor | None = None,
+    system_prompt: str | None = None,
+    max_images: int | None = None,
+) -> tuple[PromptDataset, PromptDataset | None]:
+    """The training prompts and the validation prompts: `data.val_files`, else a `data.val_split` share
+    held out of the training rows, else none."""
+    extra = (processor, system_prompt, max_images)
+    train = PromptDataset.from_config(d.train_files, tokenizer, d, -1, *extra)
+    if d.val_files:
+        return train, PromptDataset.from_config(d.val_files, tokenizer, d, d.val_max_samples, *extra)
+    return train, train.held_out(d.val_split, d.seed, d.val_max_samples) if d.val_split > 0 else None
+
+
 def _load_template(path: str) -> jinja2.Template:
     try:
         return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False).from_string(

@@ -2,8 +2,10 @@
 
 An engine turns requests (prompt token ids, plus images for a vision-language model) and one set
 of sampling settings into completions: the sampled token ids, the behaviour log-prob of each, and
-why generation stopped. It knows nothing about trajectories, tools, rewards or batches; the agent
-loop (`rollout/agent.py`) is its only caller, for single-turn generation too.
+why generation stopped. It knows nothing about trajectories, tools or rewards; the agent loop
+(`rollout/agent.py`) is its only caller for generation, single-turn too. The rollout worker hands each
+rollout to the engine (`rollout`), so that an engine split over several ranks (vLLM's tensor
+parallelism) can run the loop on its group's leader alone.
 
 Weights reach an engine through `update_weights(named tensors under Hugging Face names, version)`.
 An engine that samples from the policy's own module (`EngineCapabilities.shares_policy_weights`,
@@ -18,13 +20,14 @@ Engines: `hf` (`rollout/hf.py`, the embedded default) and `vllm` (`rollout/vllm.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
 from PIL import Image
 
+from rlstack.batch import Batch
 from rlstack.errors import RLStackError
 
 FinishReason = Literal["stop", "length"]
@@ -146,9 +149,20 @@ class Engine(Protocol):
         current weights (the weight-sync check compares them with the policy's)."""
         ...
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+    def rollout(self, prompts: Batch, rows_per_prompt: int, run: Callable[[Batch], Batch]) -> Batch:
+        """The trajectories of this rank's `prompts`: `run(prompts)`, the rollout loop over this engine. An
+        engine split over several ranks (vLLM's tensor parallelism) runs the loop once, on the group's
+        leader, over the prompts of the whole group, and hands each rank its own `rows_per_prompt` rows per
+        prompt; the rollout worker does not know the difference."""
+        ...
+
+    def update_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = False
+    ) -> None:
         """Load `weights` (Hugging Face parameter names) and record `version`. `None` is accepted only by
-        an engine that shares the policy's weights."""
+        an engine that shares the policy's weights. `private`: the tensors are the engine's to keep (sent
+        from another process), not the policy's live ones (an engine that lands weights in flight must
+        copy live ones first)."""
         ...
 
     def sleep(self) -> None: ...

@@ -20,10 +20,11 @@ The sampling itself is `rollout/hf_sampling.py` (`sample`, `StopStrings`), its K
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from rlstack.batch import Batch
 from rlstack.models.logprobs import forward_logprobs
 from rlstack.models.vision import position_ids
 from rlstack.rollout.engine import (
@@ -186,6 +187,10 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         return logp[0, len(request.prompt_ids) :].tolist()
+
+    def rollout(self, prompts: Batch, rows_per_prompt: int, run: Callable[[Batch], Batch]) -> Batch:
+        """`run(prompts)`: this engine lives on one rank."""
+        return run(prompts)
 
     def update_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = False

@@ -37,13 +37,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from PIL import Image
 
+from rlstack.batch import Batch
 from rlstack.checkpoint import rng_state, set_rng_state
 from rlstack.errors import RLStackError
 from rlstack.models.vision import vision_token_ids
@@ -329,6 +330,45 @@ class VLLMEngine:
             tp.broadcast(("generate", list(requests), sampling))
         return self._generate(requests, sampling)
 
+    def rollout(self, prompts: Batch, rows_per_prompt: int, run: Callable[[Batch], Batch]) -> Batch:
+        """The trajectories of this rank's `prompts` (`run` is the rollout loop over this engine). Split over
+        a tensor-parallel group, the leader runs the loop over the prompts of the whole group (its engine
+        calls broadcast to the others, which follow them) and hands each rank the trajectories of its own
+        prompts (`rows_per_prompt` consecutive rows each). A failure on the leader is raised on every rank
+        of the group."""
+        tp = self.tensor_parallel
+        if tp is None:
+            return run(prompts)
+        parts = tp.gather(prompts)
+        if not tp.is_leader:
+            own = self.follow()
+            piece, failure = tp.scatter(None)
+            if failure is not None:
+                raise RuntimeError(
+                    f"the rollout failed on rank {tp.leader}, which leads this rank's engine: {failure}"
+                ) from own
+            if own is not None:  # failed here alone: the leader's rollout went on without this rank's slice
+                raise own
+            return piece
+        pieces, failure = None, None
+        try:
+            batch = run(Batch.concat(parts))
+            ends = torch.tensor([len(p) * rows_per_prompt for p in parts]).cumsum(0).tolist()
+            pieces = [batch.select(slice(a, b)) for a, b in zip([0, *ends[:-1]], ends)]
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            text = None if failure is None else f"{type(failure).__name__}: {failure}"
+            try:
+                self.release()
+                tp.scatter([(p, text) for p in pieces] if pieces else [(None, text)] * tp.size)
+            except Exception:
+                if failure is None:
+                    raise
+                # the rollout's own failure is the one to report, not the group's that follows from it
+        return pieces[0]
+
     def follow(self) -> Exception | None:
         """On a rank of a tensor-parallel engine other than its leader: run every generation the leader
         broadcasts, in step with it, until it releases the group (`release`). A call that fails here (as it
@@ -395,7 +435,10 @@ class VLLMEngine:
 
     # -------------------------------------------------------------------------------- weights
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int) -> None:
+    def update_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]] | None, version: int, private: bool = False
+    ) -> None:
+        """Copy `weights` into the engine's model (`private` makes no difference: vLLM always copies)."""
         if weights is None:
             raise ValueError(
                 "the vLLM engine keeps its own copy of the model: update_weights needs the tensors"

@@ -144,10 +144,9 @@ class RolloutWorker:
             self._wake_up()
             first = self.engine.weight_version
             try:
-                if getattr(self.engine, "tensor_parallel", None) is None:
-                    batch = self.loop.generate(prompts, n, temperature, top_p, top_k)
-                else:
-                    batch = self._run_tensor_parallel(prompts, n, temperature, top_p, top_k)
+                batch = self.engine.rollout(
+                    prompts, n, lambda p: self.loop.generate(p, n, temperature, top_p, top_k)
+                )
             except torch.OutOfMemoryError as e:
                 raise OutOfMemory(self._out_of_memory(len(prompts), n, e, validate)) from e
             finally:
@@ -157,44 +156,6 @@ class RolloutWorker:
         if "weight_version_last" not in batch:  # the engine does not say: no update lands during a call
             batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
-
-    def _run_tensor_parallel(
-        self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int
-    ) -> Batch:
-        """The trajectories of this rank's `prompts`, from an engine split over its tensor-parallel group: the
-        leader runs the rollout loop over the prompts of the whole group (its engine's calls broadcast to the
-        others, which follow them) and hands each rank the trajectories of its own prompts (`n` consecutive
-        rows per prompt). A failure on the leader is raised on every rank of the group."""
-        tp = self.engine.tensor_parallel
-        parts = tp.gather(prompts)
-        if not tp.is_leader:
-            own = self.engine.follow()
-            piece, failure = tp.scatter(None)
-            if failure is not None:
-                raise RuntimeError(
-                    f"the rollout failed on rank {tp.leader}, which leads this rank's engine: {failure}"
-                ) from own
-            if own is not None:  # failed here alone: the leader's rollout went on without this rank's slice
-                raise own
-            return piece
-        pieces, failure = None, None
-        try:
-            batch = self.loop.generate(Batch.concat(parts), n, temperature, top_p, top_k)
-            ends = torch.tensor([len(p) * n for p in parts]).cumsum(0).tolist()
-            pieces = [batch.select(slice(a, b)) for a, b in zip([0, *ends[:-1]], ends)]
-        except BaseException as e:
-            failure = e
-            raise
-        finally:
-            text = None if failure is None else f"{type(failure).__name__}: {failure}"
-            try:
-                self.engine.release()
-                tp.scatter([(p, text) for p in pieces] if pieces else [(None, text)] * tp.size)
-            except Exception:
-                if failure is None:
-                    raise
-                # the rollout's own failure is the one to report, not the group's that follows from it
-        return pieces[0]
 
     def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, validate: bool) -> str:
         engine = self.engine.capabilities.name

@@ -1,0 +1,69 @@
+"""Starting a run's workers: the role workers in this process, or (`trainer.backend=ray`) one Ray actor
+per rank plus the reward actors; and the driver's typed handles on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlstack.config import Config, resolve_device
+from rlstack.plan import StepPlan
+from rlstack.rewards.manager import build_reward_manager
+from rlstack.workers.critic import CriticWorker
+from rlstack.workers.group import LocalWorkerGroup, WorkerGroup, handle
+from rlstack.workers.policy import PolicyWorker, RefWorker
+from rlstack.workers.roles import build_roles, role_classes
+from rlstack.workers.rollout import RolloutWorker
+
+
+@dataclass
+class Workers:
+    groups: dict[str, WorkerGroup]
+    """Each role's worker group, by role (`actor`, `rollout`, `ref`, `critic`)."""
+    policy: PolicyWorker
+    rollout: RolloutWorker
+    ref: PolicyWorker | RefWorker | None
+    """The reference model's handle (the policy's own with LoRA), where the plan has one."""
+    critic: CriticWorker | None
+    rewards: object
+    """The reward manager, or with Ray the reward actors (`RayRewards`): `score`, `pop_metrics`, `close`."""
+    cluster: object | None
+    """The Ray rank actors (`RayCluster`), or None in one process."""
+
+    def close(self) -> None:
+        """Close the reward workers and, with Ray, the actors of every rank."""
+        try:
+            self.rewards.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
+    device = resolve_device(cfg.trainer.device)
+    cluster = None
+    if cfg.trainer.backend == "ray":
+        from rlstack.workers.ray_group import RayCluster, RayRewards
+
+        cluster = RayCluster(cfg, plan, total_steps, device)
+        groups: dict[str, WorkerGroup] = {
+            role: cluster.group(role, cls) for role, cls in role_classes(plan).items()
+        }
+        try:
+            rewards = RayRewards(cluster, cfg)  # scoring runs in CPU actors, off the training ranks
+        except BaseException:
+            cluster.close()
+            raise
+    else:
+        groups = {
+            role: LocalWorkerGroup(w) for role, w in build_roles(cfg, plan, total_steps, device).items()
+        }
+        rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
+    return Workers(
+        groups=groups,
+        policy=handle(groups["actor"], PolicyWorker),
+        rollout=handle(groups["rollout"], RolloutWorker),
+        ref=handle(groups["ref"], groups["ref"].cls) if "ref" in groups else None,
+        critic=handle(groups["critic"], CriticWorker) if "critic" in groups else None,
+        rewards=rewards,
+        cluster=cluster,
+    )
