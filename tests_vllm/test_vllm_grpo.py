@@ -67,7 +67,7 @@ def test_two_grpo_steps_with_vllm_follow_the_policy_and_catch_a_skipped_sync(tin
 
     cfg = load_config(grpo_args(tiny_dir, tmp_path / "stale", score))
     trainer = Trainer(cfg)
-    trainer.rollout_workers.worker.engine.update_weights = lambda weights, version: (
+    trainer.groups["rollout"].worker.engine.update_weights = lambda weights, version, **kw: (
         None
     )  # a sync that does nothing
     with pytest.raises(RLStackError, match="not sampling from the weights being trained"):
@@ -89,7 +89,7 @@ def test_a_lora_policy_sends_vllm_its_merged_weights(tiny_dir: Path, tmp_path: P
         )
     )
     trainer = Trainer(cfg)
-    assert trainer.actor.worker.lora
+    assert trainer.groups["actor"].worker.lora
     trainer.fit()
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = {r["step"]: r for r in rows}
