@@ -19,7 +19,7 @@ class AsyncGRPOConfig:
     enabled: bool = False
     """Generate and score the next steps' batches while training (NeMo RL's async GRPO; `rlstack/producer.py`)."""
     max_trajectory_age_steps: int = field(1, ge=0)
-    """No trajectory is trained on more than this many training steps (weight versions) after the weights that generated it (0: the synchronous loop). Above 0, set worker.actor.rollout_correction=tis too (NeMo RL requires its importance-sampling correction in async mode; README, Asynchronous GRPO, has what it does on the demo task)."""
+    """No trajectory is trained on more than this many training steps (weight versions) after the weights that generated it (0: the synchronous loop). Above 0, set worker.actor.rollout_correction=tis too (NeMo RL requires its importance-sampling correction in async mode; docs/benchmarks.md has what it does on the demo task)."""
     in_flight_weight_updates: bool = False
     """Push new weights to the engine without waiting for the generation in progress: they land between two of its decoding steps, so trajectories are fresher than the bound (but the run depends on timing: not reproducible bit for bit). Needs an engine with its own copy of the model (hf); with trainer.backend=ray, worker.rollout.colocated=false."""
 
