@@ -16,6 +16,17 @@ import torch  # noqa: E402
 
 from rlstack.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 
+KINDS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test is marked with its folder's kind (`pytest -m unit`, `-m "not e2e"`)."""
+    for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in KINDS:
+            item.add_marker(getattr(pytest.mark, kind))
+
+
 EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-uniform random model
 
 

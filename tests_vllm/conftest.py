@@ -18,8 +18,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-# helpers shared with the main suite (tests/visual_agent.py)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# helpers shared with the main suite (tests/helpers/visual_agent.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,7 +8,7 @@ right`, `bottom left` or `bottom right` (four answers, chance 25%).
 Why the tool: the vision-language model sees the picture at 112x112 (the demo's pixel budget), where
 a square is 3x3 pixels among hundreds of clutter pixels of similar hues; the tiny vision tower does
 not find it (supervised on the right answers without a tool it stays near chance:
-`tests/test_locate_task.py`). A program finds it exactly: the
+`tests/e2e/test_locate_task.py`). A program finds it exactly: the
 target colours are Pillow's named colours, each with a channel of 0, while every channel of the
 clutter and the background lies in 60-200, so a target colour's pixels are exactly its square's.
 The program the model has to write is one line,

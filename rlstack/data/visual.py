@@ -6,7 +6,7 @@ in PIL's bitmap font. The box is 12x13 pixels and the digit's ink 5-6x7, about a
 one visual token's area. At the native size every pixel is there and the digit is only small;
 under a pixel budget below it, its 1-2 pixel strokes blur together, while a crop around the box
 (an image zoom tool, or `image_1.crop(...)` in the Python tool) resized to the same budget shows
-it at full contrast. `tests/test_visual_task.py` measures this as the share of the 45 pairs of
+it at full contrast. `tests/e2e/test_visual_task.py` measures this as the share of the 45 pairs of
 digits whose views differ clearly (>= 64 grey levels in >= 3 pixels): whole picture vs a 32x32
 crop, both resized to 56x56: 0% vs 100%; to 112x112: 50% vs 100%; at 224x224 the whole picture
 also tells all pairs apart.

@@ -13,7 +13,7 @@ step (never a copy), so weights loaded or trained in place between steps are the
 
 `lean_decoder` says which models qualify; any other model (LoRA adapters, another architecture, a
 sliding window shorter than the generation, a GPU) decodes through its own
-`forward`, as before. The two agree up to float rounding (tests/test_lean_decoding.py). On the GRPO
+`forward`, as before. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
 benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 57-63 ms
 with the lean step against 67-75 ms through the module (two runs) (`python bench/bench_cpu_paths.py`, "decoding").
 """

@@ -880,7 +880,7 @@ def test_every_default_and_every_shipped_config_is_in_range():
     from rlstack.config.fields import range_problems
 
     assert range_problems(Config()) == []
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     for path in sorted([*root.glob("examples/**/*.yaml"), *root.glob("rlstack/configs/*.yaml")]):
         assert load_config([f"config={path}"]), path
 

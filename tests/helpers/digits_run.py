@@ -48,7 +48,7 @@ def digits_run(model: Path, out: Path, name: str, *extra: str, steps: int = 3) -
     )
 
 
-# The agentic GRPO run on the visual task with the sandboxed Python tool (tests/visual_agent.py's model).
+# The agentic GRPO run on the visual task with the sandboxed Python tool (tests/helpers/visual_agent.py's model).
 AGENT_RUN = [
     "data.train_files=builtin:visual@test",
     "data.val_files=",

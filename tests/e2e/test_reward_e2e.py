@@ -256,7 +256,7 @@ def test_reward_errors_are_scored_and_explained_with_on_error_score(tmp_path: Pa
     assert "cannot grade" in out["reward_info"][1]["error"]
 
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "formats"
 PROGRAMS = [  # the fixture's three problems: sum of two numbers, 1 + ... + n, reverse a line
     "```python\na,b=map(int,input().split())\nprint(a+b)\n```",
     "```python\nn=int(input())\nprint(n*(n+1)//2)\n```",

@@ -287,7 +287,9 @@ def test_in_flight_weights_reach_a_rollout_actor_while_it_generates(
         host = trainer.cluster.rollout_hosts[0]
         prompts = seed_prompts(trainer.loader.next_batch(), cfg.worker.rollout.seed, 1, range(64))
         weights = trainer.policy.gathered_weights()
-        assert isinstance(weights, ray.ObjectRef)  # left on rank 0: the rollout actor fetches it, not the driver
+        assert isinstance(
+            weights, ray.ObjectRef
+        )  # left on rank 0: the rollout actor fetches it, not the driver
         began = time.perf_counter()
         generating = host.call.remote("rollout", "generate", prompts)
         time.sleep(1.0)  # the generation of 1,024 trajectories of up to 256 tokens is under way

@@ -414,7 +414,7 @@ NOBODY = 65534
 def _as_nobody(code: str) -> subprocess.CompletedProcess:
     """`code` run by the system's python3 as `nobody`, importing this checkout (the sandbox and its
     launcher need only the standard library)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     python = shutil.which("python3", path="/usr/bin:/bin")
     return subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code],

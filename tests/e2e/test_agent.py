@@ -259,7 +259,7 @@ def test_interpreter_state_persists_within_a_trajectory_and_not_across(tiny_mode
 
 
 def _assert_documented(metrics: dict[int, dict]) -> None:
-    glossary = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    glossary = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
     for name in {k for row in metrics.values() for k in row}:
         if name.startswith(("agent/", "vppo/", "timing_s/", "actor/")):
             assert f"`{name}`" in glossary, f"{name} is logged but not described in docs/metrics.md"
@@ -366,7 +366,9 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
         ]
     )
     trainer = Trainer(cfg)
-    tower_before = {n: p.clone() for n, p in trainer.groups["actor"].worker.model.model.visual.named_parameters()}
+    tower_before = {
+        n: p.clone() for n, p in trainer.groups["actor"].worker.model.model.visual.named_parameters()
+    }
     trainer.fit()
     assert time.perf_counter() - start < 120
     lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()

@@ -20,7 +20,7 @@ from rlstack.data.dataset import PromptDataset, _load_template, _messages
 from rlstack.data.readers import read_rows
 from rlstack.data.tasks import builtin_rows
 
-AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
+AGENTS = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import yaml
 
 from rlstack.config import ConfigError, load_config
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nemo_rl"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nemo_rl"
 
 
 @pytest.fixture()

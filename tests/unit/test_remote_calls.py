@@ -24,7 +24,7 @@ from rlstack.workers.group import (
 from rlstack.workers.policy import PolicyWorker, RefWorker
 from rlstack.workers.rollout import RolloutWorker
 
-ROOT = Path(__file__).resolve().parents[1] / "rlstack"
+ROOT = Path(__file__).resolve().parents[2] / "rlstack"
 
 
 class Recorder:

@@ -15,7 +15,7 @@ from PIL import Image
 from rlstack.data.formats import detect_format, gsm8k_final_answer, normalize_row, normalize_rows
 from rlstack.data.readers import DataError, read_rows
 
-FIX = Path(__file__).parent / "fixtures" / "formats"
+FIX = Path(__file__).parents[1] / "fixtures" / "formats"
 CANONICAL_KEYS = {"problem", "answer", "data_source", "images", "extra"}
 
 

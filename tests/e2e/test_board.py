@@ -23,7 +23,7 @@ from rlstack.errors import RLStackError
 from rlstack.trainer import Trainer
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-SHOTS = Path(__file__).resolve().parent.parent / "outputs" / "board_screenshots"
+SHOTS = Path(__file__).resolve().parents[2] / "outputs" / "board_screenshots"
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="the board's browser test was NOT run: no Chromium on this machine (Debian: apt-get install chromium)",

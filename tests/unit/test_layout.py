@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "rlstack"
+PACKAGE = Path(__file__).resolve().parents[2] / "rlstack"
 MAX_LINES = 600
 
 

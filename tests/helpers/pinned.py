@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-PINNED = Path(__file__).parent / "fixtures" / "pinned_metrics.json"
+PINNED = Path(__file__).parents[1] / "fixtures" / "pinned_metrics.json"
 NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_", "async/buffer_fill")
 
 

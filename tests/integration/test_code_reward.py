@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -586,3 +587,22 @@ def test_honest_objects_with_their_own_equality_still_pass():
     }
     out = score_code(_fence(program), tests, test_time_s=5.0)
     assert out["overall"] == 1.0, out
+
+
+FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
+
+
+def test_the_code_reward_runs_a_correct_program_from_a_nemotron_row():
+    from rlstack.data.formats import normalize_rows
+    from rlstack.data.readers import read_rows
+    from rlstack.rewards import builtin
+
+    rows, where = read_rows(str(FORMATS / "nemotron_code.jsonl"))
+    row = normalize_rows(rows, where, "auto")[2]
+    tests = row["answer"]
+    right = "Reverse it:\n```python\nprint(input()[::-1])\n```"
+    wrong = "```python\nprint('no')\n```"
+    out = builtin.code(
+        [{"response": right, "ground_truth": tests}, {"response": wrong, "ground_truth": tests}]
+    )
+    assert [o["overall"] for o in out] == [1.0, 0.0]
