@@ -6,7 +6,7 @@ over the ranks (`workers/distributed.py`).
 Ranks are placed with a placement group of one bundle per node (`trainer.nnodes`), each holding that
 node's `trainer.n_gpus_per_node` ranks (a GPU and a CPU each, or a CPU on machines without GPUs), every
 bundle on a different node; rank r is on node r // n_gpus_per_node. `RayRoleGroup` reaches one role
-on every rank, splitting arguments and gathering results as each method declares (`@dispatch`,
+on every rank, splitting arguments and gathering results as each method declares (`@remote`,
 `workers/group.py`). A rank that dies (killed, out of memory, a crash) ends the call with an error
 that names the rank and its node instead of leaving the driver waiting.
 
@@ -83,11 +83,15 @@ class RankHost:
         return sorted(self.roles)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The role's declared method (`invoke`: only the columns it adds travel back)."""
+        """The role's declared method (`invoke`: only the columns it adds travel back). A result that stays
+        remote is put in this rank's object store, and only its reference goes to the driver."""
+        import ray
+
         # a threaded actor's call thread (in-flight weight updates) starts with OpenMP's default
         if self.num_threads > 0 and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
-        return invoke(self.roles[role], method, args, kwargs)
+        result = invoke(self.roles[role], method, args, kwargs)
+        return ray.put(result) if declaration(type(self.roles[role]), method).stays_remote else result
 
     def setup_rollout(self, cfg: Config, device: str) -> list[str]:
         """A rollout worker placed apart from the policy (no process group: it only generates)."""
@@ -351,9 +355,6 @@ class RayRoleGroup:
             return self.get(refs)[0]
         # one copy in the object store for all ranks; a reference another group's call left remote as is
         shared = [a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in sent]
-        refs = [h.call.remote(self.role, method, *shared, **kwargs) for h in hosts]
-        if declared.stays_remote:  # the other ranks' results (they joined a collective) say whether it worked
-            self.cluster.get(refs[1:], (self.who or self.cluster.rank_names())[1:])
-            return refs[0]
-        results = self.get(refs)
+        # a result that stays remote comes back as a reference to it in rank 0's object store
+        results = self.get([h.call.remote(self.role, method, *shared, **kwargs) for h in hosts])
         return results if declared.dispatch is Dispatch.EACH else results[0]

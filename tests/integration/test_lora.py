@@ -31,7 +31,10 @@ def lora_worker(model_dir, **actor) -> PolicyWorker:
         **actor,
     )
     cfg.optim.lr = 5e-2  # adapters start at zero: a large step makes their effect plain
-    return PolicyWorker(cfg, AlgorithmConfig(), max_response_length=40, total_steps=10, seed=0)
+    # the temperature of the test batches (`skewed_batch`), as the step plan would give it
+    return PolicyWorker(
+        cfg, AlgorithmConfig(), max_response_length=40, total_steps=10, seed=0, temperature=0.9
+    )
 
 
 def logprobs_of(model, batch: Batch) -> torch.Tensor:
@@ -64,7 +67,9 @@ def test_only_the_adapters_train(tiny_model_dir, tok):
 def test_the_reference_is_the_base_with_the_adapters_off(tiny_model_dir, tok):
     worker, batch = trained(tiny_model_dir, tok)
     ref = worker.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
-    base = RefWorker(ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir))), RefConfig())
+    base = RefWorker(
+        ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir))), RefConfig(), temperature=0.9
+    )
     expected = base.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(ref[mask], expected[mask], atol=ATOL, rtol=0)

@@ -242,11 +242,16 @@ def test_a_padding_free_dynamically_batched_update_equals_the_padded_update(tiny
 def test_reference_worker_follows_the_actors_layout(tiny_model_dir, tok):
     batch = skewed_batch(tok, rows=8)
     actor = ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir)))
-    padded = RefWorker(actor, RefConfig(micro_batch_size_per_device_for_experience=3))
+    temperature = batch.meta["temperature"]
+    padded = RefWorker(
+        actor, RefConfig(micro_batch_size_per_device_for_experience=3), temperature=temperature
+    )
     actor_pf = ActorConfig(
         model=ModelConfig(model_path=str(tiny_model_dir)), padding_free=True, dynamic_batching=True
     )
-    packed = RefWorker(actor_pf, RefConfig(max_token_len_per_device_for_experience=60))
+    packed = RefWorker(
+        actor_pf, RefConfig(max_token_len_per_device_for_experience=60), temperature=temperature
+    )
     assert packed.micro_batching.max_tokens == 60 and packed.padding_free
     a = padded.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
     b = packed.compute_ref_logprobs(Batch(dict(batch.columns), batch.meta))["ref_logprobs"]
