@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -89,9 +90,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlstack.config import ConfigError
     from rlstack.errors import RLStackError
+    from rlstack.stops import RunStopped, Stopped
 
     try:
         return _run(args)
+    except RunStopped as e:  # a signal, then a clean stop at the end of a step
+        print(f"rlstack: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt as e:  # a second signal, or Ctrl-C before training began
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(
+            f"rlstack: stopped at once by {signal.Signals(signum).name}; what the last checkpoint holds is kept",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except ConfigError as e:
         print(f"rlstack: {e}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
 from rlstack.rollout.agent import agent_system_prompt
+from rlstack.stops import RunStopped, StopRequest, stop_requests
 from rlstack.timing import timer
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.validation import validate
@@ -90,38 +91,63 @@ class Trainer:
         self.tracker = Tracker(
             self.run_dir, t.logger, config, t.project_name, t.experiment_name, self.total_steps, self.step
         )
+        with stop_requests("the step in progress") as stop:
+            try:
+                return self._fit(stop)
+            finally:
+                if self.producer is not None:
+                    self.producer.close()
+                self.tracker.close()
+                self.workers.close()
+
+    def _fit(self, stop: StopRequest) -> dict[str, float]:
+        t = self.cfg.trainer
         metrics: dict[str, float] = {}
-        try:
-            if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
-                metrics = self.validate()
-                self.tracker.log(metrics, self.step, advance=False)
-            if t.val_only:
-                return metrics
-            if self.plan.asynchronous and self.step < self.total_steps:
-                self.producer = RolloutProducer(
-                    self.collector.collect,
-                    self.plan.max_age,
-                    self.step + 1,
-                    self.total_steps,
-                    self.step,
-                    self.resumed_buffer,
-                ).start()
-            while self.step < self.total_steps:
-                self.step += 1
-                metrics = self.train_step()
-                last = self.step == self.total_steps
-                if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
-                    metrics |= self.validate()
-                self.tracker.log(metrics, self.step)
-                if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
-                    self.save_checkpoint()
-            self.policy.save_model(self.run_dir / "huggingface")
-        finally:
-            if self.producer is not None:
-                self.producer.close()
-            self.tracker.close()
-            self.workers.close()
+        if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
+            metrics = self.validate()
+            self.tracker.log(metrics, self.step, advance=False)
+        if t.val_only:
+            return metrics
+        if stop.signum is not None:
+            raise RunStopped(f"stopped by {stop.name} before training; nothing to save", stop.signum, None)
+        if self.plan.asynchronous and self.step < self.total_steps:
+            self.producer = RolloutProducer(
+                self.collector.collect,
+                self.plan.max_age,
+                self.step + 1,
+                self.total_steps,
+                self.step,
+                self.resumed_buffer,
+            ).start()
+        while self.step < self.total_steps:
+            self.step += 1
+            metrics = self.train_step()
+            last = self.step == self.total_steps
+            if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
+                metrics |= self.validate()
+            self.tracker.log(metrics, self.step)
+            saved = None
+            if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
+                saved = self.save_checkpoint()
+            if stop.signum is not None and not last:
+                raise self._stopped(stop, saved)
+        self.policy.save_model(self.run_dir / "huggingface")
         return metrics
+
+    def _stopped(self, stop: StopRequest, saved: Path | None) -> RunStopped:
+        """Stop after a signal, at the end of a step: a checkpoint first (`trainer.save_on_interrupt`)."""
+        t = self.cfg.trainer
+        if saved is None and t.save_on_interrupt:
+            saved = self.save_checkpoint()
+        where = f"stopped by {stop.name} after step {self.step} of {self.total_steps}"
+        if saved is None:
+            return RunStopped(f"{where}; nothing saved (trainer.save_on_interrupt=false)", stop.signum, None)
+        how = (
+            "the same command resumes from it"
+            if t.find_last_checkpoint or t.load_checkpoint_path
+            else f"resume with trainer.load_checkpoint_path={saved}"
+        )
+        return RunStopped(f"{where}; checkpoint {saved}: {how}", stop.signum, saved)
 
     def train_step(self) -> dict[str, float]:
         plan = self.plan

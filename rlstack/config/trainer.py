@@ -45,6 +45,8 @@ class TrainerConfig:
     """Keep at most this many checkpoints (-1: all)."""
     save_model_only: bool = False
     """At the end, write only the Hugging Face model, no resumable checkpoint."""
+    save_on_interrupt: bool = True
+    """On SIGINT (Ctrl-C) or SIGTERM, finish the step in progress and save a checkpoint before stopping (a second signal stops at once)."""
     find_last_checkpoint: bool = True
     """Resume from the newest complete checkpoint of the run directory."""
     load_checkpoint_path: str | None = None

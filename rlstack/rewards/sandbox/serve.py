@@ -5,6 +5,7 @@ running them here, in this small process, and exits when the socket closes, endi
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
@@ -57,4 +58,7 @@ def _serve(fd: int) -> None:
 
 
 if __name__ == "__main__":
+    # A terminal's Ctrl-C reaches the whole process group: the trainer decides when to stop (at the end
+    # of its step, `rlstack/stops.py`), and this helper serves it until then.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _serve(int(sys.argv[1]))

@@ -1,0 +1,69 @@
+"""Clean stops: SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends before it kills a job) ask
+the run to stop at its next safe point, the end of the step in progress, where the trainer saves a
+checkpoint and says how to resume; a second signal stops at once. Neither prints a traceback (the
+`rlstack` command turns them into one line and the exit status 128 + the signal's number)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rlstack.errors import RLStackError
+
+
+class RunStopped(RLStackError):
+    """The run stopped at a safe point after a signal; `checkpoint` is what it saved (None: nothing)."""
+
+    def __init__(self, message: str, signum: int, checkpoint: Path | None):
+        super().__init__(message)
+        self.signum, self.checkpoint = signum, checkpoint
+
+
+class Stopped(KeyboardInterrupt):
+    """A second signal: the run stops at once, without saving."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopRequest:
+    signum: int | None = None
+    """The signal that asked the run to stop (None: none yet)."""
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+@contextmanager
+def stop_requests(what: str) -> Iterator[StopRequest]:
+    """While inside, SIGINT and SIGTERM set the request (and say once that the run stops after `what`);
+    a second one raises `Stopped`. Outside the main thread signals cannot be caught: the request never
+    fires there."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handle(signum, frame) -> None:
+        if request.signum is not None:
+            raise Stopped(signum)
+        request.signum = signum
+        print(
+            f"\n[rlstack] {signal.Signals(signum).name}: stopping after {what} "
+            "(a checkpoint is saved first); send it again to stop at once",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
