@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,10 @@ class Tracker:
         experiment: str,
         total_steps: int,
         start_step: int = 0,
+        progress_every: int = 0,
     ):
+        """`progress_every`: steps between two progress lines where stderr is not a terminal (0: about 20
+        lines a run)."""
         self.run_dir = run_dir
         self.loggers = set(loggers)
         self.metrics_file = run_dir / "metrics.jsonl"
@@ -57,7 +62,11 @@ class Tracker:
             TRACKERS[name](run_dir, config, project, experiment) for name in TRACKERS if name in self.loggers
         ]
         self.bar = None
-        if "console" in self.loggers:
+        """The progress bar on a terminal; elsewhere (a log file, a scheduler's output) `summary_every`
+        steps make one line each. Either way, whatever the loggers; `console` adds the main metrics."""
+        self.total_steps, self.start = total_steps, time.perf_counter()
+        self.summary_every = progress_every or max(1, round(total_steps / 20))
+        if sys.stderr.isatty():
             self.bar = tqdm(
                 total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True
             )
@@ -73,7 +82,8 @@ class Tracker:
             self.tb.flush()
         for tracker in self.trackers:
             tracker.log(metrics, step)
-        if self.bar is not None:
+        shown: dict[str, str] = {}
+        if "console" in self.loggers:
             shown = {name: f"{metrics[k]:.3g}" for k, name in CONSOLE_KEYS.items() if k in metrics}
             shown.update(
                 {
@@ -82,12 +92,21 @@ class Tracker:
                     if k.startswith("val/") and k.endswith("/accuracy")
                 }
             )
+        if self.bar is not None:
             if shown:
                 self.bar.set_postfix(shown, refresh=False)
             if advance:
                 self.bar.update(1)
             else:
                 self.bar.refresh()
+        elif advance and (step % self.summary_every == 0 or step == self.total_steps or step == 1):
+            values = "".join(f", {k}={v}" for k, v in shown.items())
+            elapsed = time.perf_counter() - self.start
+            print(
+                f"[rlstack] step {step}/{self.total_steps} ({elapsed:.0f} s){values}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log_generations(self, rows: list[dict[str, Any]], step: int, kind: str) -> None:
         """`generations/<kind>_step_<step>.jsonl`, one row per trajectory; its images (`images`: the

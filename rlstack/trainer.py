@@ -86,10 +86,20 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
         (self.run_dir / "step_plan.json").write_text(json.dumps(self.plan.to_dict(), indent=2) + "\n")
-        print(f"[rlstack] {self.plan.summary()}")
+        print(
+            f"[rlstack] run directory: {self.run_dir}  (watch it: rlstack board {self.run_dir})", flush=True
+        )
+        print(f"[rlstack] {self.plan.summary()}", flush=True)
         config = to_dict(self.cfg)
         self.tracker = Tracker(
-            self.run_dir, t.logger, config, t.project_name, t.experiment_name, self.total_steps, self.step
+            self.run_dir,
+            t.logger,
+            config,
+            t.project_name,
+            t.experiment_name,
+            self.total_steps,
+            self.step,
+            t.progress_every,
         )
         with stop_requests("the step in progress") as stop:
             try:

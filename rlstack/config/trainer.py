@@ -52,7 +52,9 @@ class TrainerConfig:
     load_checkpoint_path: str | None = None
     """Resume from this checkpoint directory instead."""
     logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"])
-    """Trackers: `console`, `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
+    """Trackers: `console` (the main metrics beside the progress, which shows whatever the loggers), `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
+    progress_every: int = field(0, ge=0)
+    """Where stderr is not a terminal (a log file, a scheduler's output): steps between two progress lines (0: about 20 a run); a terminal gets a progress bar."""
     seed: int = 1
     """Seed of torch, numpy and random."""
     full_determinism: bool = False

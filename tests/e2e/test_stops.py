@@ -58,6 +58,9 @@ def test_ctrl_c_finishes_the_step_saves_and_the_same_command_resumes(tiny_model_
     assert "rlstack: stopped by SIGINT after step 1 of 3; checkpoint " in err
     assert "the same command resumes from it" in err
     assert sorted(_metrics(run_dir)) == [1]
+    # the run said where it writes before it trained, and showed progress with no console logger
+    assert out.splitlines()[0] == f"[rlstack] run directory: {run_dir}  (watch it: rlstack board {run_dir})"
+    assert "[rlstack] step 1/3" in err
     assert (run_dir / "checkpoints" / "global_step_1" / "trainer_state.pt").is_file()
     assert not (run_dir / "huggingface").exists()  # the final model is the finished run's
 
