@@ -35,7 +35,9 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
         layers.append((base, {}))
     overrides = []
     for arg in args or []:
-        if "=" not in arg:
+        if "=" not in arg and arg.endswith((".yaml", ".yml")):
+            problems.append(f"argument {arg!r} is a config file without config=: did you mean config={arg}?")
+        elif "=" not in arg:
             problems.append(f"argument {arg!r} is not of the form key=value (for example worker.rollout.n=8)")
         elif arg.startswith("config="):
             layers += _config_file(arg.split("=", 1)[1], problems)
@@ -179,6 +181,8 @@ def _build(cls: type, values: Any, prefix: str, sources: dict[str, str], problem
             kwargs[key] = _build(tp, value, dotted + ".", sources, problems)
             continue
         ok, converted = _check_type(value, tp)
+        if not ok and isinstance(value, str) and typing.get_origin(tp) is list:
+            ok, converted = _check_type([value], tp)  # `trainer.logger=file` is `[file]`
         if ok:
             kwargs[key] = converted
         else:

@@ -178,6 +178,19 @@ def test_argument_without_equals_sign():
     assert "'worker.rollout.n' is not of the form key=value" in problem
 
 
+def test_a_config_file_without_config_equals_is_pointed_at(tmp_path):
+    (problem,) = problems_of(["examples/grpo_addition.yaml"])
+    assert "did you mean config=examples/grpo_addition.yaml?" in problem
+
+
+def test_one_word_where_a_list_belongs_is_a_list_of_it(tmp_path):
+    assert load_config(["trainer.logger=file"]).trainer.logger == ["file"]
+    cfg_file = write_yaml(tmp_path / "run.yaml", "trainer:\n  logger: tensorboard\n")
+    assert load_config([f"config={cfg_file}"]).trainer.logger == ["tensorboard"]
+    (problem,) = problems_of(["trainer.logger=neptune"])  # still checked as the list it became
+    assert "neptune" in problem
+
+
 def test_load_problems_are_reported_together(tmp_path):
     """Unknown keys (file and command line), wrong types and a bad argument in one error."""
     cfg_file = write_yaml(tmp_path / "run.yaml", "worker:\n  rollout:\n    temprature: 0.5\n")
