@@ -40,7 +40,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def notes(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("[rlstack]")]
+    """The conversion's notes (not the run's progress lines)."""
+    return [line for line in text.splitlines() if line.startswith("[rlstack]") and "gguf" in line]
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
