@@ -85,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+", type=Path, help="run directories (the folders with metrics.jsonl)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=6007)
-    sub.add_parser("config-keys", help="list every config key with its default and description")
+    p = sub.add_parser(
+        "config-keys", help="list the config keys with their defaults, choices, ranges and descriptions"
+    )
+    p.add_argument(
+        "pattern",
+        nargs="?",
+        help="only the keys containing this text (lr, rollout.n), or matching this glob ('worker.actor.optim.*')",
+    )
+    p.add_argument("--resumable", action="store_true", help="only the keys a resumed run may change")
     args = parser.parse_args(argv)
 
     from rlstack.config import ConfigError
@@ -174,12 +182,39 @@ def _run(args: argparse.Namespace) -> int:
         print(f"model written to {merge_checkpoint(Path(args.checkpoint), Path(args.out))}")
         return 0
     if args.command == "config-keys":
-        from rlstack.config import describe
-
-        for key, tp, default, doc in describe():
-            print(f"{key} ({tp}, default {default!r}): {doc}")
-        return 0
+        return _config_keys(args.pattern, args.resumable)
     raise AssertionError(args.command)
+
+
+def _config_keys(pattern: str | None, resumable: bool) -> int:
+    """`rlstack config-keys [PATTERN] [--resumable]`: one line a key, `key (type, default D; rules): doc`."""
+    import difflib
+    import fnmatch
+
+    from rlstack.config import Config, describe
+    from rlstack.config.fields import resumable_keys
+    from rlstack.config.schema import key_rules
+
+    rows, rules = describe(), key_rules()
+    if pattern:
+        glob = any(c in pattern for c in "*?[")
+        rows = [
+            r
+            for r in rows
+            if (fnmatch.fnmatchcase(r[0], pattern) if glob else pattern.lower() in r[0].lower())
+        ]
+    if resumable:
+        free = resumable_keys(Config)
+        rows = [r for r in rows if r[0] in free]
+    if not rows:
+        close = difflib.get_close_matches(pattern or "", [r[0] for r in describe()], n=3, cutoff=0.5)
+        hint = f"; closest: {', '.join(close)}" if close else "; `rlstack config-keys` lists them all"
+        print(f"rlstack: no config key matches {pattern!r}{hint}", file=sys.stderr)
+        return 2
+    for key, tp, default, doc in rows:
+        rule = f"; {rules[key]}" if key in rules else ""
+        print(f"{key} ({tp}, default {default!r}{rule}): {doc}")
+    return 0
 
 
 if __name__ == "__main__":

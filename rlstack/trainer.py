@@ -24,6 +24,7 @@ from rlstack.data.dataset import PromptLoader, prompt_sets
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
+from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.stops import RunStopped, StopRequest, stop_requests
 from rlstack.timing import timer
@@ -42,6 +43,7 @@ class Trainer:
         checkpoint.seed_everything(t.seed, t.full_determinism)
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.resume_point = check_resume(cfg)  # at load: a resume with other settings stops here
         tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
         self.train_set, self.val_set = prompt_sets(d, tokenizer, processor, system, images)
@@ -84,6 +86,8 @@ class Trainer:
         t = self.cfg.trainer
         self._resume()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume_point is not None:
+            record(self.cfg, self.resume_point, self.step)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
         (self.run_dir / "step_plan.json").write_text(json.dumps(self.plan.to_dict(), indent=2) + "\n")
         print(
@@ -287,24 +291,22 @@ class Trainer:
                 "async_buffer": buffered,
             }
             torch.save(state, path / "trainer_state.pt")
+            (path / "config.yaml").write_text(to_yaml(self.cfg))  # what a resume compares with
 
         return checkpoint.save_atomically(self.ckpt_root, self.step, write, self.cfg.trainer.save_limit)
 
     def _resume(self) -> None:
-        t = self.cfg.trainer
-        path = Path(t.load_checkpoint_path) if t.load_checkpoint_path else None
-        if path is None and t.find_last_checkpoint:
-            path = checkpoint.latest_checkpoint(self.ckpt_root)
-        if path is None:
+        if self.resume_point is None:
             return
-        if not (path / "trainer_state.pt").is_file():
-            raise FileNotFoundError(f"{path} is not an rlstack checkpoint (no trainer_state.pt)")
+        path = self.resume_point.path
         self.policy.load_checkpoint(path)
         self.rollout.load_checkpoint(path)
         if self.critic is not None:
             self.critic.load_checkpoint(path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.step, self.kl_coef = state["step"], state["kl_coef"]
+        self.step = state["step"]
+        if not any(c.key == "algorithm.kl_coef" for c in self.resume_point.changes):
+            self.kl_coef = state["kl_coef"]  # adapted (kl_type=adaptive) unless the config sets a new one
         self.collector.rounds, self.resumed_buffer = state.get("rollouts", 0), state.get("async_buffer", [])
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])

@@ -25,9 +25,9 @@ from rlstack.config.paths import (
     BUILTIN_MODEL,
     BUILTIN_MODELS,
     BUILTIN_VISION_MODEL,
-    HUB_NAME,
     chat_template_text,
     is_template_text,
+    local_reason,
 )
 from rlstack.config.reward import (
     AgentRewardConfig,
@@ -57,7 +57,6 @@ __all__ = [
     "BUILTIN_VISION_MODEL",
     "DEFINED_AGG_MODES",
     "GROUP_ESTIMATORS",
-    "HUB_NAME",
     "ActorConfig",
     "AgentConfig",
     "AgentRewardConfig",
@@ -87,6 +86,7 @@ __all__ = [
     "field_docs",
     "is_template_text",
     "load_config",
+    "local_reason",
     "resolve_device",
     "to_dict",
     "to_yaml",

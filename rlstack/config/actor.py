@@ -56,9 +56,9 @@ class ActorConfig:
     """Sharding of the policy and reference over several ranks (`trainer.backend=ray`)."""
     global_batch_size: int = field(32, ge=1)
     """Prompts per optimizer step (mini-batch); its trajectories are `global_batch_size * n`."""
-    micro_batch_size_per_device_for_update: int = field(64, ge=1)
+    micro_batch_size_per_device_for_update: int = field(64, ge=1, resume=True)
     """Trajectories per forward/backward pass during the update (gradient accumulation unit)."""
-    micro_batch_size_per_device_for_experience: int = field(128, ge=1)
+    micro_batch_size_per_device_for_experience: int = field(128, ge=1, resume=True)
     """Trajectories per forward pass when computing log-probs without gradient."""
     ppo_epochs: int = field(1, ge=1)
     """Passes over the rollout batch per training step."""
@@ -96,9 +96,9 @@ class ActorConfig:
     """Pack each micro-batch's rows into one sequence without their padding for log-probs, entropies and the update (veRL's use_remove_padding, EasyR1's padding_free); the reference model follows. false: the padded layout, which runs a prompt once for all its samples."""
     dynamic_batching: bool = False
     """Form micro-batches by a token budget (max_token_len_per_device_*) instead of a row count (veRL's use_dynamic_bsz); the gradient does not change."""
-    max_token_len_per_device_for_update: int = field(16384, ge=1)
+    max_token_len_per_device_for_update: int = field(16384, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu). With padding_free on CPU (SDPA attends over a dense tokens x tokens mask) keep it to a few of the longest trajectories."""
-    max_token_len_per_device_for_experience: int = field(32768, ge=1)
+    max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward pass computing log-probs (veRL's log_prob_max_token_len_per_gpu)."""
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from rlstack.config.actor import OptimConfig, budget_problems, divisors_hint, optim_problems
 from rlstack.config.fields import field
 from rlstack.config.model import builtin_model_problems
+from rlstack.config.paths import path_problems
 
 if TYPE_CHECKING:
     from rlstack.config.schema import Config
@@ -31,9 +32,9 @@ class CriticConfig:
     """The critic optimizer."""
     global_batch_size: int = field(32, ge=1)
     """Prompts per critic optimizer step (mini-batch of `global_batch_size * n` trajectories)."""
-    micro_batch_size_per_device_for_update: int = field(64, ge=1)
+    micro_batch_size_per_device_for_update: int = field(64, ge=1, resume=True)
     """Trajectories per forward/backward pass of the critic update."""
-    micro_batch_size_per_device_for_experience: int = field(128, ge=1)
+    micro_batch_size_per_device_for_experience: int = field(128, ge=1, resume=True)
     """Trajectories per forward pass when computing values."""
     ppo_epochs: int = field(1, ge=1)
     """Passes over the rollout batch per critic update."""
@@ -45,17 +46,17 @@ class CriticConfig:
     """Pack each micro-batch's rows into one sequence without their padding (as worker.actor.padding_free)."""
     dynamic_batching: bool = False
     """Form micro-batches by a token budget instead of a row count (as worker.actor.dynamic_batching)."""
-    max_token_len_per_device_for_update: int = field(16384, ge=1)
+    max_token_len_per_device_for_update: int = field(16384, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward/backward pass of the critic update."""
-    max_token_len_per_device_for_experience: int = field(32768, ge=1)
+    max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward pass computing values."""
 
 
 @dataclass
 class RefConfig:
-    micro_batch_size_per_device_for_experience: int = field(128, ge=1)
+    micro_batch_size_per_device_for_experience: int = field(128, ge=1, resume=True)
     """Trajectories per forward pass of the reference model."""
-    max_token_len_per_device_for_experience: int = field(32768, ge=1)
+    max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
     """Dynamic batching (worker.actor.dynamic_batching, which the reference follows, as padding_free): attended tokens per forward pass."""
 
 
@@ -96,3 +97,5 @@ def critic_rules(cfg: Config, p: list[str]) -> None:
             )
     optim_problems(p, "worker.critic.optim", cr.optim)
     builtin_model_problems(p, "worker.critic.model.model_path", cr.model.model_path)
+    if cfg.algorithm.adv_estimator == "gae":
+        path_problems(p, ("worker.critic.model.model_path", cr.model.model_path))

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 class DataConfig:
     train_files: str = "builtin:addition@train"
     """Training rows: a JSONL/JSON/parquet file, a directory of them, an HF dataset `name@split`, or `builtin:<task>@<split>`."""
-    val_files: str = "builtin:addition@test"
+    val_files: str = field("builtin:addition@test", resume=True)
     """Validation rows, in any form `train_files` accepts; empty string disables validation."""
-    val_split: float = field(0.0, ge=0, lt=1, why="a fraction of the training rows")
+    val_split: float = field(0.0, ge=0, lt=1, why="a fraction of the training rows", resume=True)
     """With val_files empty: this fraction of the training rows is held out for validation instead (NeMo RL's split_validation_size), picked with data.seed."""
     format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl", "humaneval"] = "auto"
     """Known row layout to convert to problem/answer/data_source/images/extra (auto: detect per file; none: as is)."""
@@ -38,9 +38,9 @@ class DataConfig:
     """Longest response, in tokens; generation stops there."""
     rollout_batch_size: int = field(32, ge=1)
     """Prompts per training step (each is sampled `worker.rollout.n` times)."""
-    val_batch_size: int = field(256, ge=1, also=(-1,), why="every prompt in one call")
+    val_batch_size: int = field(256, ge=1, also=(-1,), why="every prompt in one call", resume=True)
     """Prompts per generation call during validation (-1: all of them in one call, as EasyR1)."""
-    val_max_samples: int = field(-1, ge=1, also=(-1,))
+    val_max_samples: int = field(-1, ge=1, also=(-1,), resume=True)
     """Use at most this many validation rows (-1: all)."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by `data.seed` and the epoch)."""

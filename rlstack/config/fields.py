@@ -62,12 +62,31 @@ def field(
     lt: float | None = None,
     also: tuple = (),
     why: str = "",
+    resume: bool = False,
 ) -> Any:
     """`dataclasses.field`, with the range its number must lie in (`ge`, `gt`, `le`, `lt`; `also`: values
-    allowed besides). None passes where the field is optional; a list's items are checked one by one."""
+    allowed besides). None passes where the field is optional; a list's items are checked one by one.
+    `resume=True`: the value may change when a run resumes from its checkpoint (how long it runs, what it
+    logs, validates and saves, how the work is cut); any other change stops the resume (`resume.py`)."""
     bounds = (ge, gt, le, lt)
-    metadata = {"range": Range(*bounds, also, why)} if any(b is not None for b in bounds) else {}
+    metadata: dict[str, Any] = (
+        {"range": Range(*bounds, also, why)} if any(b is not None for b in bounds) else {}
+    )
+    if resume:
+        metadata["resume"] = True
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def resumable_keys(cls: type, prefix: str = "") -> set[str]:
+    """The dotted keys of `cls` (a config dataclass) declared with `field(..., resume=True)`."""
+    keys: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= resumable_keys(hints[f.name], f"{prefix}{f.name}.")
+        elif f.metadata.get("resume"):
+            keys.add(f"{prefix}{f.name}")
+    return keys
 
 
 def range_problems(section: Any, prefix: str = "") -> list[str]:

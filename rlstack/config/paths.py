@@ -17,8 +17,25 @@ package index (`rlstack.models.registry`)."""
 BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
 """The models built in code: the folder each is built into, under the cache's `models/`."""
 
-HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
-"""A Hugging Face Hub repository name, `org/name` (model paths and datasets may be given as one)."""
+HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")
+"""A Hugging Face Hub repository name, `org/name` (model paths and datasets may be given as one); the Hub
+lets neither part start with `.` or `-`, so `./x` and `../x` are never one."""
+
+
+def local_reason(path: str) -> str | None:
+    """Why `path` (without its `@revision`) is read as a local path rather than a Hub name `org/name`; None
+    when it is read as a Hub name: one slash, Hub characters, and no local folder `org` (a path that exists
+    in part is local)."""
+    if path.startswith(("./", "../", "/", "~")):
+        return f"it starts with {path.split('/', 1)[0] + '/'!r}"
+    if path.count("/") != 1:
+        return "it has no '/'" if "/" not in path else "it has more than one '/'"
+    first = path.split("/", 1)[0]
+    if Path(first).exists():
+        return f"its first folder {first!r} exists here"
+    if not HUB_NAME.fullmatch(path):
+        return "it has characters a Hub name cannot have"
+    return None
 
 
 def is_template_text(template: str) -> bool:
@@ -41,17 +58,46 @@ MUST_EXIST = (
 LOCAL_SUFFIXES = {".jsonl", ".json", ".parquet", ".jinja", ".yaml", ".gguf"}
 
 
+MODEL_KEYS = (".model_path", ".tokenizer_path")
+"""Keys (by their ending) whose value is a model folder, a Hub name (`org/name`) or a `builtin:` model."""
+HUB_DATA_KEYS = ("data.train_files", "data.val_files")
+"""Keys whose value may be a Hub dataset (`org/name@split`; a bare `name` too) besides local files."""
+
+
 def path_problem(key: str, path: str | None) -> str | None:
-    """Local paths must exist; hub names (`org/name@split`) and built-ins are checked at load."""
+    """Local paths must exist: always for the `MUST_EXIST` keys, else where the value reads as one (a file
+    suffix, a leading `.`, `/` or `~`, a `/` that `local_reason` reads as local; for model keys, any name
+    that is not `org/name`). Hub names (`org/name@split`) and built-ins are checked at load."""
     if not path or path.startswith("builtin:"):
         return None
     local = path.split("@", 1)[0]
-    looks_local = local.startswith((".", "/", "~")) or Path(local).suffix in LOCAL_SUFFIXES
-    hub_name = HUB_NAME.fullmatch(local) is not None and not Path(local).exists()
-    checked = key in MUST_EXIST or looks_local or (key.startswith("worker.actor.model") and not hub_name)
+    reason = local_reason(local)
+    by_suffix = Path(local).suffix in LOCAL_SUFFIXES
+    looks_local = by_suffix or local.startswith((".", "/", "~"))
+    hub_key = key.endswith(MODEL_KEYS) or key in HUB_DATA_KEYS
+    checked = (
+        key in MUST_EXIST
+        or looks_local
+        or (reason is not None and ("/" in local or key.endswith(MODEL_KEYS)))
+    )
     if checked and not Path(os.path.expanduser(local)).exists():
-        return f"{key}: {path!r} does not exist (check the path, relative to {os.getcwd()})"
+        return missing_path(key, path, reason if hub_key and not by_suffix else None)
     return None
+
+
+def missing_path(key: str, path: str, reason: str | None = None) -> str:
+    """The message for a local path that is not there: the key, the path as given, where it was looked for
+    and the working directory relative paths start at; with `reason`, why it is not read as a Hub name."""
+    given = os.path.expanduser(path.split("@", 1)[0])
+    where = f"looked for {os.path.abspath(given)}"
+    if not os.path.isabs(given):
+        where += f"; relative paths start at the working directory {os.getcwd()}"
+    hub = (
+        f"; it is read as a local path, not a Hugging Face Hub name (org/name), because {reason}"
+        if reason
+        else ""
+    )
+    return f"{key}: {path!r} does not exist ({where}){hub}: fix the path, or run from the folder it is relative to"
 
 
 def path_problems(p: list[str], *keyed: tuple[str, str | None]) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlstack.config.fields import field
-from rlstack.config.paths import function_file_problem
+from rlstack.config.paths import function_file_problem, path_problems
 
 if TYPE_CHECKING:
     from rlstack.config.schema import Config
@@ -15,23 +15,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class JudgeConfig:
-    base_url: str = ""
+    base_url: str = field("", resume=True)
     """OpenAI-compatible endpoint, e.g. http://host:18901/v1; empty: env LLM_AS_A_JUDGE_BASE."""
-    api_key: str = ""
+    api_key: str = field("", resume=True)
     """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
     model: str = ""
     """Served model name; empty: the first model the endpoint lists at GET /models."""
     template: Literal["consistency", "verifier", "rubric"] = "consistency"
     """Judge prompt: DeepEyes' two-answer consistency judge, a TRUE/FALSE verifier, or a 0-1 rubric grader."""
-    max_concurrency: int = field(16, ge=1)
+    max_concurrency: int = field(16, ge=1, resume=True)
     """Judge requests in flight at once."""
-    timeout: float = field(60.0, gt=0)
+    timeout: float = field(60.0, gt=0, resume=True)
     """Seconds one request may take before it counts as a failed attempt."""
-    max_attempts: int = field(4, ge=1)
+    max_attempts: int = field(4, ge=1, resume=True)
     """Attempts per sample (the first call plus retries) before `on_error` applies."""
-    backoff_base: float = field(1.0, ge=0)
+    backoff_base: float = field(1.0, ge=0, resume=True)
     """Seconds before the first retry; doubles each retry, with jitter in [50%, 100%] of the delay."""
-    backoff_max: float = field(30.0, ge=0)
+    backoff_max: float = field(30.0, ge=0, resume=True)
     """Longest wait between two attempts, in seconds."""
     on_error: Literal["raise", "score"] = "raise"
     """When every attempt failed: `raise` (stop the run, naming the sample), or `score` with error_score, counted in reward/judge_errors."""
@@ -121,7 +121,7 @@ class RewardConfig:
     """More reward functions; overall = the weighted sum of every function's overall."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per function (reward_function first, then the extra ones); empty: all 1."""
-    num_workers: int = field(1, ge=1)
+    num_workers: int = field(1, ge=1, resume=True)
     """Reward calls run at once, in threads (sequential functions: one sample per call; batch functions: a chunk)."""
     timeout_s: float | None = field(None, gt=0, why="null: no limit")
     """Seconds allowed per sample (None: no limit); a call past it follows on_error."""
@@ -175,6 +175,8 @@ def reward_rules(cfg: Config, p: list[str]) -> None:
             "builtin:reward_model needs worker.reward.reward_model.model_path: a Hugging Face sequence-classification "
             "model directory with one output (num_labels=1)"
         )
+    if uses_model:
+        path_problems(p, ("worker.reward.reward_model.model_path", rw.reward_model.model_path))
     if uses_model and cfg.trainer.backend == "ray":
         p.append(
             "builtin:reward_model scores in the trainer's process, but with trainer.backend=ray rewards are scored "

@@ -44,13 +44,13 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens")
     """Sample among the k most likely tokens (-1: all)."""
-    val_temperature: float = field(0.0, ge=0, why="0: greedy")
+    val_temperature: float = field(0.0, ge=0, why="0: greedy", resume=True)
     """Temperature for validation (0: greedy)."""
-    val_top_p: float = field(1.0, gt=0, le=1)
+    val_top_p: float = field(1.0, gt=0, le=1, resume=True)
     """Top-p for validation."""
-    val_top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens")
+    val_top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens", resume=True)
     """Top-k for validation."""
-    val_n: int = field(1, ge=1)
+    val_n: int = field(1, ge=1, resume=True)
     """Responses per validation prompt."""
     ignore_eos: bool = False
     """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
@@ -58,27 +58,27 @@ class RolloutConfig:
     """Seed of the sampling generator (saved and restored with checkpoints)."""
     name: Literal["hf", "vllm"] = "hf"
     """Generation engine: hf (the policy's own module, in process) or vllm (pip install 'rlstack[vllm]'; weights pushed after each update)."""
-    gpu_memory_utilization: float = field(0.6, gt=0, le=1)
+    gpu_memory_utilization: float = field(0.6, gt=0, le=1, resume=True)
     """vllm: share of the GPU's memory vLLM may take (weights + KV cache)."""
     tensor_parallel_size: int = field(1, ge=1)
     """vllm: GPUs one engine's model is split over."""
-    enforce_eager: bool = False
+    enforce_eager: bool = field(False, resume=True)
     """vllm: no CUDA graphs (always eager on CPU)."""
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = field(True, resume=True)
     """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns)."""
-    max_num_batched_tokens: int = field(8192, ge=1)
+    max_num_batched_tokens: int = field(8192, ge=1, resume=True)
     """vllm: tokens one scheduler step may process."""
     max_model_len: int | None = field(None, ge=1)
     """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
-    free_cache_engine: bool | None = None
+    free_cache_engine: bool | None = field(None, resume=True)
     """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""
     colocated: bool = True
     """Rollout engines live in the policy's ranks (EasyR1's hybrid engine); false (`trainer.backend=ray`): in `num_ranks` Ray actors of their own, sent the policy's weights after every update."""
     num_ranks: int = field(1, ge=1)
     """Rollout actors when `colocated=false` (one GPU each, or one CPU on machines without GPUs)."""
-    check_weight_sync: bool = False
+    check_weight_sync: bool = field(False, resume=True)
     """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""
-    weight_sync_tolerance: float = field(1.0e-2, gt=0)
+    weight_sync_tolerance: float = field(1.0e-2, gt=0, resume=True)
     """Largest allowed |engine log-prob - policy log-prob| on the probe's tokens."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """The multi-turn agent loop (tools); off while `tools` is empty."""

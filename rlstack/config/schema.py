@@ -17,7 +17,7 @@ from rlstack.config.actor import ActorConfig, actor_rules
 from rlstack.config.algorithm import AlgorithmConfig, algorithm_rules
 from rlstack.config.critic import CriticConfig, RefConfig, critic_rules
 from rlstack.config.data import DataConfig, data_rules
-from rlstack.config.fields import field, range_problems, type_name
+from rlstack.config.fields import choices, field, range_problems, type_name
 from rlstack.config.machine import machine_rules
 from rlstack.config.model import model_rules
 from rlstack.config.reward import RewardConfig, reward_rules
@@ -118,6 +118,28 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             rows.append((key, type_name(hints[f.name]), default, docs.get(f.name, "")))
     return rows
+
+
+def key_rules(cls: type = Config, prefix: str = "") -> dict[str, str]:
+    """For every leaf key with a rule: its choices, its range and whether it may change on resume, as
+    `config-keys` prints them (`one of: grpo, rloo; may change on resume`)."""
+    rules: dict[str, str] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rules |= key_rules(tp, key + ".")
+            continue
+        said = []
+        if options := [str(c) for c in choices(tp) if c is not None]:
+            said.append("one of: " + ", ".join(options))
+        if (rng := f.metadata.get("range")) is not None:
+            said.append(rng.rule(type(None) in typing.get_args(tp)))
+        if f.metadata.get("resume"):
+            said.append("may change on resume")
+        if said:
+            rules[key] = "; ".join(said)
+    return rules
 
 
 def to_dict(cfg: Any) -> dict:

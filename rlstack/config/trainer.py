@@ -17,49 +17,51 @@ LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab", "mlflow", "trac
 
 @dataclass
 class TrainerConfig:
-    project_name: str = "rlstack"
+    project_name: str = field("rlstack", resume=True)
     """Project folder under `output_dir`, and the tracker's project."""
-    experiment_name: str = "default"
+    experiment_name: str = field("default", resume=True)
     """Run folder under the project."""
-    output_dir: str = "outputs"
+    output_dir: str = field("outputs", resume=True)
     """Root of the run directories."""
-    total_epochs: int = field(1, ge=1)
+    total_epochs: int = field(1, ge=1, resume=True)
     """Passes over the training rows."""
-    max_steps: int | None = field(None, ge=1, why="null: the epochs decide")
+    max_steps: int | None = field(None, ge=1, why="null: the epochs decide", resume=True)
     """Stop after this many steps (default: the epochs decide)."""
     critic_warmup: int = field(0, ge=0)
     """Steps that train only the critic before the actor starts updating (gae)."""
-    val_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end")
+    val_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end", resume=True)
     """Validate every this many steps (-1: only at the end)."""
-    val_before_train: bool = True
+    val_before_train: bool = field(True, resume=True)
     """Validate once before the first step."""
-    val_only: bool = False
+    val_only: bool = field(False, resume=True)
     """Validate and stop."""
-    val_generations_to_log: int = field(8, ge=0)
+    val_generations_to_log: int = field(8, ge=0, resume=True)
     """Validation generations written to `generations/` each time."""
-    train_generations_to_log: int = field(4, ge=0)
+    train_generations_to_log: int = field(4, ge=0, resume=True)
     """Training generations written to `generations/` each step."""
-    save_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end")
+    save_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end", resume=True)
     """Save a checkpoint every this many steps (-1: only at the end)."""
-    save_limit: int = field(2, ge=1, also=(-1,), why="-1: all")
+    save_limit: int = field(2, ge=1, also=(-1,), why="-1: all", resume=True)
     """Keep at most this many checkpoints (-1: all)."""
-    save_model_only: bool = False
+    save_model_only: bool = field(False, resume=True)
     """At the end, write only the Hugging Face model, no resumable checkpoint."""
-    save_on_interrupt: bool = True
+    save_on_interrupt: bool = field(True, resume=True)
     """On SIGINT (Ctrl-C) or SIGTERM, finish the step in progress and save a checkpoint before stopping (a second signal stops at once)."""
-    find_last_checkpoint: bool = True
+    find_last_checkpoint: bool = field(True, resume=True)
     """Resume from the newest complete checkpoint of the run directory."""
-    load_checkpoint_path: str | None = None
+    load_checkpoint_path: str | None = field(None, resume=True)
     """Resume from this checkpoint directory instead."""
-    logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"])
+    resume_mode: Literal["strict", "accept_changes"] = field("strict", resume=True)
+    """On resume, settings other than those that may change then (the run's length, logging, validation, saving, micro-batch sizes: `rlstack config-keys --resumable`) must equal the checkpoint's (strict: else the run stops at load and lists them); accept_changes: train on with the new ones from the checkpoint, recorded in config_history.jsonl."""
+    logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"], resume=True)
     """Trackers: `console` (the main metrics beside the progress, which shows whatever the loggers), `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
-    progress_every: int = field(0, ge=0)
+    progress_every: int = field(0, ge=0, resume=True)
     """Where stderr is not a terminal (a log file, a scheduler's output): steps between two progress lines (0: about 20 a run); a terminal gets a progress bar."""
     seed: int = 1
     """Seed of torch, numpy and random."""
     full_determinism: bool = False
     """Deterministic GPU kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN, flash-attn) in every process, as TRL's full_determinism: slower; CPU runs are deterministic without it."""
-    num_threads: int = field(0, ge=0)
+    num_threads: int = field(0, ge=0, resume=True)
     """torch CPU threads (0: leave torch's default)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""

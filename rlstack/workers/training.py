@@ -199,6 +199,18 @@ def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
     return optimizer, scheduler
 
 
+def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, o: OptimConfig) -> None:
+    """After a checkpoint's optimizer and scheduler states are loaded: the config's learning rate, betas and
+    weight decay again (the states carry the saved run's), and the learning rate the config's schedule
+    gives at the restored step, so that a resume trains with the settings it records."""
+    for group in optimizer.param_groups:
+        group.update(betas=tuple(o.betas), weight_decay=o.weight_decay, initial_lr=o.lr)
+    scheduler.base_lrs = [o.lr] * len(optimizer.param_groups)
+    for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group["lr"] = o.lr * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def _fusable(params: list[torch.nn.Parameter]) -> bool:
     """Whether AdamW can take one fused kernel over all parameters (what Hugging Face's Trainer uses by
     default): plain floating-point tensors on CPU or CUDA. FSDP2's sharded parameters (DTensors) take the

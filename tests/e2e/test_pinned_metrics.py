@@ -24,7 +24,7 @@ def compute_score(reward_inputs):
         out.append({"overall": digits + 0.5 * (len(text) < 4), "accuracy": digits})
     return out
 """
-NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_")
+NON_DETERMINISTIC = ("timestamp", "timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_")
 
 RUNS = {
     # off-policy (two mini-batches), so old log-probs, the update and validation all run

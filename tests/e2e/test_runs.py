@@ -281,6 +281,11 @@ def test_resuming_a_checkpoint_of_another_model_is_one_clear_message(tiny_model_
 
     Trainer(load_config(_overrides(tiny_model_dir, tmp_path, "trainer.max_steps=1"))).fit()
     wider = write_model_dir(tmp_path / "wider", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
-    trainer = Trainer(load_config(_overrides(wider, tmp_path, "trainer.max_steps=2")))
+    # at load, from the configs: another model_path is a change a resume may not make
+    with pytest.raises(ValueError, match=r"worker.actor.model.model_path: .* -> .*wider"):
+        Trainer(load_config(_overrides(wider, tmp_path, "trainer.max_steps=2")))
+    # accepted, the checkpoint's weights still have to fit the model
+    accept = ("trainer.max_steps=2", "trainer.resume_mode=accept_changes")
+    trainer = Trainer(load_config(_overrides(wider, tmp_path, *accept)))
     with pytest.raises(ValueError, match=r"holds a different model .*hidden_size 32 vs 64"):
         trainer.fit()

@@ -8,7 +8,7 @@ from pathlib import Path
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
 
-NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_")
+NON_DETERMINISTIC = ("timestamp", "timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_")
 
 
 def _overrides(model: Path, out: Path, *extra: str) -> list[str]:

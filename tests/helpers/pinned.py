@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 PINNED = Path(__file__).parents[1] / "fixtures" / "pinned_metrics.json"
-NON_DETERMINISTIC = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/max_", "async/buffer_fill")
+NON_DETERMINISTIC = (
+    "timestamp",
+    "timing_s/",
+    "perf/throughput",
+    "perf/time_per_step",
+    "perf/max_",
+    "async/buffer_fill",
+)
 
 
 def deterministic_metrics(run_dir: Path) -> dict[str, dict[str, float]]:

@@ -73,9 +73,18 @@ def test_a_hub_name_loads_from_the_hub_cache_and_a_missing_one_is_a_clear_error(
     )
     assert len(load_tokenizer("acme/tiny-qwen2")) == len(load_tokenizer(str(tiny_model_dir)))
     assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)  # local paths pass through
-    with pytest.raises(
-        ModelLoadError,
-        match=r"'acme/missing' is not a local directory, and fetching it from the "
-        r"Hugging Face Hub failed: .*huggingface-cli download acme/missing",
-    ):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError) as info:  # a Hub name may also have been meant as a local folder
         load_causal_lm("acme/missing")
+    assert str(info.value).startswith(
+        f"'acme/missing' is not a local directory (no {tmp_path}/acme/missing under the working directory "
+        f"{tmp_path}), and fetching it from the Hugging Face Hub failed: "
+    )
+    assert "huggingface-cli download acme/missing" in str(info.value)
+    for local in ("./acme/missing", "hub/missing"):  # local paths, never fetched (hub/ exists here)
+        with pytest.raises(ModelLoadError) as info:
+            load_causal_lm(local)
+        assert str(info.value).startswith(
+            f"model path {local!r} does not exist ({tmp_path / local.removeprefix('./')}; relative paths start "
+            f"at the working directory {tmp_path})"
+        ), info.value

@@ -335,6 +335,32 @@ def test_existing_paths_pass(tmp_path, tiny_model_dir):
     assert cfg.data.train_files == str(data)
 
 
+def test_a_missing_relative_model_path_is_a_problem_naming_where_it_was_looked(tmp_path, monkeypatch):
+    """A path that cannot be a Hub name (`./`, `../`, `~`, more than one `/`, a first folder that exists here)
+    is a local path: missing, it is a problem at load with the key, the path as given, the absolute path and
+    the working directory. `org/name` with no local `org` folder stays a Hub name (fetched at load)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    key = "worker.actor.model.model_path"
+    for given, absolute, why in (
+        ("./nope", tmp_path / "nope", "it starts with './'"),
+        ("../nope", tmp_path.parent / "nope", "it starts with '../'"),
+        ("models/qwen", tmp_path / "models" / "qwen", "its first folder 'models' exists here"),
+        ("nope/a/b", tmp_path / "nope" / "a" / "b", "it has more than one '/'"),
+    ):
+        (problem,) = problems_of([f"{key}={given}"])
+        assert problem.startswith(f"{key}: {given!r} does not exist (looked for {absolute}; "), problem
+        assert f"working directory {tmp_path})" in problem and why in problem, problem
+    for other in ("worker.critic.model.model_path", "worker.actor.model.tokenizer_path"):
+        (problem,) = problems_of([f"{other}=./nope", "algorithm.adv_estimator=gae"])
+        assert problem.startswith(f"{other}: './nope' does not exist (looked for {tmp_path / 'nope'}"), (
+            problem
+        )
+    assert load_config([f"{key}=acme/tiny"]).worker.actor.model.model_path == "acme/tiny"  # a Hub name
+    (problem,) = problems_of(["data.train_files=models/train@test"])  # data: local, as models/ is here
+    assert f"looked for {tmp_path / 'models' / 'train'}" in problem, problem
+
+
 def test_missing_config_file(tmp_path):
     (problem,) = problems_of([f"config={tmp_path}/nope.yaml"])
     assert "nope.yaml" in problem and "does not exist" in problem
@@ -426,8 +452,29 @@ def test_cli_missing_config_file(tmp_path, capsys):
 def test_cli_config_keys_lists_every_key(capsys):
     assert main(["config-keys"]) == 0
     out = capsys.readouterr().out
-    assert "worker.rollout.n (int, default 8): Responses sampled per prompt." in out
+    assert "worker.rollout.n (int, default 8; must be at least 1): Responses sampled per prompt." in out
     assert len(out.strip().splitlines()) == len(describe())
+
+
+def test_cli_config_keys_filters_and_shows_choices_ranges_and_what_may_change_on_resume(capsys):
+    assert main(["config-keys", "adv_estimator"]) == 0
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("algorithm.adv_estimator (")
+    assert "one of: gae, grpo, rloo," in line
+    assert main(["config-keys", "worker.actor.optim.*"]) == 0
+    out = capsys.readouterr().out
+    listed = {ln.split(" ")[0] for ln in out.strip().splitlines()}
+    assert listed == {r[0] for r in describe() if r[0].startswith("worker.actor.optim.")}
+    assert "worker.actor.optim.lr (float, default 1e-06; must be at least 0)" in out
+    assert main(["config-keys", "--resumable", "trainer."]) == 0
+    out = capsys.readouterr().out
+    assert "trainer.max_steps" in out and "may change on resume" in out
+    assert "trainer.seed" not in out and "worker.actor.optim.lr " not in out
+
+
+def test_cli_config_keys_without_a_match_names_the_closest(capsys):
+    assert main(["config-keys", "worker.rollout.temprature"]) == 2
+    assert "worker.rollout.temperature" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------- docs

@@ -103,6 +103,19 @@ def test_missing_file_is_an_error(tmp_path):
         read_rows("./missing_dir_for_rlstack_tests")
 
 
+def test_a_missing_local_data_path_names_where_it_was_looked_for(tmp_path, monkeypatch):
+    """A path whose first folder exists here is local, not a Hub dataset `org/name`: missing, the message
+    gives the absolute path and the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DataError) as info:
+        read_rows("data/train@test")
+    assert str(info.value).startswith(
+        f"data file: 'data/train@test' does not exist (looked for {tmp_path}/data/train; relative paths start at "
+        f"the working directory {tmp_path}); it is read as a local path"
+    ), info.value
+
+
 def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[1]) + "\n" + '{"problem": "1+1=", \n')
