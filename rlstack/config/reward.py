@@ -121,8 +121,8 @@ class RewardConfig:
     """More reward functions; overall = the weighted sum of every function's overall."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per function (reward_function first, then the extra ones); empty: all 1."""
-    num_workers: int = field(1, ge=1, resume=True)
-    """Reward calls run at once, in threads (sequential functions: one sample per call; batch functions: a chunk)."""
+    num_workers: int = field(1, ge=0, resume=True)
+    """Reward calls run at once, in threads (sequential functions: one sample per call; batch functions: a chunk); with trainer.backend=ray, reward actors off the training ranks (a CPU each, or a share of what the ranks leave; 0, or no CPU left: the driver scores)."""
     timeout_s: float | None = field(None, gt=0, why="null: no limit")
     """Seconds allowed per sample (None: no limit); a call past it follows on_error."""
     on_error: Literal["raise", "score"] = "raise"

@@ -284,20 +284,15 @@ class RewardHost:
 class RayRewards:
     """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
     tests and judge calls included); the driver sends each an equal share of the rows. Same interface as
-    `RewardManager`: `score`, `pop_metrics`, `close`."""
+    `RewardManager`: `score`, `pop_metrics`, `close`. Each actor takes a CPU, or an equal share of the
+    CPUs the ranks leave when there are fewer (`reward_placement`)."""
 
-    def __init__(self, cluster: RayCluster, cfg: Config):
+    def __init__(self, cluster: RayCluster, cfg: Config, cpus: float):
         import ray
 
         n = cfg.worker.reward.num_workers
-        free = ray.available_resources().get("CPU", 0)
-        if free < n:
-            raise RLStackError(
-                f"worker.reward.num_workers = {n} reward actors need {n} CPUs, but the Ray cluster has {free:g} "
-                f"left after the {cluster.world_size} ranks: lower worker.reward.num_workers, or add CPUs"
-            )
         self.cluster = cluster
-        self.hosts = [ray.remote(RewardHost).options(num_cpus=1).remote(cfg) for _ in range(n)]
+        self.hosts = [ray.remote(RewardHost).options(num_cpus=cpus).remote(cfg) for _ in range(n)]
         self.cluster.extra_actors += self.hosts
         self.who = [f"reward worker {i} of {n}" for i in range(n)]
         self.cluster.get([h.pop_metrics.remote() for h in self.hosts], self.who)  # started, or why not
@@ -320,6 +315,25 @@ class RayRewards:
 
     def close(self) -> None:
         self.cluster.get([h.close.remote() for h in self.hosts], self.who)
+
+
+def reward_placement(cluster: RayCluster, num_workers: int) -> tuple[float, str]:
+    """CPUs per reward actor, and the line that says so when it is not one each; 0: no actors, the driver
+    scores (`worker.reward.num_workers=0`, or no CPU left after the ranks)."""
+    import ray
+
+    free = ray.available_resources().get("CPU", 0.0)
+    if num_workers == 0:
+        return 0.0, "worker.reward.num_workers=0: rewards are scored in the driver process"
+    if free >= num_workers:
+        return 1.0, ""
+    ranks = f"the Ray cluster has {free:g} CPU(s) left after the {cluster.world_size} ranks"
+    if free < 0.01 * num_workers:
+        return 0.0, f"{ranks}: rewards are scored in the driver process (add CPUs for reward actors)"
+    share = free / num_workers
+    return share, (
+        f"{ranks}: the worker.reward.num_workers = {num_workers} reward actors share them ({share:.2g} CPU each)"
+    )
 
 
 class RayRoleGroup:

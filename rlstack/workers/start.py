@@ -42,14 +42,20 @@ def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
     device = resolve_device(cfg.trainer.device)
     cluster = None
     if cfg.trainer.backend == "ray":
-        from rlstack.workers.ray_group import RayCluster, RayRewards
+        from rlstack.workers.ray_group import RayCluster, RayRewards, reward_placement
 
         cluster = RayCluster(cfg, plan, total_steps, device)
         groups: dict[str, WorkerGroup] = {
             role: cluster.group(role, cls) for role, cls in role_classes(plan).items()
         }
         try:
-            rewards = RayRewards(cluster, cfg)  # scoring runs in CPU actors, off the training ranks
+            cpus, said = reward_placement(cluster, cfg.worker.reward.num_workers)
+            if said:
+                print(f"[rlstack] {said}", flush=True)
+            if cpus > 0:  # scoring runs in CPU actors, off the training ranks
+                rewards = RayRewards(cluster, cfg, cpus)
+            else:
+                rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
         except BaseException:
             cluster.close()
             raise
