@@ -68,7 +68,7 @@ def _read_file(path: Path) -> tuple[list[dict], list[str]]:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from e
+            raise _not_json(path, e, e.lineno) from e
         if isinstance(data, dict):  # {"data": [...]} or column-oriented {"col": [...]}
             lists = [v for v in data.values() if isinstance(v, list)]
             if len(data) == 1 and lists:
@@ -95,14 +95,28 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # without its newline: an error at the line's end is on it (not at line 2, column 1)
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+                raise _not_json(path, e, lineno) from e
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             rows.append(row)
             where.append(f"{path}:{lineno}")
     return rows, where
+
+
+def _not_json(path: Path, e: json.JSONDecodeError, lineno: int) -> DataError:
+    """A JSON error in `path` at its line `lineno` of the file and its column there; where the text ends
+    before the value does (a line cut short), at the line's end, saying so."""
+    text = e.doc.splitlines()[e.lineno - 1] if e.doc.strip() else ""
+    unclosed = e.msg.startswith("Unterminated string")  # JSON names where the string starts
+    column = len(text) + 1 if unclosed else e.colno
+    what = f"a string that starts at column {e.colno} is not closed" if unclosed else e.msg
+    cut = "; the line ends there: was it cut short?" if unclosed or not e.doc[e.pos :].strip() else ""
+    return DataError(
+        f"{path}:{lineno}: not valid JSON at column {column} ({what}{cut}); fix or remove the line"
+    )
 
 
 def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:
@@ -117,6 +131,10 @@ def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:
     try:
         ds = datasets.load_dataset(name, split=split or "train")
     except Exception as e:
+        folder = Path(name).expanduser()
+        for f in sorted(folder.rglob("*.json*")) if folder.is_dir() else []:
+            if f.suffix in SUFFIXES or _is_jsonl_gz(f):
+                _read_file(f)  # a line that is not JSON: named with its file, line and column
         raise DataError(
             f"could not load Hugging Face dataset {name!r} (split {split or 'train'!r}): {e}\n"
             "Use a local .jsonl/.json/.parquet file or directory, or a dataset available offline."

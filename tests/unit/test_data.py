@@ -124,6 +124,34 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     assert str(info.value).startswith(f"{path}:3: not valid JSON")
 
 
+def test_a_jsonl_line_cut_short_is_named_at_its_line_and_column(tmp_path):
+    """A line cut at column 33 is reported where it breaks (its end), not at column 1 of a next line; in a
+    JSONL file, a JSON file and a local dataset folder read through `datasets` (`folder@split`)."""
+    whole = json.dumps({"problem": "1+1=", "answer": "2", "level": 1})
+    cut = whole[:33]  # '{"problem": "1+1=", "answer": "2"' then nothing
+    (tmp_path / "set").mkdir()
+    for name, text, line, column in (
+        ("train.jsonl", f"{whole}\n{cut}\n{whole}\n", 2, 34),
+        ("train.json", f"[\n  {whole},\n  {cut}", 3, 36),  # indented by 2
+        ("set/train.jsonl", f"{whole}\n{whole}\n{cut}\n", 3, 34),
+    ):
+        (tmp_path / name).write_text(text)
+        spec = str(tmp_path / name) if name.startswith("train") else f"{tmp_path / 'set'}@train"
+        with pytest.raises(DataError) as info:
+            read_rows(spec)
+        assert str(info.value).startswith(f"{tmp_path / name}:{line}: not valid JSON at column {column} "), (
+            info.value
+        )
+        assert "the line ends there: was it cut short?" in str(info.value)
+    (tmp_path / "quoted.jsonl").write_text(whole[:32] + "\n")  # cut inside a string: its start is named too
+    with pytest.raises(DataError) as info:
+        read_rows(str(tmp_path / "quoted.jsonl"))
+    assert (
+        "quoted.jsonl:1: not valid JSON at column 33 (a string that starts at column 31 is not closed"
+        in str(info.value)
+    )
+
+
 def test_jsonl_line_that_is_not_an_object(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n[1, 2]\n")
