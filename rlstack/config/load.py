@@ -125,12 +125,15 @@ def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | 
     if not p.is_file():
         problems.append(f"config file {path!r} does not exist (pass config=path/to/file.yaml)")
         return None
-    text = p.read_text()
     try:
+        text = p.read_text()
         node = yaml.compose(text)
         values = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        problems.append(f"config file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
+        return None
     except yaml.YAMLError as e:
-        problems.append(f"config file {path} is not valid YAML: {e}")
+        problems.append(_yaml_problem(path, text, e))
         return None
     if values is None:
         return {}, {}
@@ -148,6 +151,32 @@ def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | 
 
     walk(node, "")
     return values, where
+
+
+def _yaml_problem(path: str, text: str, e: yaml.YAMLError) -> str:
+    """A YAML error at its line and column of file `path` (PyYAML, given the text, calls it `<unicode string>`),
+    with what the parser found, what it was reading and the line's text."""
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow: a position in the text
+        line = text.count("\n", 0, e.position)
+        column = e.position - (text.rfind("\n", 0, e.position) + 1)
+        character = chr(e.character) if isinstance(e.character, int) else e.character
+        what = f"character {character!r} is not allowed in YAML"
+    elif isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        line, column, what = e.problem_mark.line, e.problem_mark.column, e.problem or "cannot be read"
+        if e.context and e.context_mark is not None:
+            what += f", {e.context} at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}"
+    else:
+        return f"config file {path} is not valid YAML: {e}"
+    lines = text.splitlines()
+    shown = (
+        f": {lines[line].strip()!r}"
+        if line < len(lines) and lines[line].strip()
+        else " (the end of the file)"
+    )
+    return (
+        f"config file {path}, line {line + 1}, column {column + 1}: not valid YAML ({what}){shown}; fix the "
+        "indentation, quotes or brackets there"
+    )
 
 
 def _deep_merge(into: dict, new: dict) -> None:

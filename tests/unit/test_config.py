@@ -377,6 +377,30 @@ def test_invalid_yaml_and_non_mapping_file(tmp_path):
     assert "must hold a mapping" in problem
 
 
+def test_broken_yaml_is_named_by_its_file_line_and_column(tmp_path):
+    """A config file, and a recipe it names in `defaults`, that YAML cannot read: the file's path, the line
+    and column and the line's text, never PyYAML's `<unicode string>`; a character YAML refuses too."""
+    recipe = write_yaml(
+        tmp_path / "recipe.yaml", "worker:\n  actor:\n    global_batch_size: 8\n   micro: [1\n"
+    )
+    config = write_yaml(tmp_path / "run.yaml", "defaults: recipe.yaml\n")
+    bell = tmp_path / "bell.yaml"
+    bell.write_text("trainer:\n  project_name: a\x07b\n")
+    for given, named, where, text in (
+        (recipe, recipe, "line 4, column 4", "'micro: [1'"),
+        (config, recipe, "line 4, column 4", "'micro: [1'"),
+        (bell, bell, "line 2, column 18", "'project_name: a\\x07b'"),
+    ):
+        (problem,) = problems_of([f"config={given}"])
+        assert problem.startswith(f"config file {named}, {where}: not valid YAML ("), problem
+        assert text in problem and "<unicode string>" not in problem and "\n" not in problem, problem
+    (problem,) = problems_of([f"config={recipe}"])
+    assert (
+        "(expected <block end>, but found '<block mapping start>', while parsing a block mapping at line 2"
+        in (problem)
+    )
+
+
 def test_config_error_message_lists_every_problem():
     err = ConfigError(["first", "second"])
     assert str(err) == "2 problem(s) in the configuration:\n  - first\n  - second"
