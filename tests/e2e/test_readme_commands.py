@@ -57,7 +57,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 MARKS = ("runnable", "runnable: server", "runnable: expensive")
 PLACEHOLDER_CONFIGS = {"my_run.yaml": "examples/grpo_addition.yaml"}
 ENVIRONMENT_PROBLEMS = (
-    re.compile(r"^[\w.]+: '[^']+' does not exist \(check the path"),
+    re.compile(r"^[\w.]+: '[^']+' does not exist \(looked for "),
     re.compile(r"is not installed"),
     re.compile(r"torch sees no CUDA GPU"),
 )
