@@ -9,6 +9,7 @@ from rlstack.config.fields import field
 from rlstack.config.model import ModelConfig
 
 if TYPE_CHECKING:
+    from rlstack.config.critic import CriticConfig
     from rlstack.config.schema import Config
 
 # Losses defined with one aggregation (a length-normalised sequence ratio or veRL's fixed choice):
@@ -183,6 +184,32 @@ def budget_problems(cfg: Config, p: list[str], budgets: list[tuple[str, int]]) -
                 f"{key} = {value} is less than data.max_prompt_length + data.max_response_length = {longest}: a "
                 f"trajectory that long would not fit in a micro-batch; raise it to at least {longest}"
             )
+
+
+def clamp_micro_batch(
+    section: str, holder: ActorConfig | CriticConfig, factors: str, mini: int
+) -> str | None:
+    """`<section>.micro_batch_size_per_device_for_update` above its mini-batch of `mini` trajectories (`factors`:
+    the keys and values that make it) set to `mini`, which runs the same one pass per mini-batch; the note that
+    says so, or None. Dynamic batching cuts by tokens and leaves the row count unused."""
+    key, micro = (
+        f"{section}.micro_batch_size_per_device_for_update",
+        holder.micro_batch_size_per_device_for_update,
+    )
+    if holder.dynamic_batching or not 1 <= mini < micro:
+        return None
+    holder.micro_batch_size_per_device_for_update = mini
+    return (
+        f"{key}={micro} is larger than the mini-batch of {factors} = {mini} trajectories: using {key}={mini} "
+        "(one forward/backward pass per mini-batch)"
+    )
+
+
+def actor_micro_batch(cfg: Config) -> str | None:
+    """The actor's update micro-batch clamped to its mini-batch (`clamp_micro_batch`)."""
+    a, n = cfg.worker.actor, cfg.worker.rollout.n
+    factors = f"worker.actor.global_batch_size * worker.rollout.n = {a.global_batch_size} * {n}"
+    return clamp_micro_batch("worker.actor", a, factors, a.global_batch_size * n)
 
 
 def divisors_hint(n: int) -> str:

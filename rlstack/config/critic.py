@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from rlstack.config.actor import OptimConfig, budget_problems, divisors_hint, optim_problems
+from rlstack.config.actor import (
+    OptimConfig,
+    budget_problems,
+    clamp_micro_batch,
+    divisors_hint,
+    optim_problems,
+)
 from rlstack.config.fields import field
 from rlstack.config.model import builtin_model_problems
 from rlstack.config.paths import path_problems
@@ -58,6 +64,15 @@ class RefConfig:
     """Trajectories per forward pass of the reference model."""
     max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
     """Dynamic batching (worker.actor.dynamic_batching, which the reference follows, as padding_free): attended tokens per forward pass."""
+
+
+def critic_micro_batch(cfg: Config) -> str | None:
+    """The critic's update micro-batch clamped to its mini-batch (`clamp_micro_batch`), where it is built (gae)."""
+    cr, n = cfg.worker.critic, cfg.worker.rollout.n
+    if cfg.algorithm.adv_estimator != "gae":
+        return None
+    factors = f"worker.critic.global_batch_size * worker.rollout.n = {cr.global_batch_size} * {n}"
+    return clamp_micro_batch("worker.critic", cr, factors, cr.global_batch_size * n)
 
 
 def critic_rules(cfg: Config, p: list[str]) -> None:

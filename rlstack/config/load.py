@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import sys
 import types
 import typing
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Any, Literal
 import yaml
 from omegaconf import OmegaConf
 
-from rlstack.config.actor import DEFINED_AGG_MODES
+from rlstack.config.actor import DEFINED_AGG_MODES, actor_micro_batch
 from rlstack.config.compat import easyr1, nemo_rl
+from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
 from rlstack.config.machine import resolve_device
 from rlstack.config.schema import Config, ConfigError, validate
@@ -66,10 +68,13 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
     easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
     cfg = _build(Config, merged, "", sources, problems)
     _resolve_backend(cfg)
+    notes = [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
     problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
     _fill_derived_defaults(cfg)
+    for note in notes:
+        print(f"[rlstack] note: {note}", file=sys.stderr)
     return cfg
 
 

@@ -265,6 +265,37 @@ def test_mini_batch_must_divide_into_micro_batches():
     assert "1, 2, 3, 4, 6, 12" in problem
 
 
+def test_a_micro_batch_larger_than_its_mini_batch_is_clamped_with_a_note(tmp_path, capsys):
+    """The actor's and the critic's update micro-batches above their mini-batch (global_batch_size * n) run
+    as one pass per mini-batch: set to it, one line each naming both sides, and the config records it."""
+    sizes = [
+        "data.rollout_batch_size=4",
+        "worker.actor.global_batch_size=2",
+        "worker.rollout.n=3",
+        "worker.actor.micro_batch_size_per_device_for_update=64",
+        "algorithm.adv_estimator=gae",
+        "worker.critic.global_batch_size=1",
+        "worker.critic.micro_batch_size_per_device_for_update=5",
+    ]
+    cfg = load_config(sizes)
+    assert cfg.worker.actor.micro_batch_size_per_device_for_update == 6
+    assert cfg.worker.critic.micro_batch_size_per_device_for_update == 3
+    saved = yaml.safe_load(to_yaml(cfg))["worker"]
+    assert saved["actor"]["micro_batch_size_per_device_for_update"] == 6
+    assert saved["critic"]["micro_batch_size_per_device_for_update"] == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "[rlstack] note: worker.actor.micro_batch_size_per_device_for_update=64 is larger than the mini-batch of "
+        "worker.actor.global_batch_size * worker.rollout.n = 2 * 3 = 6 trajectories: using "
+        "worker.actor.micro_batch_size_per_device_for_update=6 (one forward/backward pass per mini-batch)",
+        "[rlstack] note: worker.critic.micro_batch_size_per_device_for_update=5 is larger than the mini-batch of "
+        "worker.critic.global_batch_size * worker.rollout.n = 1 * 3 = 3 trajectories: using "
+        "worker.critic.micro_batch_size_per_device_for_update=3 (one forward/backward pass per mini-batch)",
+    ]
+    dynamic = load_config([*sizes[:4], "worker.actor.dynamic_batching=true"])  # rows unused: kept, no note
+    assert dynamic.worker.actor.micro_batch_size_per_device_for_update == 64
+    assert capsys.readouterr().err == ""
+
+
 def test_dynamic_batching_replaces_the_micro_batch_rule_with_a_token_budget_rule():
     sizes = [
         "data.rollout_batch_size=8",
