@@ -1,46 +1,206 @@
-"""Supervised fine-tuning on (prompt, answer) rows: the warm start before RL.
+"""Supervised fine-tuning on (prompt, answer) rows, as a trainer like GRPO's: the warm start before RL.
 
 Reads the same configuration as `rlstack train`: `data.*` for rows and prompt formatting
-(`data.rollout_batch_size` prompts per step), `worker.actor.*` for the model, optimizer and
-micro-batches, `trainer.*` for steps, seed and output. The model is trained to produce the
-`data.answer_key` field followed by EOS, and written in Hugging Face format to
-`<run_dir>/huggingface`.
+(`data.rollout_batch_size` rows per step), `worker.actor.*` for the model (LoRA included), optimizer and
+micro-batches, `trainer.*` for steps, validation, checkpoints, trackers, ranks and output; `algorithm.*`
+does not apply. The model learns the `data.answer_key` field followed by EOS (a list of chat messages:
+the assistant turns). The run has a run directory of its own (`sft_run_config`), with `config.yaml`,
+`metrics.jsonl` and the trackers, checkpoints it resumes from (`trainer.resume_mode` as for GRPO), and
+the final model in `huggingface/`. Validation reports the loss on the validation rows (`val/sft_loss`)
+and, when their answers are plain values, generates and scores them with the run's reward functions as
+GRPO's validation does (`val/<source>/accuracy`, ...). SIGINT / SIGTERM stop after the step in progress
+with a checkpoint, as in `trainer.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from pathlib import Path
 
-from tqdm import tqdm
+import torch
 
 from rlstack import checkpoint
-from rlstack.config import Config, resolve_device, to_yaml
-from rlstack.data.dataset import PromptDataset, PromptLoader, sft_batch
+from rlstack.config import Config, to_dict, to_yaml
+from rlstack.config.algorithm import AlgorithmConfig
+from rlstack.data.dataset import PromptLoader, prompt_sets, sft_batch
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
+from rlstack.plan import StepPlan
+from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.workers.policy import PolicyWorker
+from rlstack.stops import RunStopped, StopRequest, stop_requests
+from rlstack.timing import timer
+from rlstack.tracking import Tracker, generation_rows
+from rlstack.validation import validate
+from rlstack.workers.start import start_workers
+
+
+def sft_run_config(cfg: Config) -> Config:
+    """The config an SFT run records: its run directory is its own, `<experiment_name>_sft`, unless the
+    experiment's name already says sft, so that `rlstack sft config=<a GRPO recipe>` never writes into
+    that recipe's GRPO run."""
+    name = cfg.trainer.experiment_name
+    if "sft" in name.lower():
+        return cfg
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, experiment_name=f"{name}_sft"))
 
 
 def run_sft(cfg: Config) -> Path:
-    d, t, a = cfg.data, cfg.trainer, cfg.worker.actor
-    if t.num_threads > 0:
-        import torch
+    """Train; returns the final model's directory (`<run_dir>/huggingface`)."""
+    return SFTTrainer(cfg).fit()
 
-        torch.set_num_threads(t.num_threads)
-    checkpoint.seed_everything(t.seed, t.full_determinism)
-    tok, processor = load_tokenizer_and_processor(a.model, model_dir(a.model))
-    system = agent_system_prompt(cfg.worker.rollout.agent)
-    dataset = PromptDataset.from_config(d.train_files, tok, d, -1, processor, system)
-    loader = PromptLoader(dataset, d.rollout_batch_size, d.shuffle, d.seed)
-    total = t.max_steps or len(loader) * t.total_epochs
-    device = resolve_device(t.device)
-    actor = PolicyWorker(a, cfg.algorithm, d.max_response_length, total, cfg.worker.rollout.seed, device)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
-    bar = tqdm(range(total), desc=f"sft {t.experiment_name}", unit="step", disable="console" not in t.logger)
-    for _ in bar:
-        metrics = actor.sft_update(sft_batch(dataset, loader.next_indices(), tok, processor))
-        bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", refresh=False)
-    out = cfg.run_dir / "huggingface"
-    actor.save_model(out)
-    return out
+
+class SFTTrainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg = sft_run_config(cfg)
+        d, t, w = cfg.data, cfg.trainer, cfg.worker
+        if t.num_threads > 0:
+            torch.set_num_threads(t.num_threads)
+        checkpoint.seed_everything(t.seed, t.full_determinism)
+        self.run_dir = cfg.run_dir
+        self.resume_point = check_resume(cfg)  # at load: a resume with other settings stops here
+        self.tokenizer, self.processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
+        system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
+        self.train_set, self.val_set = prompt_sets(d, self.tokenizer, self.processor, system, images)
+        self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
+        by_epochs = len(self.loader) * t.total_epochs
+        self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
+        # The workers of GRPO without its algorithm: no reference, critic or old log-probs, and log-probs
+        # (the loss) at temperature 1; the rollout engine only generates for validation.
+        work = dataclasses.replace(cfg, algorithm=AlgorithmConfig())
+        plan = dataclasses.replace(StepPlan.of(work), logprob_temperature=1.0, check_weight_sync=False)
+        self.plan = plan
+        self.workers = ws = start_workers(work, plan, self.total_steps)
+        self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
+        self.step = 0
+        self.tracker: Tracker | None = None
+
+    def fit(self) -> Path:
+        """Train for `total_steps` (from the checkpoint it resumes, if any); returns the final model's
+        directory."""
+        t = self.cfg.trainer
+        self._resume()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume_point is not None:
+            record(self.cfg, self.resume_point, self.step)
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+        print(
+            f"[rlstack] run directory: {self.run_dir}  (watch it: rlstack board {self.run_dir})", flush=True
+        )
+        self.tracker = Tracker(
+            self.run_dir,
+            t.logger,
+            to_dict(self.cfg),
+            t.project_name,
+            t.experiment_name,
+            self.total_steps,
+            self.step,
+            t.progress_every,
+        )
+        with stop_requests("the step in progress") as stop:
+            try:
+                self._fit(stop)
+            finally:
+                self.tracker.close()
+                self.workers.close()
+        return self.run_dir / "huggingface"
+
+    def _fit(self, stop: StopRequest) -> None:
+        t = self.cfg.trainer
+        if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
+            self.tracker.log(self.validate(), self.step, advance=False)
+        if t.val_only:
+            return
+        while self.step < self.total_steps:
+            if stop.signum is not None:
+                raise self._stopped(stop)
+            self.step += 1
+            timing: dict[str, float] = defaultdict(float)
+            with timer(timing, "step"):
+                batch = sft_batch(self.train_set, self.loader.next_indices(), self.tokenizer, self.processor)
+                metrics = self.policy.sft_update(batch, len(batch))
+            tokens = float(batch["attention_mask"].sum())
+            metrics |= {
+                "sft/answer_tokens": float(batch["response_mask"].sum()) / len(batch),
+                "perf/total_num_tokens": tokens,
+                "perf/throughput": tokens / timing["step"],
+                "perf/time_per_step": timing["step"],
+                "timing_s/step": timing["step"],
+            }
+            last = self.step == self.total_steps
+            if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
+                metrics |= self.validate()
+            self.tracker.log(metrics, self.step)
+            if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
+                self.save_checkpoint()
+        self.policy.save_model(self.run_dir / "huggingface")
+
+    def _stopped(self, stop: StopRequest) -> RunStopped:
+        """After a signal, at the end of a step: a checkpoint first (`trainer.save_on_interrupt`)."""
+        where = f"stopped by {stop.name} after SFT step {self.step} of {self.total_steps}"
+        if not self.cfg.trainer.save_on_interrupt or self.step == 0:
+            return RunStopped(f"{where}; nothing saved", stop.signum, None)
+        saved = self.save_checkpoint()
+        return RunStopped(
+            f"{where}; checkpoint {saved}: the same command resumes from it", stop.signum, saved
+        )
+
+    def validate(self) -> dict[str, float]:
+        """`val/sft_loss` over every validation row; when their answers are plain values, the rows are also
+        generated and scored as GRPO's validation does."""
+        assert self.val_set is not None
+        d, r = self.cfg.data, self.cfg.worker.rollout
+        self._sync()
+        size = d.val_batch_size if d.val_batch_size > 0 else len(self.val_set)
+        nll, tokens = 0.0, 0.0
+        for start in range(0, len(self.val_set), size):
+            idx = list(range(start, min(start + size, len(self.val_set))))
+            scored = self.policy.compute_logprobs(
+                sft_batch(self.val_set, idx, self.tokenizer, self.processor)
+            )
+            mask = scored["response_mask"].float()
+            nll -= float((scored["old_logprobs"] * mask).sum())
+            tokens += float(mask.sum())
+        metrics = {"val/sft_loss": nll / max(tokens, 1.0)}
+        if all(not isinstance(it["ground_truth"], list) for it in self.val_set.items):
+            generated, val = validate(
+                self.val_set, self.rollout, self.rewards, d.val_batch_size, r.seed, r.val_n
+            )
+            metrics |= generated
+            if self.tracker is not None:
+                rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
+                self.tracker.log_generations(rows, self.step, "val")
+        return metrics
+
+    def _sync(self) -> None:
+        """The rollout engines to the policy's current weights, before they generate for validation."""
+        if not self.plan.rollout_apart:
+            self.rollout.sync_weights(self.step)
+        else:
+            self.rollout.update_weights(self.policy.gathered_weights(), self.step)
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self) -> Path:
+        def write(path: Path) -> None:
+            self.policy.save_checkpoint(path)
+            self.rollout.save_checkpoint(path)
+            state = {"step": self.step, "loader": self.loader.state_dict(), "rng": checkpoint.rng_state()}
+            torch.save(state, path / "trainer_state.pt")
+            (path / "config.yaml").write_text(to_yaml(self.cfg))
+
+        return checkpoint.save_atomically(
+            self.run_dir / "checkpoints", self.step, write, self.cfg.trainer.save_limit
+        )
+
+    def _resume(self) -> None:
+        if self.resume_point is None:
+            return
+        path = self.resume_point.path
+        self.policy.load_checkpoint(path)
+        self.rollout.load_checkpoint(path)
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.step = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        checkpoint.set_rng_state(state["rng"])
+        print(f"resumed from {path} at step {self.step}")

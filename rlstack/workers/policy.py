@@ -301,8 +301,10 @@ class PolicyWorker:
         metrics |= {f"perf/{k}": max(p[k] for p in by_rank) for k in by_rank[0]}
         return metrics
 
-    def sft_update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of supervised fine-tuning: mean NLL of the `response_mask` tokens."""
+    @remote(Dispatch.MINI_BATCHES, reads=MODEL_INPUTS)
+    def sft_update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
+        """Supervised fine-tuning: one optimizer step per mini-batch of `mini_batch_size` rows, each the
+        mean NLL of its `response_mask` tokens (`sft/loss`)."""
 
         def nll(
             micro: Batch,
@@ -314,7 +316,7 @@ class PolicyWorker:
             loss = token_mean(-logp, micro["response_mask"].float(), totals.tokens)
             return loss, {"sft/loss": loss.detach()}
 
-        return self._train(batch, len(batch), nll, epochs=1, shuffle=False)
+        return self._train(batch, mini_batch_size, nll, epochs=1, shuffle=False)
 
     def _train(
         self, batch: Batch, mini_batch_size: int, loss_fn: LossFn, epochs: int, shuffle: bool
