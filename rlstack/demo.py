@@ -129,6 +129,9 @@ def run_demo(
                 f"worker.actor.model.model_path={base}",
                 *common,
                 f"trainer.experiment_name=sft{suffix}",
+                # the warm start is reused by its config (`_cached`), not resumed: a new one starts over
+                "trainer.find_last_checkpoint=false",
+                "trainer.save_model_only=true",
                 *(sft_overrides or []),
             ]
         )
