@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlstack.errors import RLStackError
-from rlstack.extensions import load_function
+from rlstack.extensions import load_function, source_file
 from rlstack.rewards import builtin
 
 
@@ -21,6 +21,8 @@ class RewardFunction:
     reward_type: str
     """`batch`: fn(list[dict]) -> list[dict]; `sequential`: fn(dict) -> dict."""
     name: str
+    file: str | None = None
+    """The user's file that defines the function (its frames are shown when it raises); None: a built-in."""
 
 
 def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -> RewardFunction:
@@ -34,14 +36,14 @@ def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -
             )
         return RewardFunction(builtin.BUILTINS[name], "batch", ref)
     module, fn = load_function(ref, key, "reward file", RewardLoadError)
-    target = ref.rsplit(":", 1)[0]
+    target, file = ref.rsplit(":", 1)[0], source_file(fn)
     reward_type = getattr(module, "REWARD_TYPE", None)
     if reward_type is None and VERL_RESPONSE_NAMES & set(inspect.signature(fn).parameters):
-        return RewardFunction(_from_verl(fn, ref), "sequential", ref)
+        return RewardFunction(_from_verl(fn, ref), "sequential", ref, file)
     reward_type = reward_type or "batch"
     if reward_type not in ("batch", "sequential"):
         raise RewardLoadError(f"{target}: REWARD_TYPE must be 'batch' or 'sequential', got {reward_type!r}")
-    return RewardFunction(fn, reward_type, ref)
+    return RewardFunction(fn, reward_type, ref, file)
 
 
 VERL_RESPONSE_NAMES = {"solution_str", "predict_str"}

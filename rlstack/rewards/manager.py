@@ -16,6 +16,7 @@ from rlstack.algos.filters import overlong_penalty
 from rlstack.batch import Batch
 from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
+from rlstack.extensions import user_error
 from rlstack.rewards.loader import RewardFunction, load_reward_function
 
 
@@ -83,6 +84,8 @@ class RewardManager:
         self._judge_down = 0
         """Samples scored error_score since the judge last answered (0: it answers)."""
         self._judge_answered_seen = 0
+        self._said: set[tuple] = set()
+        """Failures scored error_score that were reported (`_say_scored_error`)."""
 
     def score(self, batch: Batch) -> Batch:
         """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
@@ -236,8 +239,11 @@ class RewardManager:
                 if self.on_error == "raise":
                     raise RewardError(self._failure_message(rf, kwargs, inputs, batch, idx, outcome, value))
                 why = (
-                    f"timed out after {self.timeout_s} s per sample" if outcome == "timeout" else repr(value)
+                    f"timed out after {self.timeout_s} s per sample"
+                    if outcome == "timeout"
+                    else user_error(value, rf.file)
                 )
+                self._say_scored_error(rf, why, _failure_place(value), len(idx))
                 for i in idx:
                     results[i], errors[i] = {"overall": self.error_score, "error": why}, 1.0
         for i in rows:
@@ -256,13 +262,31 @@ class RewardManager:
                 f"{self.error_score}"
             )
         if len(idx) == 1:
-            return f"reward function {rf.name} raised on {_describe(batch, idx[0])}: {type(value).__name__}: {value}"
+            return f"reward function {rf.name} raised on {_describe(batch, idx[0])}: {user_error(value, rf.file)}"
         for i in idx:  # re-run one sample at a time to name the one that raises
             try:
                 rf.fn([inputs[i]], **kwargs)
             except Exception as e:
-                return f"reward function {rf.name} raised on {_describe(batch, i)}: {type(e).__name__}: {e}"
-        return f"reward function {rf.name} raised on the whole batch (each sample alone scored fine): {value}"
+                return f"reward function {rf.name} raised on {_describe(batch, i)}: {user_error(e, rf.file)}"
+        return (
+            f"reward function {rf.name} raised on the whole batch (each sample alone scored fine): "
+            f"{user_error(value, rf.file)}"
+        )
+
+    def _say_scored_error(self, rf: RewardFunction, why: str, place: tuple, samples: int) -> None:
+        """A line the first time a failure (`place`: a timeout, or the exception's type and the line that raised
+        it) scores samples `error_score` (on_error=score): the run goes on, and the failure, with its place in
+        the user's file, is more than a count."""
+        if (rf.name, place) in self._said:
+            return
+        self._said.add((rf.name, place))
+        print(
+            f"[rlstack] reward function {rf.name} failed on {samples} sample(s) ({why}); the run goes on, scoring "
+            f"them {self.error_score} (worker.reward.on_error=score) and counting them in reward/errors; this "
+            "failure is not reported again",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class _Call:
@@ -300,6 +324,17 @@ class _Inline:
 
     def wait(self, timeout: float | None) -> tuple[str, Any]:
         return self.outcome
+
+
+def _failure_place(error: BaseException | None) -> tuple:
+    """What tells failures apart for `_say_scored_error`: none for a timeout, else the exception's type and the
+    file and line that raised it."""
+    if error is None:
+        return ()
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (type(error).__name__, *((tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb else ()))
 
 
 def _short_name(ref: str) -> str:

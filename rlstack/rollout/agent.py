@@ -54,7 +54,7 @@ from PIL import Image
 from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.errors import RLStackError
-from rlstack.extensions import load_function
+from rlstack.extensions import load_function, source_file, user_error
 from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
 from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.tools.base import Observation
@@ -315,7 +315,11 @@ class AgentLoop:
             error = future.exception()
             reply = None if error is not None else future.result()
             if error is not None or not (reply is None or isinstance(reply, str)):
-                what = f"raised {error!r}" if error is not None else f"returned {reply!r}"
+                what = (
+                    f"raised {user_error(error, source_file(self.feedback))}"
+                    if error is not None
+                    else f"returned {reply!r}"
+                )
                 raise RLStackError(
                     f"worker.rollout.agent.feedback ({self.cfg.feedback}) {what} for {t.where}, turn "
                     f"{t.num_turns}: it must return the next user message (a string) or None to accept the answer"

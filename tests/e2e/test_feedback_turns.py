@@ -33,6 +33,9 @@ def broken(x):
 def slow(x):
     import time
     time.sleep(3)
+
+def raising(x):
+    return x["nope"]
 """
 
 
@@ -97,6 +100,15 @@ def test_a_feedback_function_returning_something_else_names_the_row(tiny_model_d
         RLStackError, match=r"feedback \(.*env.py:broken\) returned 42 for rows.jsonl:1, turn 1"
     ):
         _feedback_loop(tiny_model_dir, tmp_path, [["1<eos>"]], fn="broken")
+
+
+def test_a_feedback_function_that_raises_is_shown_at_its_line(tiny_model_dir: Path, tmp_path: Path):
+    with pytest.raises(RLStackError) as info:
+        _feedback_loop(tiny_model_dir, tmp_path, [["1<eos>"]], fn="raising")
+    assert (
+        f"raised KeyError: 'nope' at {tmp_path / 'env.py'}:18 in raising: `return x[\"nope\"]` for rows.jsonl:1"
+        in str(info.value)
+    )
 
 
 def test_grpo_with_an_environment_that_asks_again(tiny_model_dir: Path, tmp_path: Path):

@@ -10,7 +10,7 @@ import pytest
 from scored_batches import make_batch
 
 from rlstack.config import RewardConfig
-from rlstack.rewards.loader import load_reward_function
+from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager
 from rlstack.tracking import reward_component_means
 
@@ -86,6 +86,70 @@ def test_raise_policy_names_the_sample_that_raised(module: Path):
     fn = load_reward_function(f"{module}:boom_on_bad")
     with pytest.raises(RewardError, match=r"sample 1 \(row train.jsonl:2.*ValueError: cannot grade this"):
         RewardManager(fn).score(make_batch(["ok", "bad"], ["", ""]))
+
+
+RAISING = """
+import json
+
+
+def answer_of(x):
+    return x["extra"]["answer"]
+
+
+def score(xs):
+    return [{"overall": float(answer_of(x) == x["response"])} for x in xs]
+
+
+def parsed(xs):
+    return [{"overall": float(json.loads(x["response"]))} for x in xs]
+"""
+
+
+def test_a_user_reward_function_that_raises_is_shown_at_its_lines_in_the_users_file(tmp_path: Path, capsys):
+    """The exception's type and message with each frame of the user's file (path, line, function, the line's
+    text) and, for a library's exception, where it was raised; under on_error=score the same in reward_info
+    and one line on stderr per failure place, not a bare count."""
+    path = tmp_path / "my_reward.py"
+    path.write_text(RAISING.lstrip())
+    with pytest.raises(RewardError) as info:
+        RewardManager(load_reward_function(f"{path}:score")).score(make_batch(["1"], [""]))
+    assert str(info.value).endswith(
+        f"KeyError: 'answer' at {path}:9 in score: "
+        '`return [{"overall": float(answer_of(x) == x["response"])} for x in xs]` -> '
+        f'{path}:5 in answer_of: `return x["extra"]["answer"]`'
+    ), info.value
+    assert "rlstack/" not in str(info.value)
+    with pytest.raises(RewardError) as info:
+        RewardManager(load_reward_function(f"{path}:parsed")).score(make_batch(["1", "x"], ["", ""]))
+    assert "raised on sample 1 (row train.jsonl:2, response 'x'): JSONDecodeError: Expecting value" in str(
+        info.value
+    )
+    assert f"at {path}:13 in parsed: " in str(info.value) and "-> raised in " in str(info.value)
+    assert "json/decoder.py:" in str(info.value)
+
+    out = RewardManager(load_reward_function(f"{path}:score"), on_error="score").score(
+        make_batch(["1", "2"], ["", ""])
+    )
+    errors = [r["error"] for r in out["reward_info"]]
+    assert errors[0] == errors[1] and errors[0].startswith(f"KeyError: 'answer' at {path}:9 in score: ")
+    [line] = capsys.readouterr().err.splitlines()  # two samples, one place: said once
+    assert line.startswith(
+        f"[rlstack] reward function {path}:score failed on 2 sample(s) (KeyError: 'answer' at "
+    )
+
+
+def test_a_reward_file_that_fails_on_import_shows_the_line(tmp_path: Path):
+    for source, shown in (
+        ("x = 1\ny = z + 1\n", "NameError: name 'z' is not defined at {path}:2 in <module>: `y = z + 1`"),
+        ("def f(:\n    pass\n", "SyntaxError: invalid syntax at {path}:1: `def f(:`"),
+    ):
+        path = tmp_path / f"broken_{source[0]}.py"
+        path.write_text(source)
+        with pytest.raises(RewardLoadError) as info:
+            load_reward_function(f"{path}:f")
+        assert str(info.value).endswith(
+            f"importing reward file {str(path)!r} failed: {shown.format(path=path)}"
+        ), info.value
 
 
 def test_weighted_combination_of_several_functions(module: Path):
