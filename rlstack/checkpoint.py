@@ -2,7 +2,8 @@
 
 A checkpoint is written into a hidden temporary folder and renamed to `global_step_N` only when
 complete, so a kill mid-save never leaves a broken newest checkpoint; leftovers of an
-interrupted save are removed at the next save.
+interrupted save are removed at the next save. What is written gets the modes of a plain `open()`
+(`default_modes`), not the 0600 of the temporary files safetensors writes through.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +46,7 @@ def save_atomically(ckpt_root: Path, step: int, write: Callable[[Path], None], k
     tmp = ckpt_root / f".tmp_global_step_{step}"
     tmp.mkdir()
     write(tmp)
+    default_modes(tmp)
     final = ckpt_root / f"global_step_{step}"
     if final.exists():
         shutil.rmtree(final)
@@ -61,12 +64,29 @@ def write_dir_atomically(out: Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         write(tmp)
+        default_modes(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def default_modes(root: Path) -> None:
+    """Give `root` and everything below it at least the modes a plain `open()` or `mkdir` gives (0666 or,
+    for folders and executables, 0777, less the umask): safetensors (so every `save_pretrained`) writes
+    through a temporary file of mode 0600, and `tempfile.mkdtemp` makes 0700 folders, which another user
+    (a serving process, a colleague) could not read. No bit is taken away."""
+    mask = os.umask(0o022)  # the only way to read it; set back at once
+    os.umask(mask)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        wanted = (0o777 if path.is_dir() or mode & 0o111 else 0o666) & ~mask
+        if mode | wanted != mode:
+            os.chmod(path, mode | wanted)
 
 
 def rng_state() -> dict:

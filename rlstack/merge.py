@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlstack.checkpoint import default_modes
 from rlstack.errors import RLStackError
 from rlstack.models.loading import DTYPES, is_vision_model
 
@@ -31,10 +32,17 @@ def merge_checkpoint(checkpoint: Path, out: Path) -> Path:
         )
     out.mkdir(parents=True, exist_ok=True)
     if (model_dir / "adapter_config.json").is_file():
-        return _merge_adapters(model_dir, out)
-    if not shards.is_dir():
+        _merge_adapters(model_dir, out)
+    elif not shards.is_dir():
         shutil.copytree(model_dir, out, dirs_exist_ok=True)
-        return out
+    else:
+        _merge_shards(model_dir, shards, out)
+    default_modes(out)  # save_pretrained's safetensors are 0600; a copy keeps an older checkpoint's modes
+    return out
+
+
+def _merge_shards(model_dir: Path, shards: Path, out: Path) -> None:
+    """The `torch.distributed.checkpoint` shards of the policy as one model, with `model_dir`'s tokenizer files."""
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -49,13 +57,12 @@ def merge_checkpoint(checkpoint: Path, out: Path) -> Path:
         if f.is_file() and f.name != "config.json":
             shutil.copy2(f, out / f.name)
     model.save_pretrained(out)
-    return out
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "config.json", "README.md")
 
 
-def _merge_adapters(model_dir: Path, out: Path) -> Path:
+def _merge_adapters(model_dir: Path, out: Path) -> None:
     """The base model named in the adapters' config with the adapters merged in, and the tokenizer files."""
     import json
 
@@ -72,4 +79,3 @@ def _merge_adapters(model_dir: Path, out: Path) -> Path:
         if f.is_file() and f.name not in ADAPTER_FILES:
             shutil.copy2(f, out / f.name)
     model.save_pretrained(out)
-    return out

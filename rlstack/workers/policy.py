@@ -21,6 +21,7 @@ from rlstack.algos.policy_loss import (
     token_mean,
 )
 from rlstack.batch import Batch
+from rlstack.checkpoint import default_modes
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.errors import RLStackError
 from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor, model_dir
@@ -367,8 +368,10 @@ class PolicyWorker:
             merged.save_pretrained(path)
             save_adapter(self.model, path / "adapter")
             self._save_processing(path)
+            default_modes(path)
         elif distributed.save_pretrained(self.model, path):
             self._save_processing(path)
+            default_modes(path)
 
     def _save_processing(self, path: Path) -> None:
         if self.processor is not None:

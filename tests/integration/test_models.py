@@ -88,3 +88,42 @@ def test_a_hub_name_loads_from_the_hub_cache_and_a_missing_one_is_a_clear_error(
             f"model path {local!r} does not exist ({tmp_path / local.removeprefix('./')}; relative paths start "
             f"at the working directory {tmp_path})"
         ), info.value
+
+
+@pytest.mark.parametrize(("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_written_model_directories_get_the_modes_of_a_plain_open(
+    tiny_model_dir: Path, tmp_path: Path, umask: int, file_mode: int, dir_mode: int
+):
+    """safetensors writes through 0600 temporary files and `mkdtemp` makes 0700 folders: every model
+    directory rlstack writes (`init-model`, the final model, a checkpoint, `rlstack merge`) gets 0666/0777
+    less the umask instead, so that another user (a server) can read it."""
+    import os
+    import stat
+
+    from rlstack.checkpoint import save_atomically
+    from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig
+    from rlstack.merge import merge_checkpoint
+    from rlstack.workers.policy import PolicyWorker
+
+    def modes(root: Path) -> dict[str, int]:
+        return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+    def expected(root: Path) -> dict[str, int]:
+        return {k: dir_mode if (root / k).is_dir() else file_mode for k in modes(root)}
+
+    old = os.umask(umask)
+    try:
+        assert main(["init-model", str(tmp_path / "init"), "--hidden-size", "32", "--num-layers", "1"]) == 0
+        worker = PolicyWorker(
+            ActorConfig(model=ModelConfig(model_path=str(tiny_model_dir))), AlgorithmConfig(), 8, 1, seed=0
+        )
+        (tmp_path / "run").mkdir()
+        worker.save_model(tmp_path / "run" / "huggingface")
+        checkpoint = save_atomically(tmp_path / "run" / "checkpoints", 1, worker.save_checkpoint, keep=1)
+        (checkpoint / "trainer_state.pt").write_bytes(b"")  # what merge looks for
+        merge_checkpoint(checkpoint, tmp_path / "merged")
+    finally:
+        os.umask(old)
+    for root in (tmp_path / "init", tmp_path / "run" / "huggingface", checkpoint, tmp_path / "merged"):
+        assert (root / "model.safetensors").is_file() or (root / "model" / "model.safetensors").is_file()
+        assert modes(root) == expected(root), root
