@@ -236,10 +236,34 @@ def _expected(tp: Any) -> str:
     return f"one of {', '.join(listed[:-1])} or {listed[-1]}" if len(listed) > 1 else listed[0]
 
 
+OTHER_NAMES: dict[tuple[str, str], str] = {
+    ("algorithm.adv_estimator", "reinforce"): "REINFORCE++ (EasyR1's reinforce) is reinforce_plus_plus here "
+    "(reinforce_plus_plus_baseline subtracts the group mean first; examples/recipes/reinforce_pp.yaml)",
+    ("algorithm.adv_estimator", "reinforce++"): "REINFORCE++ is reinforce_plus_plus here "
+    "(reinforce_plus_plus_baseline subtracts the group mean first; examples/recipes/reinforce_pp.yaml)",
+    ("algorithm.adv_estimator", "dapo"): "DAPO is adv_estimator=grpo with algorithm.online_filtering=true, "
+    "worker.actor.clip_ratio_high=0.28 and worker.reward.overlong_buffer_length (examples/recipes/dapo.yaml)",
+    (
+        "algorithm.adv_estimator",
+        "ppo",
+    ): "PPO with a critic is adv_estimator=gae (examples/recipes/ppo_gae.yaml)",
+    (
+        "algorithm.adv_estimator",
+        "dr_grpo",
+    ): "Dr.GRPO is adv_estimator=grpo with algorithm.norm_adv_by_std_in_grpo="
+    "false and worker.actor.loss_agg_mode=seq-mean-token-sum-norm (examples/recipes/dr_grpo.yaml)",
+}
+"""Names the seeds use for a key's value that are not a choice of any key, (key, value) -> what rlstack
+calls it; the choices of other keys (gspo, cispo: worker.actor.loss_type) are found by `_choice_keys`."""
+
+
 def _choice_elsewhere(value: Any, key: str) -> str:
-    """`; gspo is a choice of worker.actor.loss_type` when a wrong choice belongs to another key."""
+    """`; gspo is a choice of worker.actor.loss_type` when a wrong choice belongs to another key, or what
+    rlstack calls a name the seeds use (`OTHER_NAMES`)."""
     if not isinstance(value, str):
         return ""
+    if (key, value.lower()) in OTHER_NAMES:
+        return f"; {OTHER_NAMES[key, value.lower()]}"
     keys = [k for k in _choice_keys().get(value, ()) if k != key]
     return f"; {value} is a choice of {' and '.join(keys)}" if keys else ""
 

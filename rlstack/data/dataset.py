@@ -22,8 +22,9 @@ class PromptDataset:
     """Rows of a data spec, each rendered into a prompt and tokenized once.
 
     A row must hold `prompt_key` (a string, or a list of chat messages) and `answer_key`.
-    With `format_prompt`, the Jinja2 file is rendered with the row's fields and `content` (the
-    prompt) to form the user message. With `apply_chat_template` and a tokenizer that has a chat
+    With `format_prompt`, the Jinja2 file is rendered with the row's fields, `content` (the
+    prompt) and `images` (the row's image list as written, empty for a text row) to form the user
+    message; any other name the row lacks is an error naming the row. With `apply_chat_template` and a tokenizer that has a chat
     template, the messages are wrapped with it and the generation prompt is appended; a
     `system_prompt` becomes the first message unless the row brings its own.
 
@@ -77,10 +78,10 @@ class PromptDataset:
                         f"{loc}: row has no field {key!r} ({name}); its fields are {sorted(row)}. "
                         f"Set {name} to the field that holds it."
                     )
-            messages = _messages(row[prompt_key], row, template, loc, format_prompt)
+            field = image_key if image_key in row else "images"  # known formats are read into `images`
+            messages = _messages(row[prompt_key], row, template, loc, format_prompt, row.get(field) or [])
             if system_prompt and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": system_prompt}, *messages]
-            field = image_key if image_key in row else "images"  # known formats are read into `images`
             images = [
                 load_image(v, f"{loc} {field}[{k}]", image_root) for k, v in enumerate(row.get(field) or [])
             ]
@@ -223,7 +224,7 @@ def _load_template(path: str) -> jinja2.Template:
 
 
 def _messages(
-    value: Any, row: dict, template: jinja2.Template | None, loc: str, tpl_path: str | None
+    value: Any, row: dict, template: jinja2.Template | None, loc: str, tpl_path: str | None, images: list
 ) -> list[dict]:
     if isinstance(value, list):
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
@@ -235,8 +236,9 @@ def _messages(
         )
     if template is not None:
         try:
-            # EasyR1's templates read the prompt as `content`; `prompt` too, unless the row has a field of that name
-            value = template.render(**{"prompt": value, **row, "content": value})
+            # EasyR1's templates read the prompt as `content`; `prompt` too, unless the row has a field of that
+            # name; and `images`, the row's image list: empty for a text row (its loops render nothing)
+            value = template.render(**{"prompt": value, **row, "images": images, "content": value})
         except jinja2.UndefinedError as e:
             raise DataError(
                 f"{loc}: data.format_prompt {tpl_path!r} uses a field the row lacks: {e.message}"

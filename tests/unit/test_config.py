@@ -1010,3 +1010,19 @@ def test_a_wrong_choice_lists_the_choices_and_the_key_it_belongs_to():
     assert problem.endswith("; gspo is a choice of worker.actor.loss_type")
     (problem,) = problems_of(["worker.actor.loss_agg_mode=mean"])
     assert "seq-mean-token-sum-norm or null, got 'mean' (str)" in problem
+
+
+def test_easyr1s_estimator_names_say_where_they_belong_in_rlstack():
+    """The EasyR1 seed lists GSPO, CISPO and REINFORCE++ under algorithm.adv_estimator ("{grpo, gae,
+    reinforce, ...}"): gspo and cispo are loss types here, reinforce is reinforce_plus_plus."""
+    for name in ("gspo", "cispo"):
+        (problem,) = problems_of([f"algorithm.adv_estimator={name}"])
+        assert problem.endswith(f"got '{name}' (str); {name} is a choice of worker.actor.loss_type")
+    for name in ("reinforce", "reinforce++"):
+        (problem,) = problems_of([f"algorithm.adv_estimator={name}"])
+        assert f"got '{name}' (str); REINFORCE++" in problem
+        assert "is reinforce_plus_plus here" in problem
+    (problem,) = problems_of(["algorithm.adv_estimator=dapo"])
+    assert "DAPO is adv_estimator=grpo with algorithm.online_filtering=true" in problem
+    (problem,) = problems_of(["algorithm.adv_estimator=ppo"])
+    assert problem.endswith("PPO with a critic is adv_estimator=gae (examples/recipes/ppo_gae.yaml)")

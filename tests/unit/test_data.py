@@ -297,6 +297,47 @@ def test_format_prompt_reads_the_prompt_as_prompt_too_unless_the_row_has_that_fi
     assert [it["prompt"] for it in ds.items] == ["Q: 1+2=", "Q: its own field"]
 
 
+EASYR1_TEMPLATE = """<|im_start|>system
+You are a helpful assistant.
+<|im_end|>
+<|im_start|>user
+{{ prompt }}
+{% for image in images %}
+<image>{{ image }}</image>
+{% endfor %}
+<|im_end|>
+<|im_start|>assistant
+"""
+"""The Jinja template of the EasyR1 seed (seeds/easyr1-guide.md, "Prompt Templates"), as it is there."""
+
+
+def test_the_easyr1_seed_template_renders_text_rows_with_no_images(tmp_path, tok):
+    template = tmp_path / "easyr1.jinja"
+    template.write_text(EASYR1_TEMPLATE)
+    path = write_jsonl(tmp_path / "train.jsonl", [{"problem": "What is 2+2?", "answer": "4"}])
+    ds = PromptDataset(str(path), tok, format_prompt=str(template), apply_chat_template=False)
+    text = ds.items[0]["prompt"]
+    assert "<|im_start|>user\nWhat is 2+2?\n" in text and "<image>" not in text
+    # a row with images: the loop sees the row's list as written
+    rows = [{"problem": "Compare", "images": ["a.png", "b.png"], "answer": "x"}]
+    template.write_text("{{ prompt }}{% for image in images %} [{{ image }}]{% endfor %}")
+    path = write_jsonl(tmp_path / "images.jsonl", rows)
+    (tmp_path / "a.png").write_bytes(_png())
+    (tmp_path / "b.png").write_bytes(_png())
+    ds = PromptDataset(str(path), tok, format_prompt=str(template), apply_chat_template=False)
+    assert ds.items[0]["prompt"] == "Compare [a.png] [b.png]"
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def test_format_prompt_field_missing_names_the_row(tmp_path, tok):
     template = tmp_path / "prompt.jinja"
     template.write_text("{{ content }} [{{ hint }}]")

@@ -99,6 +99,58 @@ def test_a_verl_style_reward_function_scores_each_sample(tmp_path):
     assert out["scores"].tolist() == [1.0, 0.0]
 
 
+EASYR1_MATH = r"""
+import re
+from typing import Any
+
+from mathruler.grader import extract_boxed_content, grade_answer
+
+REWARD_NAME = "math"
+REWARD_TYPE = "batch"
+
+
+def format_reward(response: str) -> float:
+    return 1.0 if re.fullmatch(r"<think>.*</think>.*\\boxed\{.*\}.*", response, re.DOTALL) else 0.0
+
+
+def accuracy_reward(response: str, ground_truth: str) -> float:
+    return 1.0 if grade_answer(extract_boxed_content(response), ground_truth) else 0.0
+
+
+def compute_score(reward_inputs: list[dict[str, Any]], format_weight: float = 0.1) -> list[dict[str, float]]:
+    scores = []
+    for reward_input in reward_inputs:
+        response = re.sub(r"\s*(<|>|/)\s*", r"\1", reward_input["response"])
+        format_score = format_reward(response)
+        accuracy_score = accuracy_reward(response, reward_input["ground_truth"])
+        scores.append(
+            {
+                "overall": (1 - format_weight) * accuracy_score + format_weight * format_score,
+                "format": format_score,
+                "accuracy": accuracy_score,
+            }
+        )
+    return scores
+"""
+"""A reward file in the shape of EasyR1's examples/reward_function/math.py (seeds/easyr1-guide.md, "Reward
+Functions": REWARD_NAME, REWARD_TYPE = "batch", compute_score(reward_inputs, **kwargs) -> [{"overall", ...}]),
+grading with EasyR1's grader, `mathruler` (the `math` extra)."""
+
+
+def test_an_easyr1_reward_file_with_mathruler_runs_through_the_reward_manager(tmp_path):
+    from rlstack.config import RewardConfig
+    from rlstack.rewards.manager import build_reward_manager
+
+    path = write_module(tmp_path / "math.py", EASYR1_MATH)
+    cfg = RewardConfig(reward_function=f"{path}:compute_score", reward_function_kwargs={"format_weight": 0.5})
+    manager = build_reward_manager(cfg, max_response_length=8)
+    responses = [r"<think>half</think> \boxed{\frac{1}{2}}", r"\boxed{0.5}", r"<think>x</think> \boxed{3}"]
+    out = manager.score(make_batch(responses, ["0.5", "0.5", "4"]))
+    assert out["scores"].tolist() == [1.0, 0.5, 0.5]
+    assert [c["accuracy"] for c in out["reward_components"]] == [1.0, 1.0, 0.0]
+    assert [c["format"] for c in out["reward_components"]] == [1.0, 0.0, 1.0]
+
+
 def test_load_from_module_path(tmp_path, monkeypatch):
     write_module(tmp_path / "rlstack_test_user_rewards.py", SEQUENTIAL_FN)
     monkeypatch.syspath_prepend(str(tmp_path))
