@@ -2,6 +2,7 @@
 
 rlstack train config=path.yaml a.b=c ... [--print-config]
 rlstack sft   config=path.yaml a.b=c ... [--print-config]
+rlstack eval  config=path.yaml a.b=c ... [--data SPEC ...] [--checkpoint DIR] [--n N --k K ... --temperature T]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--task addition|visual|code|real] [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack merge CHECKPOINT --out DIR
@@ -34,6 +35,32 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p = sub.add_parser(
+        "eval", help="evaluate a model or checkpoint on datasets with the run's rewards: greedy, pass@k"
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="config=file.yaml and key=value overrides (a training config)"
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a dataset, in any form data.val_files takes (repeatable; default: data.val_files)",
+    )
+    p.add_argument(
+        "--checkpoint", default=None, help="an rlstack checkpoint directory (checkpoints/global_step_N)"
+    )
+    p.add_argument(
+        "--n", type=int, default=1, help="samples per prompt of the sampled pass (default 1: greedy only)"
+    )
+    p.add_argument(
+        "--k", type=int, nargs="+", default=[], help="the k of pass@k (default: 1, 2, 4, ... up to n, and n)"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="temperature of the sampled pass (default 1.0)"
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p = sub.add_parser("init-model", help="build a tiny Qwen2 (or Qwen2.5-VL) model and tokenizer offline")
     p.add_argument("out_dir")
     p.add_argument(
@@ -137,6 +164,17 @@ def _run(args: argparse.Namespace) -> int:
 
         Trainer(cfg).fit()
         print(f"run directory: {cfg.run_dir}")
+        return 0
+    if args.command == "eval":
+        from rlstack.config import load_config, to_yaml
+        from rlstack.evaluate import EvalSettings, Evaluator, eval_run_config
+
+        cfg = load_config(args.overrides)
+        if args.print_config:
+            print(to_yaml(eval_run_config(cfg)), end="")
+            return 0
+        settings = EvalSettings(args.data, args.n, tuple(args.k), args.temperature, args.checkpoint)
+        Evaluator(cfg, settings).run()
         return 0
     if args.command == "board":
         from rlstack.board import Board

@@ -10,20 +10,27 @@ from rlstack.batch import Batch
 from rlstack.collection import seed_prompts
 from rlstack.data.dataset import PromptDataset
 from rlstack.tracking import agent_metrics, reward_component_means
-from rlstack.workers.rollout import RolloutWorker
+from rlstack.workers.rollout import RolloutWorker, Sampling
 
 
 def validate(
-    val_set: PromptDataset, rollout: RolloutWorker, rewards, batch_size: int, seed: int, val_n: int
+    val_set: PromptDataset,
+    rollout: RolloutWorker,
+    rewards,
+    batch_size: int,
+    seed: int,
+    val_n: int,
+    sampling: Sampling | None = None,
 ) -> tuple[dict[str, float], Batch]:
     """The validation metrics (`val/...`) and the scored trajectories. `batch_size`: prompts per
-    generation call (<= 0: all at once); `seed`: the rollout seed."""
+    generation call (<= 0: all at once); `seed`: the rollout seed; `sampling`: other settings than the
+    `val_*` ones (`rlstack eval`)."""
     scored = []
     size = batch_size if batch_size > 0 else max(1, len(val_set))
     for start in range(0, len(val_set), size):
         idx = list(range(start, min(start + size, len(val_set))))
         prompts = seed_prompts(val_set.batch(idx), seed, -1, idx)
-        scored.append(rewards.score(rollout.generate(prompts, validate=True)))
+        scored.append(rewards.score(rollout.generate(prompts, validate=True, sampling=sampling)))
     val = Batch.concat(scored)
     per_source: dict[str, list[float]] = defaultdict(list)
     uids: dict[str, list[str]] = defaultdict(list)

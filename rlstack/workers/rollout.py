@@ -6,6 +6,7 @@ import gc
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -22,6 +23,15 @@ from rlstack.workers import distributed
 from rlstack.workers.group import Dispatch, remote
 from rlstack.workers.memory import device_memory_in_use
 from rlstack.workers.policy import PolicyWorker, load_trained_model
+
+
+class Sampling(NamedTuple):
+    """How to sample a generation call: samples per prompt, temperature (0: greedy), top-p, top-k."""
+
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
 
 
 class RolloutWorker:
@@ -125,9 +135,12 @@ class RolloutWorker:
         return self.engine.capabilities
 
     @remote(Dispatch.ROWS)
-    def generate(self, prompts: Batch, validate: bool = False) -> Batch:
-        """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`)."""
+    def generate(self, prompts: Batch, validate: bool = False, sampling: Sampling | None = None) -> Batch:
+        """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`;
+        `sampling`'s settings when given: `rlstack eval`)."""
         r = self.cfg
+        if sampling is not None:
+            return self._run(prompts, *sampling, validate=validate)
         if validate:
             return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k, validate=True)
         return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
