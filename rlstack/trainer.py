@@ -26,6 +26,7 @@ from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
 from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
+from rlstack.sft import build_warm_models
 from rlstack.stops import RunStopped, StopRequest, stop_requests
 from rlstack.timing import timer
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
@@ -44,6 +45,7 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         self.resume_point = check_resume(cfg)  # at load: a resume with other settings stops here
+        build_warm_models(cfg)  # builtin:tiny-qwen2-addition, on first use
         tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
         self.train_set, self.val_set = prompt_sets(d, tokenizer, processor, system, images)

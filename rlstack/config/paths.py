@@ -11,11 +11,19 @@ BUILTIN_MODEL = "builtin:tiny-qwen2"
 """Model path that builds (once, cached) a randomly initialised tiny Qwen2 and its tokenizer."""
 BUILTIN_VISION_MODEL = "builtin:tiny-qwen2.5-vl"
 """Model path that builds (once, cached) a randomly initialised tiny Qwen2.5-VL and its processor."""
-BUILTIN_MODELS = (BUILTIN_MODEL, BUILTIN_VISION_MODEL, "builtin:smollm2-135m-instruct")
-"""Every `builtin:` model path: the tiny models built in code, and SmolLM2-135M-Instruct fetched from the
-package index (`rlstack.models.registry`)."""
-BUILTIN_DIRS = {BUILTIN_MODEL: "tiny-qwen2", BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl"}
-"""The models built in code: the folder each is built into, under the cache's `models/`."""
+BUILTIN_WARM_MODEL = "builtin:tiny-qwen2-addition"
+"""Model path of the demo's warm start: the tiny Qwen2 after its supervised run on the addition task
+(`rlstack/configs/demo_sft.yaml`), built (once, cached) by the trainer that first needs it
+(`rlstack.sft.build_warm_models`): the model the examples start from, so that they learn as shipped."""
+BUILTIN_MODELS = (BUILTIN_MODEL, BUILTIN_VISION_MODEL, BUILTIN_WARM_MODEL, "builtin:smollm2-135m-instruct")
+"""Every `builtin:` model path: the tiny models built in code, the warm start trained from one, and
+SmolLM2-135M-Instruct fetched from the package index (`rlstack.models.registry`)."""
+BUILTIN_DIRS = {
+    BUILTIN_MODEL: "tiny-qwen2",
+    BUILTIN_VISION_MODEL: "tiny-qwen2.5-vl",
+    BUILTIN_WARM_MODEL: "tiny-qwen2-addition",
+}
+"""The models built here: the folder each is built into, under the cache's `models/`."""
 
 HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")
 """A Hugging Face Hub repository name, `org/name` (model paths and datasets may be given as one); the Hub

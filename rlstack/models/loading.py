@@ -21,6 +21,7 @@ from rlstack.checkpoint import write_dir_atomically
 from rlstack.config import (
     BUILTIN_DIRS,
     BUILTIN_VISION_MODEL,
+    BUILTIN_WARM_MODEL,
     ModelConfig,
     chat_template_text,
     local_reason,
@@ -59,6 +60,11 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
         return resolve_gguf(gguf, cache_dir())
     if model_path in BUILTIN_DIRS:
         out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
+        if model_path == BUILTIN_WARM_MODEL and not (out / "config.json").is_file():
+            raise ModelLoadError(
+                f"{model_path} is built by the run that first needs it (rlstack train / sft / eval: "
+                f"rlstack.sft.build_warm_models), and {out} does not hold it yet"
+            )
         if not (out / "config.json").is_file():
             write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
         return str(out)
