@@ -21,7 +21,7 @@ from rlstack.config.actor import DEFINED_AGG_MODES, actor_micro_batch
 from rlstack.config.compat import easyr1, nemo_rl
 from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
-from rlstack.config.machine import resolve_device
+from rlstack.config.machine import engine_choice, resolve_device
 from rlstack.config.schema import Config, ConfigError, validate
 
 
@@ -69,6 +69,7 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
     cfg = _build(Config, merged, "", sources, problems)
     _resolve_backend(cfg)
     notes = [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
+    _resolve_engine(cfg, problems)
     problems += validate(cfg)
     if problems:
         raise ConfigError(problems)
@@ -87,6 +88,29 @@ def _resolve_backend(cfg: Config) -> None:
         t.backend = "ray" if t.nnodes * t.n_gpus_per_node > 1 or apart else "local"
 
 
+def _resolve_engine(cfg: Config, problems: list[str]) -> None:
+    """`worker.rollout.name=auto`: vLLM when it is installed and the run is on CUDA, else the HF engine,
+    and why (`RolloutConfig.auto_reason`, which the trainer says at start). Resolved before validation,
+    which checks the result; a setting only vLLM has (tensor_parallel_size > 1) with auto picking hf is
+    one problem naming both ways out."""
+    r = cfg.worker.rollout
+    if r.name != "auto":
+        return
+    try:
+        device = resolve_device(cfg.trainer.device)
+    except Exception:  # a bad trainer.device is its own problem
+        device = "cpu"
+    name, why = engine_choice(device)
+    if name == "hf" and r.tensor_parallel_size > 1:
+        problems.append(
+            f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size} needs the vLLM engine, but "
+            f"worker.rollout.name=auto picks hf here: {why}. Install vLLM on a GPU machine "
+            "(pip install 'rlstack[vllm]'), or set worker.rollout.tensor_parallel_size=1"
+        )
+        return  # left at auto, which the engine rules read as hf without saying it again
+    r.name, r.auto_reason = name, why
+
+
 def _fill_derived_defaults(cfg: Config) -> None:
     """Keys whose default depends on another key, resolved once so that `--print-config` and the run's
     config.yaml show the value used."""
@@ -94,6 +118,7 @@ def _fill_derived_defaults(cfg: Config) -> None:
     if a.loss_agg_mode is None:
         a.loss_agg_mode = DEFINED_AGG_MODES.get(a.loss_type, "token-mean")
     r = cfg.worker.rollout
+    r.agent.tool_call_format = r.agent.call_format  # unset: the tool contract's
     if r.name == "vllm" and r.free_cache_engine is None:
         r.free_cache_engine = resolve_device(cfg.trainer.device) == "cuda"
     if r.name == "vllm" and r.max_model_len is None:

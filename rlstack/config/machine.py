@@ -24,6 +24,20 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def engine_choice(device: str) -> tuple[str, str]:
+    """`worker.rollout.name=auto` on `device` (resolved): the engine, and why. vLLM where it can be (its
+    paged KV cache, continuous batching and CUDA graphs are what GPU runs need), the HF engine elsewhere
+    (on a CPU it is as fast as vLLM's CPU build for small models, and shares the policy's weights)."""
+    installed = importlib.util.find_spec("vllm") is not None
+    if device == "cuda" and installed:
+        return "vllm", "vLLM is installed and the run is on CUDA"
+    if device == "cuda":
+        return "hf", "vLLM is not installed (pip install 'rlstack[vllm]' to generate with it on this GPU)"
+    return "hf", f"the run is on {device}, where the HF engine is the default" + (
+        " (vLLM is installed: worker.rollout.name=vllm uses it)" if installed else ""
+    )
+
+
 def cpu_supports_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere it is emulated, slowly."""
     import torch

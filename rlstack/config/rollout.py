@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlstack.config.fields import field
 from rlstack.config.paths import function_file_problem, path_problems
@@ -11,13 +11,27 @@ from rlstack.config.paths import function_file_problem, path_problems
 if TYPE_CHECKING:
     from rlstack.config.schema import Config
 
+ToolContractName = Literal["rlstack", "pyvision", "deepeyes", "codev"]
+
+CONTRACT_CALL_FORMATS: dict[str, Literal["code", "hermes"] | None] = {
+    "rlstack": None,
+    "pyvision": "code",
+    "deepeyes": "hermes",
+    "codev": "code",
+}
+"""The call format each tool contract writes (`tools/contract.py`); None: either, tool_call_format picks."""
+
+_CALL_TAGS = {"code": "<code>```python ...```</code>", "hermes": "<tool_call>{json}</tool_call>"}
+
 
 @dataclass
 class AgentConfig:
     tools: list[dict[str, Any]] = field(default_factory=list)
     """Tools the policy may call, each {import_path (builtin:python, builtin:zoom, pkg.mod:Class or file.py:Class), name, kwargs, schema}; empty: single-turn generation."""
-    tool_call_format: Literal["code", "hermes"] = "code"
-    """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes)."""
+    tool_contract: ToolContractName = "rlstack"
+    """Whose tool conventions the policy was trained on: input image names in the Python tool, call tags and how replies are wrapped, set together (rlstack; pyvision: image_clue_0, <interpreter>; deepeyes: <tool_call>, <tool_response>; codev: image_filename, <sandbox_output>)."""
+    tool_call_format: Literal["code", "hermes"] | None = None
+    """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes); unset: the tool_contract's (code for rlstack)."""
     max_turns: int = field(4, ge=1)
     """Assistant turns per trajectory; a trajectory still calling tools after this many ends with end_reason max_turns."""
     max_images: int = field(8, ge=1)
@@ -30,6 +44,11 @@ class AgentConfig:
     """Wall-clock limit of one turn's tool calls: a trajectory whose call has not returned ends (end_reason timeout, its tools closed) and the trainer drops its group; unset: the tools' own limits."""
     feedback: str | None = None
     """An environment's reply to an answer (`file.py:fn` or `pkg.mod:fn`, NeMo RL's multi-turn environments): called with {prompt, answer, response, ground_truth, data_source, extra, turn} after a turn that ends with EOS; a string it returns is the next user turn (not trained on) and the model answers again, up to max_turns; None accepts the answer."""
+
+    @property
+    def call_format(self) -> Literal["code", "hermes"]:
+        """`tool_call_format`, or where it is unset the tool contract's (code for rlstack)."""
+        return self.tool_call_format or CONTRACT_CALL_FORMATS[self.tool_contract] or "code"
 
 
 @dataclass
@@ -56,8 +75,10 @@ class RolloutConfig:
     """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
-    name: Literal["hf", "vllm"] = "hf"
-    """Generation engine: hf (the policy's own module, in process) or vllm (pip install 'rlstack[vllm]'; weights pushed after each update)."""
+    name: Literal["auto", "hf", "vllm"] = "auto"
+    """Generation engine: hf (the policy's own module, in process), vllm (pip install 'rlstack[vllm]'; weights pushed after each update), or auto: vllm when it is installed and the run is on CUDA, else hf (resolved at load and recorded in config.yaml; the run says which and why when it starts)."""
+    auto_reason: ClassVar[str] = ""
+    """Not a key: why `name=auto` picked the engine it did (set at load; said when a run starts)."""
     gpu_memory_utilization: float = field(0.6, gt=0, le=1, resume=True)
     """vllm: share of the GPU's memory vLLM may take (weights + KV cache)."""
     tensor_parallel_size: int = field(1, ge=1)
@@ -118,10 +139,23 @@ def rollout_rules(cfg: Config, p: list[str]) -> None:
                 f"worker.rollout.agent.tools[{i}] has no import_path: give builtin:python, builtin:zoom, "
                 "package.module:Class or path/to/file.py:Class (name is optional: the class's own name by default)"
             )
+    fixed = CONTRACT_CALL_FORMATS[ag.tool_contract]
+    if fixed and ag.tool_call_format not in (None, fixed):
+        p.append(
+            f"worker.rollout.agent.tool_contract={ag.tool_contract} writes calls as {fixed} ({_CALL_TAGS[fixed]}), "
+            f"but worker.rollout.agent.tool_call_format={ag.tool_call_format}: leave tool_call_format unset (the "
+            f"contract sets it), or use tool_contract=rlstack to write {ag.tool_call_format} calls"
+        )
+    if ag.tool_contract != "rlstack" and not ag.tools:
+        p.append(
+            f"worker.rollout.agent.tool_contract={ag.tool_contract} sets how tools are called and how they "
+            "answer, but worker.rollout.agent.tools is empty: add the tools (e.g. builtin:python) or leave "
+            "tool_contract at rlstack"
+        )
     path_problems(p, ("worker.rollout.agent.system_prompt", ag.system_prompt))
     if problem := function_file_problem("worker.rollout.agent.feedback", ag.feedback or ""):
         p.append(problem)
-    if r.name != "vllm" and r.tensor_parallel_size != 1:
+    if r.name == "hf" and r.tensor_parallel_size != 1:
         p.append(
             f"worker.rollout.tensor_parallel_size = {r.tensor_parallel_size} with worker.rollout.name = {r.name}: "
             "only the vLLM engine is split over ranks; use worker.rollout.name=vllm, or leave it at 1"

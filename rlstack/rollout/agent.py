@@ -9,8 +9,9 @@ stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is 
 - EOS: the trajectory is done (`done`);
 - a tool call (or a malformed one): the calls of all trajectories run concurrently in threads
   (`max_tool_workers`), each trajectory with its own tool instances (`tools.registry.Toolbox`);
-  the observation (text and images) is rendered through the chat template as the next turn
-  (`models.vision.encode_observation`) and appended with `response_mask = 0`;
+  the observation (text and images), wrapped as the agent's tool contract says (`tools/contract.py`:
+  PyVision's `<interpreter>`, CodeV's `<sandbox_output>`, ...), is rendered through the chat template
+  as the next turn (`models.vision.encode_observation`) and appended with `response_mask = 0`;
 - a turn that ends without EOS and without a call (the response token budget ran out):
   `over_length`.
 
@@ -55,9 +56,10 @@ from rlstack.batch import Batch
 from rlstack.config import AgentConfig
 from rlstack.errors import RLStackError
 from rlstack.extensions import load_function, source_file, user_error
-from rlstack.models.vision import IMAGE_PLACEHOLDER, ImageInputError, VisionProcessor, encode_observation
+from rlstack.models.vision import ImageInputError, VisionProcessor, encode_observation
 from rlstack.rollout.engine import Engine, Request, RequestTooLong, SamplingSettings, mix_seed
 from rlstack.tools.base import Observation
+from rlstack.tools.contract import CONTRACTS, reply_role
 from rlstack.tools.parsing import STOP_STRINGS, ToolCallError, parse_tool_call
 from rlstack.tools.registry import Toolbox, ToolSet, build_toolset
 
@@ -152,7 +154,7 @@ class AgentLoop:
         self.max_response_length = max_response_length
         self.multimodal = multimodal
         self.ignore_eos = ignore_eos
-        self.stop = tuple(STOP_STRINGS[config.tool_call_format]) if toolset is not None else ()
+        self.stop = tuple(STOP_STRINGS[config.call_format]) if toolset is not None else ()
         self.feedback = load_feedback(config.feedback) if config.feedback else None
         self.multi_turn = toolset is not None or self.feedback is not None
         self.timing = {"gen": 0.0, "tools": 0.0}
@@ -257,7 +259,7 @@ class AgentLoop:
                 t.finish("max_turns")
 
     def _run_tools(self, calling: list[Trajectory], pool: ThreadPoolExecutor) -> None:
-        style = self.cfg.tool_call_format
+        style = self.cfg.call_format
         parsed = []
         for t in calling:
             text = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
@@ -351,8 +353,8 @@ class AgentLoop:
         if t.num_images + len(images) > self.cfg.max_images:
             t.finish("max_images")
             return
-        content = observation.text + IMAGE_PLACEHOLDER * len(images)
-        role = "tool" if self.cfg.tool_call_format == "hermes" else "user"
+        content = CONTRACTS[self.cfg.tool_contract].render(observation, len(images), t.num_images)
+        role = reply_role(self.cfg.tool_contract, self.cfg.call_format)
         try:
             encoded = encode_observation(
                 self.processor,
@@ -424,11 +426,11 @@ class AgentLoop:
 
 def agent_system_prompt(config: AgentConfig, toolset: ToolSet | None = None) -> str | None:
     """The system prompt of `config.system_prompt` (a file), with the Hermes `<tools>` block appended
-    for `tool_call_format=hermes`; None when neither applies."""
+    for hermes calls; None when neither applies."""
     text = Path(config.system_prompt).read_text().strip() if config.system_prompt else ""
-    if config.tool_call_format == "hermes" and config.tools:
+    if config.call_format == "hermes" and config.tools:
         tools = (
-            toolset or build_toolset(config.tools, key="worker.rollout.agent.tools")
+            toolset or build_toolset(config.tools, "worker.rollout.agent.tools", config.tool_contract)
         ).hermes_tools_prompt()
         text = f"{text}\n\n{tools}" if text else tools
     return text or None

@@ -2,6 +2,7 @@
 
 - `base.py`: the protocol (`Tool`, `ToolCall`, `Observation`) and `fit_image`.
 - `parsing.py`: finding the call in a turn (`<code>` or `<tool_call>` style), stop strings, final answers.
+- `contract.py`: each system's tool conventions (PyVision, DeepEyes, CodeV): input image names, reply wrapping.
 - `registry.py`: tool specs from the config -> `ToolSet` -> one `Toolbox` per trajectory.
 - `python.py`: `builtin:python` (+ `python_channel.py`, the trainer's end of the interpreter's pipes;
   `python_packages.py`, where it imports its packages from; `python_worker.py`, which runs inside the sandbox).

@@ -5,7 +5,9 @@ What the model gets (also in `PythonTool.schema`'s description):
 - One interpreter per trajectory: variables, imports and files persist across its calls and are
   invisible to other trajectories.
 - The input images are preloaded: as PIL images `image_1`, `image_2`, ... in the namespace and as
-  files `image_1.png`, `image_2.png`, ... in the working directory.
+  files `image_1.png`, `image_2.png`, ... in the working directory, or under the names of the agent's
+  tool contract (`tools/contract.py`: PyVision's `image_clue_0`, ...; CodeV's `image_filename` holds
+  the first file's name).
 - Pillow, NumPy and Matplotlib (Agg backend) are importable.
 - The reply holds what the code printed (stdout and stderr together, cut to `max_output_chars`), the
   repr of a final expression's value, the last lines of the traceback when it raised, and as images
@@ -74,6 +76,7 @@ from rlstack.tools.base import (
     fit_image,
     loaded,
 )
+from rlstack.tools.contract import CONTRACTS
 from rlstack.tools.python_channel import _Interpreter, _Lost
 from rlstack.tools.python_packages import _package_dirs
 
@@ -121,10 +124,15 @@ class PythonTool:
         min_pixels: int = MIN_PIXELS,
         max_pixels: int = MAX_PIXELS,
         startup_timeout_s: float = 60.0,
+        contract: str = "rlstack",
     ) -> None:
         """Limits: `timeout_s` wall clock per call; `cpu_s` CPU seconds over one interpreter's life;
         `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images);
-        `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm)."""
+        `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm).
+        `contract` (set from `worker.rollout.agent.tool_contract`) names the input images."""
+        if contract not in CONTRACTS:
+            raise ToolError(f"builtin:python: contract={contract!r} is not one of {sorted(CONTRACTS)}")
+        self.contract = CONTRACTS[contract]
         positive = dict(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, file_size_mb=file_size_mb)
         positive |= dict(disk_mb=disk_mb, max_processes=max_processes, max_output_chars=max_output_chars)
         positive |= dict(max_images_per_call=max_images_per_call, startup_timeout_s=startup_timeout_s)
@@ -180,10 +188,14 @@ class PythonTool:
 
     def _start(self) -> _Interpreter | Observation:
         if self._files is None:
-            self._files = {f"image_{i}.png": _png(img) for i, img in enumerate(self._images, 1)}
+            self._files = {
+                f"{self.contract.image_name(i)}.png": _png(img) for i, img in enumerate(self._images)
+            }
+        variable = self.contract.path_variable
         init = {
             "paths": list(self.package_dirs),
             "images": list(self._files),
+            "variables": {variable: next(iter(self._files))} if variable and self._files else {},
             "max_pixels": self.max_pixels,
             "max_images": self.max_images_per_call,
             "max_value_chars": self.max_output_chars,
@@ -228,7 +240,7 @@ class PythonTool:
             error = f"the interpreter {lost.why}"
         restart = "the next call starts a fresh interpreter"
         if self._images:
-            names = ", ".join(f"image_{i}" for i in range(1, len(self._images) + 1))
+            names = ", ".join(self.contract.image_name(i) for i in range(len(self._images)))
             restart += f" with the input images loaded again ({names})"
         text = (
             f"{output.rstrip()}\nError: {error}. All state was lost (variables, imports, files); {restart}."

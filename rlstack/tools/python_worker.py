@@ -14,8 +14,9 @@ reply. A spare handle on the console puts fds 1 and 2 back before every cell, wh
 previous one did to them. Code that deliberately writes to or closes the protocol's descriptors
 only breaks its own interpreter: the trainer treats a reply it cannot parse as a crash.
 
-1. init `{"paths": [...], "images": ["image_1.png", ...], "max_pixels": int, "max_images": int,
-   "max_value_chars": int}` -> `{"ready": true}` or `{"ready": false, "error": str, "python": str}`.
+1. init `{"paths": [...], "images": ["image_1.png", ...], "variables": {name: str}, "max_pixels": int,
+   "max_images": int, "max_value_chars": int}` (each image is loaded as the variable its file is named
+   after; `variables` are set as they are) -> `{"ready": true}` or `{"ready": false, "error": str, "python": str}`.
 2. `{"id": int, "code": str}` -> `{"id": int, "ok": bool, "error": str | None, "traceback": str |
    None, "value": str | None, "images": [base64 PNG], "dropped_images": int, "notes": [str]}`.
 
@@ -114,6 +115,7 @@ class Session:
             with Image.open(path) as img:
                 img.load()
                 self.namespace[os.path.splitext(path)[0]] = img.copy()
+        self.namespace.update(init["variables"])
         shown = self.shown
 
         def show_image(image, *args, **kwargs) -> None:

@@ -12,6 +12,8 @@ A tool is described by a config-like dict (one entry of the agent's tool list)::
 - `name`: what the model calls it; default the class's `name`. The schema's function name follows it.
 - `schema`: replaces the class's OpenAI function schema.
 - `kwargs`: keyword arguments of the class's constructor (its limits), checked against its signature.
+  A constructor that takes `contract` is given the agent's tool contract (`tools/contract.py`,
+  `worker.rollout.agent.tool_contract`; `builtin:python` names the input images by it), never by `kwargs`.
 
 `build_toolset` resolves every spec once, at start-up, and reports a problem with the spec's index,
 the key and the fix (`ToolConfigError`); it builds one instance of each tool and closes it again, so
@@ -145,9 +147,10 @@ class Toolbox:
 class ToolSet:
     """The resolved tools of an agent: makes each trajectory's `Toolbox` and the system prompt's tool list."""
 
-    def __init__(self, specs: Sequence[ToolSpec], entries: list[_Entry]) -> None:
+    def __init__(self, specs: Sequence[ToolSpec], entries: list[_Entry], contract: str) -> None:
         self.specs = tuple(specs)
         self._entries = entries
+        self.contract = contract
 
     @property
     def names(self) -> list[str]:
@@ -181,27 +184,30 @@ class ToolSet:
     def __reduce__(self):
         """Pickled as its specs and rebuilt on the other side (tool classes loaded from a file path
         live in a module only this process has)."""
-        return build_toolset, (self.specs,)
+        return build_toolset, (self.specs, "tools", self.contract)
 
 
-def build_toolset(specs: Sequence[ToolSpec | Mapping[str, Any]], key: str = "tools") -> ToolSet:
+def build_toolset(
+    specs: Sequence[ToolSpec | Mapping[str, Any]], key: str = "tools", contract: str = "rlstack"
+) -> ToolSet:
     """Resolve `specs` (see module docstring); `ToolConfigError` names the spec, the problem and the fix.
 
-    `key` is where the specs live in the config (e.g. `worker.rollout.agent.tools`), for the messages.
+    `key` is where the specs live in the config (e.g. `worker.rollout.agent.tools`), for the messages;
+    `contract` is the agent's tool contract, given to the tools whose constructor takes one.
     """
     resolved = [
         s if isinstance(s, ToolSpec) else ToolSpec.from_dict(s, f"{key}[{i}]") for i, s in enumerate(specs)
     ]
     entries: list[_Entry] = []
     for i, spec in enumerate(resolved):
-        entry = _resolve(spec, f"{key}[{i}] ({spec.import_path})")
+        entry = _resolve(spec, f"{key}[{i}] ({spec.import_path})", contract)
         clash = [j for j, e in enumerate(entries) if e.name == entry.name]
         if clash:
             raise ToolConfigError(
                 f"{key}[{i}] and {key}[{clash[0]}] are both named {entry.name!r}; give one a different 'name'"
             )
         entries.append(entry)
-    return ToolSet(resolved, entries)
+    return ToolSet(resolved, entries, contract)
 
 
 def _plain(value: Any) -> Any:
@@ -213,7 +219,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _resolve(spec: ToolSpec, where: str) -> _Entry:
+def _resolve(spec: ToolSpec, where: str, contract: str) -> _Entry:
     cls = _import_class(spec.import_path, where)
     missing = [m for m in _METHODS if not callable(getattr(cls, m, None))]
     if missing:
@@ -227,6 +233,11 @@ def _resolve(spec: ToolSpec, where: str) -> _Entry:
             f"{where}: {cls.__qualname__} has no class attribute 'name'; set one or give 'name'"
         )
     schema = _schema(spec, cls, name, where)
+    if "contract" in spec.kwargs:
+        raise ToolConfigError(
+            f"{where}: kwargs 'contract' is worker.rollout.agent.tool_contract's to set (for every tool at once); "
+            "remove it from the tool's kwargs"
+        )
     try:
         inspect.signature(cls).bind(**spec.kwargs)
     except TypeError as e:
@@ -234,11 +245,14 @@ def _resolve(spec: ToolSpec, where: str) -> _Entry:
         raise ToolConfigError(
             f"{where}: kwargs {spec.kwargs} do not fit {cls.__qualname__}({params}): {e}"
         ) from e
+    kwargs = dict(spec.kwargs)
+    if "contract" in inspect.signature(cls).parameters:
+        kwargs["contract"] = contract
     try:  # one instance now, so that bad limits fail at start-up rather than in the first rollout
-        cls(**spec.kwargs).close()
+        cls(**kwargs).close()
     except Exception as e:
         raise ToolConfigError(f"{where}: building {cls.__qualname__}(**{spec.kwargs}) failed: {e}") from e
-    return _Entry(name, cls, dict(spec.kwargs), schema)
+    return _Entry(name, cls, kwargs, schema)
 
 
 def _schema(spec: ToolSpec, cls: type, name: str, where: str) -> dict[str, Any]:

@@ -123,7 +123,7 @@ class RolloutWorker:
         self.loop = AgentLoop(
             self.engine,
             self.processor,
-            build_toolset(tools, key="worker.rollout.agent.tools") if tools else None,
+            build_toolset(tools, "worker.rollout.agent.tools", cfg.agent.tool_contract) if tools else None,
             cfg.agent,
             max_response_length,
             multimodal=multimodal,

@@ -473,3 +473,65 @@ def test_the_trainer_drops_the_groups_of_timed_out_trajectories(tiny_model_dir, 
     assert kept["uid"] == ["b", "b", "c", "c"] and trainer.collector.dropped_groups == 1
     with pytest.raises(RLStackError, match="every prompt group .*tool_timeout_s"):
         trainer.collector.drop_timed_out_groups(Batch({"uid": ["a"], "end_reason": ["timeout"]}), 1)
+
+# --------------------------------------------------------------------------------------------------
+# Tool contracts: a PyVision, CodeV or DeepEyes checkpoint meets the image names and replies it was trained on
+
+
+@pytest.mark.parametrize(
+    ("contract", "cell", "reply"),
+    [
+        ("rlstack", "print(image_1.size)", "(64, 48)"),
+        ("pyvision", "print(image_clue_0.size)", "<interpreter>Text Result:\n(64, 48)</interpreter>"),
+        (
+            "codev",
+            "from PIL import Image\nprint(image_filename, Image.open(image_filename).size)",
+            "<sandbox_output>image_1.png (64, 48)</sandbox_output>Analyze sandbox output",
+        ),
+    ],
+)
+def test_the_python_tool_names_the_images_and_wraps_its_replies_by_the_contract(
+    tiny_model_dir, contract, cell, reply
+):
+    tok = load_tokenizer(str(tiny_model_dir))
+    prompts = [tok("q?", add_special_tokens=False)["input_ids"]]
+    turns = [[f"<code>```python\n{cell}\n```</code>", "<answer>7</answer><eos>"]]
+    cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], tool_contract=contract)
+    toolset = build_toolset(cfg.tools, contract=contract)
+    loop = AgentLoop(Scripted(tok, prompts, turns), VisionProcessor(tok, None), toolset, cfg, 600, False)
+    picture = Image.new("RGB", (64, 48), "blue")
+    batch = Batch(
+        {"prompt_ids": prompts, "uid": ["a"], "images": [[picture]], "extra": [{}], "where": ["r:1"]}
+    )
+    out = loop.generate(batch, 1, 1.0)
+    assert out["tool_errors"].tolist() == [0] and out["end_reason"] == ["done"]
+    assert reply in out["response_text"][0]
+
+
+def test_pyvision_replies_number_the_shown_images_on_from_the_prompts():
+    vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
+    processor = load_processor(vlm)
+    batch = visual_batch(processor, 1)
+    cell = "<code>```python\nimage_clue_0.crop((0, 0, 56, 56))\n```</code>"
+    scripted = Scripted(processor.tokenizer, list(batch["prompt_ids"]), [[cell, cell, "<eos>"]])
+    cfg = AgentConfig(tools=[{"name": "python", "import_path": "builtin:python"}], tool_contract="pyvision")
+    toolset = build_toolset(cfg.tools, contract="pyvision")
+    out = AgentLoop(scripted, processor, toolset, cfg, 400, multimodal=True).generate(batch, 1, 1.0)
+    text = processor.tokenizer.decode(out["input_ids"][0])
+    assert out["end_reason"] == ["done"] and len(out["image_grid_thw"][0]) == 3  # the prompt's and two crops
+    for k in (1, 2):  # the prompt's picture is image_clue_0
+        assert (
+            f"<|im_start|>user\n<interpreter>Text Result:\n\nImage Result:\n<image_clue_{k}><|vision_start|>"
+            in text
+        )
+    assert text.count("<|vision_end|></image_clue_") == 2  # each image's tokens sit inside its tags
+
+
+def test_deepeyes_replies_are_the_crop_in_tool_response_and_its_turn_prompt():
+    vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
+    processor = load_processor(vlm)
+    out, _ = _loop(vlm, [[_call(images=1), "<eos>"]], tool_contract="deepeyes")
+    text = processor.tokenizer.decode(out["input_ids"][0])
+    assert "<|im_start|>user\n<tool_response><|vision_start|>" in text
+    assert "<|vision_end|></tool_response>\nThink first, call **image_zoom_in_tool** if needed" in text
+    assert "echo" not in text.split("</tool_call>", 1)[1]  # DeepEyes shows the crop, not the tool's text

@@ -167,7 +167,9 @@ def test_zooming_in_makes_the_digit_legible():
 )
 def test_prompt_formats_render_the_question_with_the_tool_syntax(test_rows, name, syntax):
     row = test_rows[0]
-    (message,) = _messages(row["problem"], row, _load_template(str(AGENTS / name)), "row", name)
+    (message,) = _messages(
+        row["problem"], row, _load_template(str(AGENTS / name)), "row", name, row["images"]
+    )
     text = message["content"]
     assert text.startswith(visual.QUESTION) and text.count("<image>") == 1
     assert syntax in text and "<think></think>" in text and text.rstrip().endswith("<answer></answer>.")
@@ -188,15 +190,17 @@ def test_prompt_format_in_a_dataset(tok):
     assert item["extra"]["target_bbox"] == visual.row("test", 0)["extra"]["target_bbox"]
 
 
-@pytest.mark.parametrize("name", ["codev_system.txt", "pyvision_system.txt"])
-def test_code_system_prompts(name):
+@pytest.mark.parametrize(
+    ("name", "image"), [("codev_system.txt", "image_filename"), ("pyvision_system.txt", "image_clue_0")]
+)
+def test_code_system_prompts(name, image):
+    """The names and tags of each prompt's tool contract: tests/unit/test_tool_contracts.py."""
     text = (AGENTS / name).read_text()
     for needle in (
         "<think>",
         "<code>```python",
         "```</code>",
-        "image_1",
-        "image_1.png",
+        image,
         "plt.show()",
         "Image.show()",
         "<answer></answer>",
@@ -221,4 +225,4 @@ def test_zoom_system_prompt_declares_and_shows_the_tool():
 def test_readme_names_every_prompt_file():
     readme = (AGENTS / "README.md").read_text()
     files = sorted(p.name for p in AGENTS.iterdir() if p.name != "README.md")
-    assert len(files) == 5 and all(f"`{f}`" in readme for f in files)
+    assert len(files) == 7 and all(f"`{f}`" in readme for f in files)

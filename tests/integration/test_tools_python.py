@@ -119,6 +119,21 @@ def test_input_images_by_name_and_as_files(make_tool):
     assert "image_1" in PythonTool.schema["function"]["description"]
 
 
+def test_input_images_are_named_by_the_tool_contract(make_tool):
+    """PyVision's checkpoints read `image_clue_0`, ...; CodeV's open the file named in `image_filename`."""
+    red, gray = Image.new("RGB", (64, 48), (255, 0, 0)), Image.new("L", (20, 30), 7)
+    pyvision = make_tool([red, gray], contract="pyvision")
+    code = "import os\nprint(image_clue_0.size, image_clue_1.mode, sorted(f for f in os.listdir('.') if f.endswith('.png')))"
+    assert run(pyvision, code).text == "(64, 48) L ['image_clue_0.png', 'image_clue_1.png']"
+    assert "NameError" in run(pyvision, "image_1").text
+    lost = run(pyvision, "import os\nos._exit(3)").text  # the restart names the images as the contract does
+    assert "with the input images loaded again (image_clue_0, image_clue_1)" in lost
+    codev = make_tool([red], contract="codev")
+    code = "from PIL import Image\nprint(image_filename, Image.open(image_filename).size)"
+    assert run(codev, code).text == "image_1.png (64, 48)"
+    assert run(make_tool([], contract="codev"), "print('image_filename' in dir())").text == "False"
+
+
 def test_reset_gives_the_next_trajectory_its_own_images(make_tool):
     tool = make_tool([Image.new("RGB", (4, 4), (255, 0, 0))])
     assert run(tool, "print(image_1.getpixel((0, 0)))").text == "(255, 0, 0)"

@@ -715,8 +715,12 @@ def test_a_tensor_parallel_engine_must_sit_on_the_policys_ranks_of_one_node(vllm
     for override, expected in cases.items():
         problems = problems_of([*tp, "trainer.n_gpus_per_node=2", override])
         assert any(expected in p for p in problems), (override, problems)
-    problems = problems_of(["worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"])
+    hf = ["worker.rollout.name=hf", "worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    problems = problems_of(hf)
     assert any("only the vLLM engine is split over ranks" in p for p in problems), problems
+    # auto on this (patched) 2-GPU machine with vLLM installed is vLLM, split over both GPUs
+    auto = load_config(["worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"])
+    assert auto.worker.rollout.name == "vllm" and "on CUDA" in auto.worker.rollout.auto_reason
 
 
 def test_engine_defaults_resolve_at_load(monkeypatch):
@@ -934,6 +938,57 @@ def test_a_chat_template_that_is_missing_or_broken_is_named_with_its_line(tmp_pa
     assert any(f"worker.actor.model.chat_template: {broken}, line 3:" in p for p in problems), problems
 
 
+def test_the_tool_contract_sets_the_call_format_and_refuses_one_that_contradicts_it():
+    python, zoom = (
+        "worker.rollout.agent.tools=[{import_path: builtin:python}]",
+        "worker.rollout.agent.tools=[{import_path: builtin:zoom}]",
+    )
+    agent = load_config([]).worker.rollout.agent
+    assert (agent.tool_contract, agent.tool_call_format) == ("rlstack", "code")  # today's default, resolved
+    assert (
+        load_config(["worker.rollout.agent.tool_call_format=hermes"]).worker.rollout.agent.call_format
+        == "hermes"
+    )
+    for contract, style, tools in (
+        ("pyvision", "code", python),
+        ("codev", "code", python),
+        ("deepeyes", "hermes", zoom),
+    ):
+        agent = load_config([f"worker.rollout.agent.tool_contract={contract}", tools]).worker.rollout.agent
+        assert agent.tool_call_format == style, contract  # the config written with the run says so
+        agent = load_config(
+            [
+                f"worker.rollout.agent.tool_contract={contract}",
+                tools,
+                f"worker.rollout.agent.tool_call_format={style}",
+            ]
+        ).worker.rollout.agent
+        assert agent.tool_call_format == style  # saying it again is no contradiction
+    (problem,) = problems_of(
+        ["worker.rollout.agent.tool_contract=deepeyes", zoom, "worker.rollout.agent.tool_call_format=code"]
+    )
+    assert problem == (
+        "worker.rollout.agent.tool_contract=deepeyes writes calls as hermes (<tool_call>{json}</tool_call>), but "
+        "worker.rollout.agent.tool_call_format=code: leave tool_call_format unset (the contract sets it), or use "
+        "tool_contract=rlstack to write code calls"
+    )
+    (problem,) = problems_of(
+        [
+            "worker.rollout.agent.tool_contract=pyvision",
+            "worker.rollout.agent.tool_call_format=hermes",
+            python,
+        ]
+    )
+    assert "tool_contract=pyvision writes calls as code (<code>```python ...```</code>)" in problem
+    (problem,) = problems_of(["worker.rollout.agent.tool_contract=codev"])
+    assert (
+        "tool_contract=codev sets how tools are called and how they answer, but worker.rollout.agent.tools is empty"
+        in problem
+    )
+    (problem,) = problems_of(["worker.rollout.agent.tool_contract=qwen"])
+    assert "expected one of rlstack, pyvision, deepeyes or codev, got 'qwen'" in problem
+
+
 def test_ignore_eos_is_refused_where_it_cannot_work():
     assert load_config(["worker.rollout.ignore_eos=true"]).worker.rollout.ignore_eos
     with pytest.raises(ConfigError, match="ignore_eos=true cannot be used with worker.rollout.agent.tools"):
@@ -1026,3 +1081,44 @@ def test_easyr1s_estimator_names_say_where_they_belong_in_rlstack():
     assert "DAPO is adv_estimator=grpo with algorithm.online_filtering=true" in problem
     (problem,) = problems_of(["algorithm.adv_estimator=ppo"])
     assert problem.endswith("PPO with a critic is adv_estimator=gae (examples/recipes/ppo_gae.yaml)")
+
+
+# ------------------------------------------------------------------------------ the engine: auto
+
+
+def test_the_engine_is_vllm_where_it_can_be(monkeypatch):
+    from rlstack.config import machine
+
+    monkeypatch.setattr(
+        machine.importlib.util, "find_spec", lambda name: object() if name == "vllm" else None
+    )
+    assert machine.engine_choice("cuda") == ("vllm", "vLLM is installed and the run is on CUDA")
+    name, why = machine.engine_choice("cpu")
+    assert name == "hf" and "worker.rollout.name=vllm uses it" in why
+    monkeypatch.setattr(machine.importlib.util, "find_spec", lambda name: None)
+    name, why = machine.engine_choice("cuda")
+    assert name == "hf" and "vLLM is not installed" in why
+
+
+def test_auto_is_resolved_at_load_and_said_when_the_run_starts(monkeypatch):
+    from rlstack.config import load as load_module
+    from rlstack.config import machine
+
+    cfg = load_config([])
+    assert cfg.worker.rollout.name == "hf" and "the run is on cpu" in cfg.worker.rollout.auto_reason
+    assert "name: hf" in to_yaml(cfg) and "auto_reason" not in to_yaml(cfg)
+    assert load_config(["worker.rollout.name=hf"]).worker.rollout.auto_reason == ""
+    monkeypatch.setattr(
+        machine.importlib.util, "find_spec", lambda name: object() if name == "vllm" else None
+    )
+    monkeypatch.setattr(load_module, "resolve_device", lambda name: "cuda")
+    picked = load_config(["trainer.device=cpu"])  # the device probe is patched: what a GPU machine sees
+    d = picked.data  # and the vLLM settings derived from it are filled in
+    assert picked.worker.rollout.name == "vllm"
+    assert picked.worker.rollout.max_model_len == d.max_prompt_length + d.max_response_length
+
+
+def test_tensor_parallel_with_auto_picking_hf_is_one_problem_with_both_ways_out():
+    (problem,) = problems_of(["worker.rollout.tensor_parallel_size=2"])
+    assert "needs the vLLM engine, but worker.rollout.name=auto picks hf here" in problem
+    assert "pip install 'rlstack[vllm]'" in problem and "tensor_parallel_size=1" in problem

@@ -270,6 +270,25 @@ def test_registry_protocol_errors(user_tools, tmp_path):
         build_toolset([{"import_path": f"{broken}:Tool"}])
 
 
+def test_the_agents_tool_contract_reaches_the_tools_that_take_one(user_tools):
+    """`worker.rollout.agent.tool_contract` is handed to every tool whose constructor has `contract`
+    (`builtin:python` names the input images by it), survives pickling, and is not a tool's kwarg."""
+    specs = [{"import_path": "builtin:python"}, {"import_path": f"{user_tools}:Echo"}]
+    toolset = build_toolset(specs, contract="pyvision")
+    box = toolset.new([], {})
+    assert box.tools["python"].contract.image_name(0) == "image_clue_0"
+    box.close()
+    restored = pickle.loads(pickle.dumps(toolset))
+    assert (
+        restored.contract == "pyvision" and restored.new([], {}).tools["python"].contract.name == "pyvision"
+    )
+    assert build_toolset(specs[:1]).new([], {}).tools["python"].contract.name == "rlstack"
+    with pytest.raises(ToolConfigError, match="'contract' is worker.rollout.agent.tool_contract's to set"):
+        build_toolset([{"import_path": "builtin:python", "kwargs": {"contract": "codev"}}])
+    with pytest.raises(ToolConfigError, match="contract='nope' is not one of"):
+        build_toolset(specs[:1], contract="nope")
+
+
 # ---------------------------------------------------------------- zoom
 
 
