@@ -71,6 +71,8 @@ class TrainerConfig:
     """Nodes of the Ray cluster the run uses (`backend=ray`)."""
     n_gpus_per_node: int = field(1, ge=1)
     """Ranks per node (`backend=ray`): one per GPU; on machines without a GPU, CPU ranks."""
+    env_vars: dict[str, str] = field(default_factory=dict, resume=True)
+    """Environment variables set in every Ray actor (ranks, rollout and reward workers), on every node, over those forwarded from the driver (TOKENIZERS_PARALLELISM, NCCL_DEBUG, VLLM_LOGGING_LEVEL, the HF_* and RLSTACK_CACHE variables that are set; EasyR1's and NeMo RL's runtime_env)."""
 
 
 def trainer_rules(cfg: Config, p: list[str]) -> None:

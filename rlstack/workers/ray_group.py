@@ -160,7 +160,8 @@ class RayCluster:
                 f"{[{k: n.get(k, 0) for k in bundle} for n in nodes]}: lower the ranks, or add nodes "
                 "(ray start --address=...)"
             )
-        self.hosts = _place_hosts(self.pg, self.world_size, per_node, gpu, t.num_threads)
+        self.env = actor_env(cfg)
+        self.hosts = _place_hosts(self.pg, self.world_size, per_node, gpu, t.num_threads, self.env)
         self.where: list[tuple[str, int, str]] = []
         self.extra_actors: list = []
         """Actors beside the ranks (reward workers), ended with them."""
@@ -192,7 +193,9 @@ class RayCluster:
             )
         # in-flight weight updates arrive while a generate call runs: two calls at a time
         concurrency = 2 if cfg.algorithm.async_grpo.in_flight else 1
-        self.rollout_hosts = _place_hosts(self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads, concurrency)
+        self.rollout_hosts = _place_hosts(
+            self.rollout_pg, n, 1, gpu, cfg.trainer.num_threads, self.env, concurrency
+        )
         self.rollout_who = [f"rollout worker {r} of {n}" for r in range(n)]
         self.get([h.setup_rollout.remote(cfg, device) for h in self.rollout_hosts], self.rollout_who)
 
@@ -239,9 +242,26 @@ class RayCluster:
             ray.util.remove_placement_group(self.rollout_pg)
 
 
-def _place_hosts(pg, n: int, per_bundle: int, gpu: bool, num_threads: int, concurrency: int = 1) -> list:
-    """`n` rank actors in placement group `pg`, `per_bundle` to a bundle, a GPU (or a CPU) each, running
-    up to `concurrency` calls at a time."""
+FORWARDED = ("TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "VLLM_LOGGING_LEVEL", "RLSTACK_CACHE")
+FORWARDED_PREFIXES = ("HF_",)
+"""The driver's environment variables every actor gets (where the driver has them set): what EasyR1's and
+NeMo RL's Ray runtime environments pass, and where models and caches live."""
+ACTOR_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "VLLM_LOGGING_LEVEL": "WARN"}
+"""EasyR1's values, for those the driver does not set."""
+
+
+def actor_env(cfg: Config) -> dict[str, str]:
+    """The environment variables of every actor of a run: EasyR1's defaults, the driver's forwarded ones,
+    then `trainer.env_vars`."""
+    forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED or k.startswith(FORWARDED_PREFIXES)}
+    return ACTOR_DEFAULTS | forwarded | {k: str(v) for k, v in cfg.trainer.env_vars.items()}
+
+
+def _place_hosts(
+    pg, n: int, per_bundle: int, gpu: bool, num_threads: int, env: dict[str, str], concurrency: int = 1
+) -> list:
+    """`n` rank actors in placement group `pg`, `per_bundle` to a bundle, a GPU (or a CPU) each, with the
+    environment variables `env`, running up to `concurrency` calls at a time."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -249,6 +269,7 @@ def _place_hosts(pg, n: int, per_bundle: int, gpu: bool, num_threads: int, concu
     return [
         actor.options(
             max_concurrency=concurrency,
+            runtime_env={"env_vars": env},
             num_cpus=1,
             num_gpus=1 if gpu else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -292,7 +313,10 @@ class RayRewards:
 
         n = cfg.worker.reward.num_workers
         self.cluster = cluster
-        self.hosts = [ray.remote(RewardHost).options(num_cpus=cpus).remote(cfg) for _ in range(n)]
+        env = {"env_vars": cluster.env}
+        self.hosts = [
+            ray.remote(RewardHost).options(num_cpus=cpus, runtime_env=env).remote(cfg) for _ in range(n)
+        ]
         self.cluster.extra_actors += self.hosts
         self.who = [f"reward worker {i} of {n}" for i in range(n)]
         self.cluster.get([h.pop_metrics.remote() for h in self.hosts], self.who)  # started, or why not

@@ -57,3 +57,36 @@ def test_reward_actors_take_a_cpu_a_share_or_none(monkeypatch, free, workers, cp
     got_cpus, got_said = ray_group.reward_placement(_Cluster(), workers)
     assert got_cpus == cpus
     assert said in got_said and bool(said) == bool(got_said)
+
+
+def test_every_actor_gets_the_runs_environment_variables(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")  # the driver's value is forwarded
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # unset: EasyR1's default
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = digits_run(
+            tiny_model_dir,
+            tmp_path,
+            "env",
+            "trainer.backend=ray",
+            "trainer.env_vars={MY_FLAG: 'on'}",
+            steps=1,
+        )
+        trainer = Trainer(cfg)
+        try:
+            actors = trainer.cluster.hosts + trainer.cluster.extra_actors
+            assert len(actors) == 2  # the rank and a reward worker
+            names = ("MY_FLAG", "NCCL_DEBUG", "VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM", "RLSTACK_CACHE")
+            seen = ray.get(
+                [a.__ray_call__.remote(lambda self: {n: os.environ.get(n) for n in names}) for a in actors]
+            )
+        finally:
+            trainer.workers.close()
+    finally:
+        ray.shutdown()
+    for env in seen:
+        assert env["MY_FLAG"] == "on" and env["NCCL_DEBUG"] == "INFO" and env["VLLM_LOGGING_LEVEL"] == "WARN"
+        assert env["TOKENIZERS_PARALLELISM"] == os.environ.get("TOKENIZERS_PARALLELISM", "true")
+        assert env["RLSTACK_CACHE"] == os.environ["RLSTACK_CACHE"]
