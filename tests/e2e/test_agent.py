@@ -474,6 +474,7 @@ def test_the_trainer_drops_the_groups_of_timed_out_trajectories(tiny_model_dir, 
     with pytest.raises(RLStackError, match="every prompt group .*tool_timeout_s"):
         trainer.collector.drop_timed_out_groups(Batch({"uid": ["a"], "end_reason": ["timeout"]}), 1)
 
+
 # --------------------------------------------------------------------------------------------------
 # Tool contracts: a PyVision, CodeV or DeepEyes checkpoint meets the image names and replies it was trained on
 
