@@ -1,7 +1,7 @@
 """The `rlstack` command.
 
-rlstack train config=path.yaml a.b=c ... [--print-config]
-rlstack sft   config=path.yaml a.b=c ... [--print-config]
+rlstack train config=path.yaml a.b=c ... [--print-config [--machine-checks=warn]]
+rlstack sft   config=path.yaml a.b=c ... [--print-config [--machine-checks=warn]]
 rlstack eval  config=path.yaml a.b=c ... [--data SPEC ...] [--checkpoint DIR] [--n N --k K ... --temperature T]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--task addition|visual|code|real] [--workdir outputs/demo] [--seed S] [--num-threads N]
@@ -35,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        p.add_argument(
+            "--machine-checks",
+            choices=["error", "warn"],
+            default="error",
+            help="with --print-config, warn: what this machine cannot run (no GPU, vLLM not installed, ...) is "
+            "said as warnings, to check on a laptop a config meant for a GPU node (default: error)",
+        )
     p = sub.add_parser(
         "eval", help="evaluate a model or checkpoint on datasets with the run's rewards: greedy, pass@k"
     )
@@ -149,9 +156,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("train", "sft"):
-        from rlstack.config import load_config, to_yaml
+        from rlstack.config import ConfigError, load_config, to_yaml
 
-        cfg = load_config(args.overrides)
+        if args.machine_checks == "warn" and not args.print_config:
+            raise ConfigError(
+                [
+                    "--machine-checks=warn only checks a config (with --print-config): a run needs what it asks for"
+                ]
+            )
+        cfg = load_config(args.overrides, machine_checks=args.machine_checks)
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0

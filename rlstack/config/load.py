@@ -22,14 +22,19 @@ from rlstack.config.compat import easyr1, nemo_rl
 from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
 from rlstack.config.machine import engine_choice, resolve_device
-from rlstack.config.schema import Config, ConfigError, validate
+from rlstack.config.schema import Config, ConfigError, machine_problems, validate
 
 
-def load_config(args: list[str] | None = None, base: dict | None = None) -> Config:
+def load_config(
+    args: list[str] | None = None, base: dict | None = None, machine_checks: str = "error"
+) -> Config:
     """Build a validated Config from `config=file.yaml` and `a.b=c` arguments.
 
     `base` is an optional dict merged between the defaults and the YAML file (used by built-in
-    recipes such as the demo).
+    recipes such as the demo). `machine_checks="warn"`: what this machine cannot run (no GPU, vLLM or
+    flash-attn not installed, ...) is printed as warnings instead of stopping the load: to check on a
+    laptop a config meant for a GPU node (`--print-config --machine-checks=warn`); every other problem
+    still stops it.
     """
     problems: list[str] = []
     layers: list[tuple[dict, dict[str, str]]] = []  # (values, key -> where it came from)
@@ -69,8 +74,14 @@ def load_config(args: list[str] | None = None, base: dict | None = None) -> Conf
     cfg = _build(Config, merged, "", sources, problems)
     _resolve_backend(cfg)
     notes = [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
-    _resolve_engine(cfg, problems)
-    problems += validate(cfg)
+    machine: list[str] = []
+    _resolve_engine(cfg, machine)
+    problems += validate(cfg, machine=False)
+    machine += machine_problems(cfg)
+    if machine_checks == "warn":
+        notes += [f"this machine cannot run it: {m}" for m in machine]
+    else:
+        problems += machine
     if problems:
         raise ConfigError(problems)
     _fill_derived_defaults(cfg)

@@ -80,12 +80,20 @@ class ConfigError(RLStackError, ValueError):
         super().__init__(f"{len(problems)} problem(s) in the configuration:\n{lines}")
 
 
-def validate(cfg: Config) -> list[str]:
+def validate(cfg: Config, machine: bool = True) -> list[str]:
     """Every problem of a built config: values out of their fields' ranges, then each section's rules,
-    then what this machine cannot run. Each says what, why and how to fix it."""
+    then (`machine`) what this machine cannot run. Each says what, why and how to fix it."""
     p = range_problems(cfg)
     for rules in RULES:
-        rules(cfg, p)
+        if machine or rules is not machine_rules:
+            rules(cfg, p)
+    return p
+
+
+def machine_problems(cfg: Config) -> list[str]:
+    """What this machine cannot run of a built config (packages, GPUs, the sandbox)."""
+    p: list[str] = []
+    machine_rules(cfg, p)
     return p
 
 

@@ -1052,7 +1052,44 @@ def test_every_default_and_every_shipped_config_is_in_range():
     assert range_problems(Config()) == []
     root = Path(__file__).parents[2]
     for path in sorted([*root.glob("examples/**/*.yaml"), *root.glob("rlstack/configs/*.yaml")]):
-        assert load_config([f"config={path}"]), path
+        machine = "warn" if path.parent.name == "scale" else "error"  # written for GPU nodes
+        assert load_config([f"config={path}"], machine_checks=machine), path
+
+
+SCALE = sorted((Path(__file__).parents[2] / "examples" / "scale").glob("*.yaml"))
+
+
+def test_there_is_a_recipe_at_scale_for_each_seed():
+    assert {p.stem for p in SCALE} >= {
+        "easyr1_qwen2_5_vl_7b_geo3k",
+        "vppo_qwen2_5_vl_7b",
+        "pyvision_qwen2_5_vl_7b",
+        "codev_qwen2_5_vl_7b",
+        "nemo_rl_code_grpo_7b_async",
+    }
+
+
+@pytest.mark.parametrize("recipe", SCALE, ids=lambda p: p.stem)
+def test_each_recipe_at_scale_loads_here_with_only_machine_problems_as_warnings(recipe: Path, capsys):
+    cfg = load_config([f"config={recipe}"], machine_checks="warn")
+    assert (
+        cfg.worker.rollout.name == "vllm"
+        and cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node >= 8
+        or (cfg.worker.rollout.num_ranks + cfg.trainer.n_gpus_per_node >= 8)
+    )
+    assert cfg.worker.actor.model.model_path.startswith(("Qwen/",))
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "this machine cannot run it" in ln]
+    try:  # without the flag, the same and only those problems stop the load
+        load_config([f"config={recipe}"])
+    except ConfigError as e:
+        assert len(e.problems) == len(warned) and all(p in "\n".join(warned) for p in e.problems)
+    else:
+        assert warned == []
+
+
+def test_machine_checks_warn_only_goes_with_print_config(capsys):
+    assert main(["train", "--machine-checks=warn"]) == 2
+    assert "only checks a config (with --print-config)" in capsys.readouterr().err
 
 
 def test_a_wrong_choice_lists_the_choices_and_the_key_it_belongs_to():
