@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from PIL import Image
 
 from rlstack.config import AgentConfig
-from rlstack.config.rollout import CONTRACT_CALL_FORMATS
+from rlstack.config.rollout import CONTRACT_CALL_FORMATS, ToolContractName
 from rlstack.data.dataset import _load_template, _messages
 from rlstack.tools.base import Observation, failed
 from rlstack.tools.contract import CONTRACTS, reply_role
@@ -144,6 +145,7 @@ def test_codev_contract_matches_its_seed():
 
 
 def test_rlstack_contract_is_todays_behaviour():
+    assert sorted(CONTRACTS) == sorted(CONTRACT_CALL_FORMATS) == sorted(get_args(ToolContractName))
     c = CONTRACTS["rlstack"]
     assert [c.image_name(i) for i in range(2)] == ["image_1", "image_2"] and c.path_variable is None
     assert c.render(Observation("printed", [IMAGE, IMAGE]), 2, 1) == "printed<image><image>"
