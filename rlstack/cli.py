@@ -6,7 +6,7 @@ rlstack eval  config=path.yaml a.b=c ... [--data SPEC ...] [--checkpoint DIR] [-
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
 rlstack demo [--task addition|visual|code|real] [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack merge CHECKPOINT --out DIR
-rlstack board RUN_DIR [RUN_DIR ...] [--port 6007]
+rlstack board RUN_DIR|FOLDER [...] [--port 6007]
 rlstack config-keys
 """
 
@@ -116,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint", help="a run's checkpoints/global_step_N directory")
     p.add_argument("--out", required=True, help="the Hugging Face model directory to write")
     p = sub.add_parser("board", help="a local web page over run directories: curves, rollouts, config (live)")
-    p.add_argument("run_dirs", nargs="+", type=Path, help="run directories (the folders with metrics.jsonl)")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        help="run directories (the folders with metrics.jsonl), or folders above runs (every run below is shown)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=6007)
     p = sub.add_parser(

@@ -74,8 +74,9 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int, advance: bool = True) -> None:
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
         if "file" in self.loggers:
+            row = {"step": step, "timestamp": round(time.time(), 3)}  # when, for the board's time axes
             with self.metrics_file.open("a") as f:
-                f.write(json.dumps({"step": step, **{k: _json_safe(v) for k, v in metrics.items()}}) + "\n")
+                f.write(json.dumps(row | {k: _json_safe(v) for k, v in metrics.items()}) + "\n")
         if self.tb is not None:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)

@@ -13,6 +13,7 @@ JSON under `/api/` and only the files of a run's `images/` folder.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import deque
@@ -34,23 +35,49 @@ def plotly_js() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
-def check_run_dirs(run_dirs: list[Path]) -> list[Path]:
-    """The run directories, each checked to hold what the trainer writes."""
-    if not run_dirs:
-        raise RLStackError("rlstack board needs at least one run directory (the folder with metrics.jsonl)")
-    checked = []
-    for d in run_dirs:
-        d = Path(d)
+RUN_MARKS = ("metrics.jsonl", "config.yaml", "generations")
+"""What the trainer writes into a run directory first: a folder holding any of these is a run."""
+
+
+def is_run_dir(d: Path) -> bool:
+    return any((d / mark).exists() for mark in RUN_MARKS)
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """The run directories at or below `folder`, in path order: `folder` itself when it is a run, else every
+    folder under it that is one (not looking inside a run, nor into hidden folders)."""
+    if is_run_dir(folder):
+        return [folder]
+    found = []
+    for parent, subdirs, _ in os.walk(folder):
+        here = Path(parent)
+        if here != folder and is_run_dir(here):
+            found.append(here)
+            subdirs.clear()
+            continue
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+    return sorted(found)
+
+
+def check_run_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories: each path a run directory, or a folder with runs below it (`outputs/examples`)."""
+    if not paths:
+        raise RLStackError(
+            "rlstack board needs at least one run directory (the folder with metrics.jsonl) or a folder of them"
+        )
+    checked: list[Path] = []
+    for d in map(Path, paths):
         if not d.is_dir():
             raise RLStackError(
-                f"{d} is not a directory: pass run directories (the folders with metrics.jsonl)"
+                f"{d} is not a directory: pass run directories (the folders with metrics.jsonl) or a folder of them"
             )
-        if not (d / "metrics.jsonl").is_file() and not (d / "generations").is_dir():
+        runs = find_runs(d)
+        if not runs:
             raise RLStackError(
-                f"{d} holds neither metrics.jsonl nor generations/: pass a run directory, "
-                "<trainer.output_dir>/<project_name>/<experiment_name>"
+                f"{d} holds neither metrics.jsonl nor generations/ nor config.yaml, and no folder below it does: "
+                "pass a run directory, <trainer.output_dir>/<project_name>/<experiment_name>, or a folder above runs"
             )
-        checked.append(d.resolve())
+        checked += [r.resolve() for r in runs if r.resolve() not in checked]
     return checked
 
 

@@ -28,7 +28,8 @@ tool's images would bring it past `max_images` (`max_images`), and when an obser
 turned into tokens (an image the processor rejects: `tool_error`), and when its tool call has not
 returned within `tool_timeout_s` (`timeout`: its tools are closed, which stops a sandboxed
 interpreter, and the call's thread is left behind; the trainer drops the trajectory's whole group,
-`rollout/dropped_groups`). Malformed calls, unknown tools,
+`rollout/dropped_groups`). An observation or reply that ended it unread stays in its `turns`, marked
+`dropped` with the reason (for `over_length`, the tokens cut). Malformed calls, unknown tools,
 bad arguments and crashing or hanging code are observations the model reads, never a crashed
 rollout.
 
@@ -97,7 +98,9 @@ class Trajectory:
     turns: list[dict[str, Any]] = field(default_factory=list)
     """With tools, what a person reads: `{"role": "assistant", "text", "tool_call"}` (the parsed call
     `{"name", "arguments"}` or `{"error"}`) and `{"role": "tool", "text", "ok", "images"}` (indices into
-    `tool_images`), in order."""
+    `tool_images`), in order; an environment's reply is `{"role": "user", "text"}`. A reply that ended the
+    trajectory unread has `dropped`: `{"reason": "over_length", "tokens", "room"}` (its tokens, the
+    response budget left), `{"reason": "max_images", "images"}` or `{"reason": "tool_error", "error"}`."""
     tool_images: list[Image.Image] = field(default_factory=list)
     """The images the tools returned, in order."""
     row: dict[str, Any] = field(default_factory=dict)
@@ -115,15 +118,19 @@ class Trajectory:
         if self.toolbox is not None:
             self.toolbox.close()
 
-    def append_context(self, ids: list[int], max_response_length: int) -> bool:
-        """Append tokens the model reads but did not sample (an observation, an environment's reply):
-        `response_mask` 0, log-prob 0. False, and the trajectory ends `over_length`, where they do not fit."""
-        if len(self.tokens) + len(ids) >= max_response_length:
+    def append_turn(self, ids: list[int], turn: dict[str, Any], max_response_length: int) -> bool:
+        """Append a turn the model reads but did not sample (an observation, an environment's reply): its
+        tokens (`response_mask` 0, log-prob 0) and `turn`. Where they do not fit, False: the trajectory ends
+        `over_length` and `turn` is kept, marked `dropped` with the tokens cut."""
+        room = max_response_length - len(self.tokens)
+        if len(ids) >= room:
+            self.turns.append(turn | {"dropped": {"reason": "over_length", "tokens": len(ids), "room": room}})
             self.finish("over_length")
             return False
         self.tokens += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.turns.append(turn)
         return True
 
     def request(self) -> Request:
@@ -336,10 +343,9 @@ class AgentLoop:
                 f"{t.where}, turn {t.num_turns} feedback",
                 response_ended_with_eos=True,
             )
-            if not t.append_context(encoded.input_ids.tolist(), self.max_response_length):
-                continue
-            t.turns.append({"role": "user", "text": reply})
-            t.feedback_turns += 1
+            turn = {"role": "user", "text": reply}
+            if t.append_turn(encoded.input_ids.tolist(), turn, self.max_response_length):
+                t.feedback_turns += 1
 
     def _append_observation(self, t: Trajectory, observation: Observation) -> None:
         images = list(observation.images)
@@ -350,7 +356,9 @@ class AgentLoop:
                 ok=observation.ok,
                 error=observation.error,
             )
+        turn = {"role": "tool", "text": observation.text, "ok": observation.ok, "images": []}
         if t.num_images + len(images) > self.cfg.max_images:
+            t.turns.append(turn | {"dropped": {"reason": "max_images", "images": len(images)}})
             t.finish("max_images")
             return
         content = CONTRACTS[self.cfg.tool_contract].render(observation, len(images), t.num_images)
@@ -364,13 +372,13 @@ class AgentLoop:
                 response_ended_with_eos=False,
                 role=role,
             )
-        except ImageInputError:
+        except ImageInputError as e:
+            t.turns.append(turn | {"dropped": {"reason": "tool_error", "error": str(e)}})
             t.finish("tool_error")
             return
-        if not t.append_context(encoded.input_ids.tolist(), self.max_response_length):
+        if not t.append_turn(encoded.input_ids.tolist(), turn, self.max_response_length):
             return
-        shown = list(range(len(t.tool_images), len(t.tool_images) + len(images)))
-        t.turns.append({"role": "tool", "text": observation.text, "ok": observation.ok, "images": shown})
+        turn["images"] = list(range(len(t.tool_images), len(t.tool_images) + len(images)))
         t.tool_images += images
         if images:
             t.images += images

@@ -202,6 +202,20 @@ def test_end_reasons_and_bad_calls_become_observations(tiny_model_dir):
     assert all(getattr(e, "closed", False) for e in Echo.instances[-6:])  # every trajectory's tools closed
 
 
+def test_a_reply_past_the_response_budget_stays_in_the_turns_marked_dropped(tiny_model_dir):
+    """The model never reads it, but whoever reads the trajectory sees the tool's reply and what was cut."""
+    out, _ = _loop(tiny_model_dir, [[_call("y" * 190), "<eos>"], [_call("a"), "<eos>"]])
+    assert out["end_reason"] == ["over_length", "done"]
+    call, reply = out["turns"][0]
+    assert call["tool_call"]["name"] == "echo" and reply["role"] == "tool"
+    assert reply["text"] == "echo " + "y" * 190 and reply["images"] == []
+    dropped, sampled = reply["dropped"], int(out["response_mask"][0].sum())
+    assert dropped == {"reason": "over_length", "tokens": dropped["tokens"], "room": 400 - sampled}
+    assert dropped["tokens"] >= dropped["room"]  # it did not fit
+    assert out["response_text"][0] == _call("y" * 190)  # nothing of it reached the context
+    assert all("dropped" not in turn for turn in out["turns"][1])
+
+
 def test_tool_images_come_back_as_image_tokens_and_max_images_ends():
     vlm = resolve_model_path("builtin:tiny-qwen2.5-vl")
     processor = load_processor(vlm)
@@ -210,6 +224,7 @@ def test_tool_images_come_back_as_image_tokens_and_max_images_ends():
     assert out["end_reason"] == ["done", "max_images"]
     grids = out["image_grid_thw"]
     assert [len(g) for g in grids] == [3, 0]  # 1 + 2 images fed back; 4 > max_images=3 is refused
+    assert out["turns"][1][-1]["dropped"] == {"reason": "max_images", "images": 4}  # and said in the turns
     pad = processor.image_token_id
     tokens_per_image = (grids[0].prod(-1) // processor.merge_size**2).tolist()
     # the second turn's context holds the first image's tokens, the third turn's all three
@@ -314,10 +329,12 @@ def test_agentic_grpo_on_the_visual_task_two_steps(agent_run):
     # each trajectory's turns, with the prompt's and the tools' images saved once under images/
     row = next(r for r in rows if r["num_images"] > 1)
     roles = [turn["role"] for turn in row["turns"]]
-    # every sampled turn, and every observation the model was shown (a call's output that would not fit
-    # the response budget ends the trajectory unseen)
+    # every sampled turn, and every tool reply (one that would not fit the response budget ends the
+    # trajectory unread, marked dropped)
     assert roles[0] == "assistant" and roles.count("assistant") == row["num_turns"]
     assert 1 <= roles.count("tool") <= row["tool_calls"]
+    for r in rows:  # no call that ran is left without its reply
+        assert "tool_call" not in r["turns"][-1] or r["end_reason"] in ("max_turns", "timeout"), r["turns"]
     call = next(turn["tool_call"] for turn in row["turns"] if "tool_call" in turn)
     assert call.get("name") == "python" or "error" in call
     tool_turn = next(turn for turn in row["turns"] if turn["role"] == "tool" and turn["images"])

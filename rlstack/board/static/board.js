@@ -3,16 +3,26 @@
 "use strict";
 
 const POLL_MS = 5000;
+// Groups are a metric name's first part (`actor/pg_loss` -> `actor`); these open by default, first, in this order.
+const OPEN_GROUPS = ["reward", "critic", "actor", "response_length", "val", "agent"];
+// Within a group these come first; the rest by name.
 const PREFERRED = [
   "critic/score/mean", "val/reward_score", "response_length/mean", "actor/pg_loss", "actor/entropy",
   "actor/grad_norm", "actor/kl_loss", "agent/num_turns/mean", "agent/tool_calls/mean",
   "agent/tool_success_rate", "timing_s/step", "perf/max_rss_gb",
 ];
-const MAX_CHARTS = 40;
+const NOT_METRICS = new Set(["step", "timestamp"]); // the columns of metrics.jsonl that say when
+const MAX_CHARTS = 60; // charts drawn before the page asks (many Plotly charts make it slow); said on the page
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const params = new URLSearchParams(location.search);
 const state = {
   tab: params.get("tab") || "curves",
   metricFilter: params.get("metrics") || "",
+  smoothing: Math.min(0.99, Math.max(0, Number(params.get("smoothing") || 0))),
+  log: params.get("log") === "1",
+  x: ["step", "relative", "wall"].includes(params.get("x")) ? params.get("x") : "step",
+  toggled: new Set((params.get("toggled") || "").split(",").filter((x) => x !== "")),
+  all: params.get("all") === "1",
   shown: new Set((params.get("runs") || "").split(",").filter((x) => x !== "").map(Number)),
   run: Number(params.get("run") || 0),
   kind: params.get("kind") || "train",
@@ -49,6 +59,11 @@ function saveState() {
   const put = (k, v) => { if (v !== "" && v !== null && v !== undefined) q.set(k, v); };
   put("tab", state.tab);
   put("metrics", state.metricFilter);
+  put("smoothing", state.smoothing || "");
+  put("log", state.log ? "1" : "");
+  put("x", state.x === "step" ? "" : state.x);
+  put("toggled", [...state.toggled].join(","));
+  put("all", state.all ? "1" : "");
   put("runs", [...state.shown].join(","));
   put("run", state.run);
   put("kind", state.kind);
@@ -73,38 +88,180 @@ function showTab(tab) {
 
 // ---------------------------------------------------------------------------------------- curves
 
-function metricNames() {
+const NO_PREFIX = "(no prefix)"; // the group of names without a slash
+
+function groupOf(name) {
+  return name.includes("/") ? name.split("/")[0] : NO_PREFIX;
+}
+
+function byPreference(a, b) {
+  const [i, j] = [PREFERRED.indexOf(a), PREFERRED.indexOf(b)];
+  if (i !== j) return i === -1 ? 1 : j === -1 ? -1 : i - j;
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+// Every metric of the shown runs, by group, in order: [{group, all, matching (what the filter keeps), open}].
+function metricGroups() {
   const names = new Set();
-  for (const id of state.shown) for (const row of metrics[id] || []) for (const k of Object.keys(row)) if (k !== "step") names.add(k);
-  const all = [...names].sort();
-  if (state.metricFilter) return all.filter((n) => n.includes(state.metricFilter)).slice(0, MAX_CHARTS);
-  const accuracy = all.filter((n) => n.startsWith("val/") && n.endsWith("/accuracy"));
-  return [...new Set([...PREFERRED.filter((n) => names.has(n)), ...accuracy])].slice(0, MAX_CHARTS);
+  for (const id of state.shown) for (const row of metrics[id] || []) for (const k of Object.keys(row)) if (!NOT_METRICS.has(k)) names.add(k);
+  const groups = new Map();
+  for (const name of [...names].sort(byPreference)) {
+    const g = groupOf(name);
+    if (!groups.has(g)) groups.set(g, []);
+    groups.get(g).push(name);
+  }
+  const rank = (g) => (OPEN_GROUPS.includes(g) ? OPEN_GROUPS.indexOf(g) : OPEN_GROUPS.length);
+  const order = [...groups.keys()].sort((a, b) => rank(a) - rank(b) || (a === NO_PREFIX) - (b === NO_PREFIX) || (a < b ? -1 : 1));
+  return order.map((group) => {
+    const all = groups.get(group);
+    const matching = state.metricFilter ? all.filter((n) => n.includes(state.metricFilter)) : all;
+    // a filter opens the groups it matches; without one the common groups are open; a click flips either
+    const byDefault = state.metricFilter ? matching.length > 0 : OPEN_GROUPS.includes(group);
+    return { group, all, matching, open: byDefault !== state.toggled.has(group) };
+  });
+}
+
+// TensorBoard's smoothing: an exponential moving average, debiased so that it starts at the first value.
+function smooth(ys, weight) {
+  let last = 0;
+  let n = 0;
+  return ys.map((y) => {
+    if (!Number.isFinite(y)) return y;
+    last = last * weight + (1 - weight) * y;
+    n += 1;
+    return last / (1 - Math.pow(weight, n));
+  });
+}
+
+// A whole number of steps between ticks, about six ticks an axis: 1, 2, 5, 10, 20, ...
+function stepTick(span) {
+  const raw = span / 6;
+  if (raw <= 1) return 1;
+  const scale = Math.pow(10, Math.floor(Math.log10(raw)));
+  const m = raw / scale;
+  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * scale;
+}
+
+// The time axis: seconds since the run's first row, shown in s, min or h by the longest run.
+function timeUnit() {
+  let longest = 0;
+  for (const id of state.shown) {
+    const t = (metrics[id] || []).map((r) => r.timestamp).filter(Number.isFinite);
+    if (t.length) longest = Math.max(longest, Math.max(...t) - Math.min(...t));
+  }
+  return longest >= 7200 ? [3600, "h"] : longest >= 120 ? [60, "min"] : [1, "s"];
+}
+
+function xOf(rows, id, unit) {
+  if (state.x === "step") return rows.map((r) => r.step);
+  if (state.x === "wall") return rows.map((r) => new Date(r.timestamp * 1000));
+  const start = Math.min(...(metrics[id] || []).map((r) => r.timestamp).filter(Number.isFinite));
+  return rows.map((r) => (r.timestamp - start) / unit[0]);
+}
+
+function traces(name, unit) {
+  const out = [];
+  for (const id of state.shown) {
+    const points = (metrics[id] || []).filter((r) => typeof r[name] === "number" && (state.x === "step" || Number.isFinite(r.timestamp)));
+    const x = xOf(points, id, unit);
+    const y = points.map((r) => r[name]);
+    const color = COLORS[id % COLORS.length];
+    const common = { x, type: "scatter", name: runs[id].name, legendgroup: String(id) };
+    // on a time axis the hover still says the step
+    const step = state.x === "step" ? "%{x}" : "%{customdata}";
+    if (state.x !== "step") common.customdata = points.map((r) => r.step);
+    const smoothed = state.smoothing > 0;
+    // the raw values: the curve itself, or faint behind the smoothed one
+    out.push({ ...common, y, mode: "lines+markers", showlegend: !smoothed, opacity: smoothed ? 0.25 : 1, line: { color }, marker: { color, size: 5 }, hovertemplate: `step ${step}: %{y:.4g}` });
+    if (smoothed) out.push({ ...common, y: smooth(y, state.smoothing), mode: "lines", line: { color, width: 2 }, hovertemplate: `step ${step}: %{y:.4g} (smoothed)` });
+  }
+  return out;
+}
+
+function xAxis(name, unit) {
+  if (state.x === "wall") return { title: { text: "wall clock" }, type: "date" };
+  if (state.x === "relative") return { title: { text: `time since the run's first row (${unit[1]})` } };
+  const steps = [...state.shown].flatMap((id) => (metrics[id] || []).filter((r) => typeof r[name] === "number").map((r) => r.step));
+  const span = steps.length ? Math.max(...steps) - Math.min(...steps) : 1;
+  return { title: { text: "step" }, tickmode: "linear", tick0: 0, dtick: stepTick(span), tickformat: "d" };
+}
+
+function drawChart(div, name, unit) {
+  // redrawn only when its data or the view changed (the page polls every few seconds)
+  const key = JSON.stringify([[...state.shown].map((id) => [id, (metrics[id] || []).length]), state.smoothing, state.log, state.x]);
+  if (div.dataset.drawn === key) return;
+  div.dataset.drawn = key;
+  Plotly.react(div, traces(name, unit), {
+    title: { text: name, font: { size: 13 }, x: 0.01, xanchor: "left" },
+    margin: { l: 50, r: 10, t: 30, b: state.shown.size > 1 ? 50 : 30 },
+    showlegend: state.shown.size > 1,
+    legend: { orientation: "h", x: 1, xanchor: "right", y: -0.12, yanchor: "top" }, // beside the axis title
+    xaxis: xAxis(name, unit),
+    yaxis: { type: state.log ? "log" : "linear" },
+  }, { displaylogo: false, responsive: true, displayModeBar: "hover" });
+}
+
+function toggleGroup(group) {
+  state.toggled.has(group) ? state.toggled.delete(group) : state.toggled.add(group);
+  saveState();
+  drawCharts();
 }
 
 function drawCharts() {
-  const names = metricNames();
-  $("metric-count").textContent = `${names.length} chart(s)`;
-  const box = $("charts");
-  const wanted = new Set(names);
-  for (const div of [...box.children]) if (!wanted.has(div.dataset.metric)) div.remove();
-  names.forEach((name) => {
-    let div = box.querySelector(`[data-metric="${CSS.escape(name)}"]`);
+  const groups = metricGroups();
+  const unit = timeUnit();
+  const total = groups.reduce((n, g) => n + g.all.length, 0);
+  const matching = groups.reduce((n, g) => n + g.matching.length, 0);
+  const closed = groups.filter((g) => !g.open).reduce((n, g) => n + g.matching.length, 0);
+  const open = groups.filter((g) => g.open).reduce((n, g) => n + g.matching.length, 0);
+  const limit = state.all ? Infinity : MAX_CHARTS;
+  const counts = [`showing ${Math.min(open, limit)} of ${total} metrics`];
+  if (state.metricFilter) counts.push(`${total - matching} hidden by the filter`);
+  if (closed) counts.push(`${closed} in closed groups`);
+  if (open > limit) counts.push(`${open - limit} not drawn`);
+  $("metric-count").textContent = counts.join("; ");
+
+  const notes = [];
+  if (open > limit) {
+    const more = el("button", { id: "draw-all", text: `draw all ${open}` });
+    more.addEventListener("click", () => { state.all = true; saveState(); drawCharts(); });
+    notes.push(el("div", { class: "note cap" }, document.createTextNode(`The open groups hold ${open} charts; the first ${limit} are drawn (many charts make the page slow). `), more));
+  }
+  if (state.x !== "step") {
+    const untimed = [...state.shown].filter((id) => (metrics[id] || []).length && !(metrics[id] || []).some((r) => Number.isFinite(r.timestamp)));
+    if (untimed.length) notes.push(el("div", { class: "note", text: `No time axis for ${untimed.map((id) => runs[id].name).join(", ")}: its metrics.jsonl has no timestamps (written before rlstack recorded them); the step axis shows it.` }));
+  }
+  $("chart-notes").replaceChildren(...notes);
+
+  const box = $("groups");
+  const wanted = new Set(groups.filter((g) => g.matching.length).map((g) => g.group));
+  for (const div of [...box.children]) if (!wanted.has(div.dataset.group)) div.remove();
+  let drawn = 0;
+  groups.forEach((g) => {
+    if (!g.matching.length) return;
+    let div = [...box.children].find((d) => d.dataset.group === g.group);
     if (!div) {
-      div = el("div", { class: "chart", "data-metric": name });
-      box.append(div);
+      const head = el("button", { class: "group-head" });
+      head.addEventListener("click", () => toggleGroup(g.group));
+      div = el("div", { class: "group", "data-group": g.group }, head, el("div", { class: "charts" }));
     }
-    const traces = [...state.shown].map((id) => {
-      const points = (metrics[id] || []).filter((r) => typeof r[name] === "number");
-      return { x: points.map((r) => r.step), y: points.map((r) => r[name]), name: runs[id].name, mode: "lines+markers", type: "scatter" };
+    box.append(div); // in order
+    div.classList.toggle("open", g.open);
+    const label = g.group === NO_PREFIX ? NO_PREFIX : `${g.group}/`;
+    const size = state.metricFilter ? `${g.matching.length} of ${g.all.length} metrics` : `${g.all.length} metrics`;
+    div.firstChild.textContent = `${g.open ? "▾" : "▸"} ${label} · ${size}`;
+    div.firstChild.setAttribute("aria-expanded", String(g.open));
+    const charts = div.lastChild;
+    const names = g.open ? g.matching.slice(0, Math.max(0, limit - drawn)) : [];
+    drawn += names.length;
+    const keep = new Set(names);
+    for (const c of [...charts.children]) if (!keep.has(c.dataset.metric)) { Plotly.purge(c); c.remove(); }
+    names.forEach((name) => {
+      let chart = charts.querySelector(`[data-metric="${CSS.escape(name)}"]`);
+      if (!chart) chart = el("div", { class: "chart", "data-metric": name });
+      charts.append(chart); // in order
+      drawChart(chart, name, unit);
     });
-    Plotly.react(div, traces, {
-      title: { text: name, font: { size: 13 }, x: 0.01, xanchor: "left" },
-      margin: { l: 50, r: 10, t: 30, b: 30 },
-      showlegend: state.shown.size > 1,
-      legend: { orientation: "h" },
-      xaxis: { title: { text: "step" } },
-    }, { displaylogo: false, responsive: true, displayModeBar: "hover" });
   });
 }
 
@@ -153,6 +310,36 @@ function compact(text) {
   return text.replace(/(<\|image_pad\|>)+/g, (run) => `<|image_pad|>x${run.length / 13}`);
 }
 
+// A text as a <pre>; one with no visible character says what it holds instead of showing a blank box.
+function textBlock(cls, text) {
+  text = typeof text === "string" ? text : JSON.stringify(text, null, 2);
+  if (text.trim() !== "") return el("pre", { class: cls, text: compact(text) });
+  const kinds = [["\n", "⏎", "newline"], [" ", "␣", "space"], ["\t", "⇥", "tab"]];
+  const counts = kinds.map(([c]) => text.split(c).length - 1);
+  const other = text.length - counts.reduce((a, b) => a + b, 0);
+  const glyphs = [...text].map((c) => (kinds.find(([k]) => k === c) || [c, "·"])[1]).join("");
+  const parts = kinds.map(([, , word], i) => counts[i] && `${counts[i]} ${word}${counts[i] > 1 ? "s" : ""}`).filter(Boolean);
+  if (other) parts.push(`${other} other blank character${other > 1 ? "s" : ""}`);
+  const what = text === "" ? "∅ (empty, no text)" : `${glyphs.length > 40 ? glyphs.slice(0, 40) + "…" : glyphs} (${parts.join(", ")}, no text)`;
+  return el("pre", { class: cls + " blank", text: what });
+}
+
+// Why a tool call has no output the model read: the reply was dropped (`dropped` in the turn), or, in runs
+// written before turns recorded that, the trajectory ended right after the call.
+function droppedNote(dropped) {
+  if (dropped.reason === "over_length") return `tool output dropped: the response reached its maximum length (data.max_response_length), ${dropped.tokens} tokens cut (${dropped.room} were left); the model never read it`;
+  if (dropped.reason === "max_images") return `tool output dropped: its ${dropped.images} image(s) would pass worker.rollout.agent.max_images; the model never read it`;
+  if (dropped.reason === "tool_error") return `tool output dropped: it could not be turned into tokens (${dropped.error}); the model never read it`;
+  return `tool output dropped (${dropped.reason}); the model never read it`;
+}
+
+const UNRECORDED = {
+  over_length: "no tool output: the response reached its maximum length (data.max_response_length) before the tool's reply (this run's generations do not record how many tokens were cut)",
+  max_images: "no tool output: the tool's images would pass worker.rollout.agent.max_images",
+  tool_error: "no tool output: the tool's reply could not be turned into tokens",
+  timeout: "no tool output: the call ran past worker.rollout.agent.tool_timeout_s",
+};
+
 function image(path) {
   return el("img", { class: "shot", src: `/run/${state.run}/${path}`, alt: path });
 }
@@ -176,31 +363,39 @@ function trajectoryCard(r, i) {
     el("div", { class: "meta", text: [r.data_source && `data source ${r.data_source}`, `uid ${r.uid}`, `ground truth ${JSON.stringify(r.ground_truth)}`, r.num_turns !== undefined && `${r.num_turns} turns, ${r.tool_calls} tool calls`].filter(Boolean).join(" · ") }),
     components,
     el("div", { class: "label", text: "prompt" }),
-    el("pre", { class: "prompt", text: compact(typeof r.prompt === "string" ? r.prompt : JSON.stringify(r.prompt, null, 2)) }));
+    textBlock("prompt", r.prompt));
   if (r.images && r.images.length) card.append(el("div", { class: "images input-images" }, ...r.images.map(image)));
   if (r.turns && r.turns.length) {
     let n = 0;
-    r.turns.forEach((turn) => {
+    r.turns.forEach((turn, k) => {
       if (turn.role === "assistant") {
         n += 1;
         card.append(el("div", { class: "turn assistant" },
           el("div", { class: "label", text: `model, turn ${n}` }),
-          el("pre", { class: "text", text: turn.text }),
+          textBlock("text", turn.text),
           turn.tool_call ? callBlock(turn.tool_call) : null));
+        if (turn.tool_call && k === r.turns.length - 1 && UNRECORDED[r.end_reason]) {
+          card.append(el("div", { class: "turn tool dropped" }, el("div", { class: "label", text: UNRECORDED[r.end_reason] })));
+        }
+      } else if (turn.dropped) {
+        const note = turn.role === "user" ? droppedNote(turn.dropped).replace("tool output", "environment reply") : droppedNote(turn.dropped);
+        card.append(el("div", { class: "turn tool dropped" },
+          el("div", { class: "label", text: note }),
+          textBlock("output unread", turn.text)));
       } else if (turn.role === "user") {
         card.append(el("div", { class: "turn tool" },
           el("div", { class: "label", text: "environment reply" }),
-          el("pre", { class: "output", text: turn.text })));
+          textBlock("output", turn.text)));
       } else {
         const shots = (turn.images || []).map((j) => image(r.tool_images[j]));
         card.append(el("div", { class: "turn tool" + (turn.ok === false ? " failed" : "") },
           el("div", { class: "label", text: turn.ok === false ? "tool output (the call failed)" : "tool output" }),
-          el("pre", { class: "output", text: turn.text }),
+          textBlock("output", turn.text),
           shots.length ? el("div", { class: "images tool-images" }, ...shots) : null));
       }
     });
   } else {
-    card.append(el("div", { class: "label", text: "response" }), el("pre", { class: "response", text: r.response }));
+    card.append(el("div", { class: "label", text: "response" }), textBlock("response", r.response));
   }
   return card;
 }
@@ -228,7 +423,8 @@ async function start() {
     const box = el("input", { type: "checkbox" });
     box.checked = state.shown.has(r.id);
     box.addEventListener("change", () => { box.checked ? state.shown.add(r.id) : state.shown.delete(r.id); saveState(); drawCharts(); });
-    return el("label", { title: r.path }, box, document.createTextNode(" " + r.name));
+    const swatch = el("span", { class: "swatch", style: `background: ${COLORS[r.id % COLORS.length]}` });
+    return el("label", { title: r.path }, box, swatch, document.createTextNode(r.name));
   }));
   for (const id of ["g-run", "c-run"]) $(id).replaceChildren(...runs.map((r) => el("option", { value: String(r.id), text: r.name })));
   $("g-run").value = String(state.run);
@@ -236,8 +432,20 @@ async function start() {
   $("g-min").value = state.min;
   $("g-max").value = state.max;
   $("metric-filter").value = state.metricFilter;
+  $("smoothing").value = String(state.smoothing);
+  $("smoothing-value").textContent = state.smoothing.toFixed(2);
+  $("log-scale").checked = state.log;
+  $("x-axis").value = state.x;
   document.querySelectorAll("header button").forEach((b) => b.addEventListener("click", () => showTab(b.dataset.tab)));
-  $("metric-filter").addEventListener("input", (e) => { state.metricFilter = e.target.value; saveState(); drawCharts(); });
+  $("metric-filter").addEventListener("input", (e) => { state.metricFilter = e.target.value; state.toggled.clear(); saveState(); drawCharts(); });
+  $("smoothing").addEventListener("input", (e) => {
+    state.smoothing = Number(e.target.value);
+    $("smoothing-value").textContent = state.smoothing.toFixed(2);
+    saveState();
+    drawCharts();
+  });
+  $("log-scale").addEventListener("change", (e) => { state.log = e.target.checked; saveState(); drawCharts(); });
+  $("x-axis").addEventListener("change", (e) => { state.x = e.target.value; saveState(); drawCharts(); });
   $("g-run").addEventListener("change", (e) => { state.run = Number(e.target.value); state.step = ""; loadSteps(); });
   $("g-kind").addEventListener("change", (e) => { state.kind = e.target.value; state.step = ""; loadSteps(); });
   $("g-step").addEventListener("change", (e) => { state.step = e.target.value; loadRows(); });
