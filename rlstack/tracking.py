@@ -187,9 +187,14 @@ class WandbTracker:
         self.run.log(metrics, step=step)
 
     def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
-        table = self.wandb.Table(columns=[*TABLE_COLUMNS, "images"])
-        for r, cells in zip(rows, table_rows(rows)):
-            table.add_data(*cells, [self.wandb.Image(str(run_dir / p)) for p in row_images(r)])
+        """A table of the rows; their images in columns `image_0`, `image_1`, ... (a W&B table cell holds
+        one image, not a list of them)."""
+        images = [row_images(r) for r in rows]
+        width = max((len(i) for i in images), default=0)
+        table = self.wandb.Table(columns=[*TABLE_COLUMNS, *(f"image_{k}" for k in range(width))])
+        for paths, cells in zip(images, table_rows(rows)):
+            pictures = [self.wandb.Image(str(run_dir / p)) for p in paths]
+            table.add_data(*cells, *pictures, *[None] * (width - len(pictures)))
         self.run.log({"val/generations": table}, step=step)
 
     def close(self) -> None:

@@ -246,17 +246,23 @@ def test_no_reference_model_without_kl(tiny_model_dir: Path, tmp_path: Path):
     assert trainer.ref is None and not trainer.plan.old_logprobs
 
 
-def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path):
+def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path, monkeypatch):
+    import builtins
+
     from rlstack.errors import RLStackError
     from rlstack.tracking import Tracker
 
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        with pytest.raises(RLStackError, match=r"rlstack\[wandb\]"):
-            Tracker(tmp_path, ["wandb"], {}, "p", "e", total_steps=1)
-    else:
-        pytest.skip("wandb is installed here")
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):  # what a machine without the package sees
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    with pytest.raises(RLStackError, match=r"rlstack\[wandb\]"):
+        Tracker(tmp_path, ["wandb"], {}, "p", "e", total_steps=1)
 
 
 def test_val_only_validates_the_resumed_checkpoint(tiny_model_dir: Path, tmp_path: Path):

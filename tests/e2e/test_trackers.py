@@ -13,7 +13,14 @@ from digits_run import digits_run
 from PIL import Image
 
 from rlstack.errors import RLStackError
-from rlstack.tracking import MlflowTracker, SwanlabTracker, Tracker, TrackioTracker, save_image_once
+from rlstack.tracking import (
+    MlflowTracker,
+    SwanlabTracker,
+    Tracker,
+    TrackioTracker,
+    WandbTracker,
+    save_image_once,
+)
 from rlstack.trainer import Trainer
 
 
@@ -34,6 +41,37 @@ def swanlab_records(logdir: Path) -> list:
     return records
 
 
+def wandb_records(run_dir: Path) -> list:
+    """The records of the offline W&B run under `run_dir` (`run-*.wandb`: a header, then protobuf `Record`s in
+    LevelDB's log format: 32 KiB blocks of checksum, length, type, data; a record may span blocks)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data, pos, block, chunks, records = Path(path).read_bytes(), 7, 32768, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunks += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL, or the LAST piece of a record
+            record = pb.Record()
+            record.ParseFromString(chunks)
+            records.append(record)
+            chunks = b""
+    return records
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    rows = []
+    for r in wandb_records(run_dir):
+        if r.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item})
+    return rows
+
+
 def mlflow_client(run_dir: Path):
     from mlflow.tracking import MlflowClient
 
@@ -42,9 +80,13 @@ def mlflow_client(run_dir: Path):
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
-    """A 2-step run with validation at both steps, logged to SwanLab (offline) and MLflow (file store)."""
+    """A 2-step run with validation at both steps, logged to SwanLab and W&B (offline), MLflow (file store)
+    and Trackio."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SWANLAB_MODE", "offline")
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("WANDB_DATA_DIR", str(tmp_path_factory.mktemp("wandb_data")))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.setenv("TRACKIO_DIR", str(tmp_path_factory.mktemp("trackio")))  # read when trackio is imported
         cfg = digits_run(
@@ -56,7 +98,7 @@ def run(tiny_model_dir, tmp_path_factory):
             "trainer.val_freq=1",
             "trainer.val_before_train=false",
             "trainer.val_generations_to_log=4",
-            "trainer.logger=[file,swanlab,mlflow,trackio]",
+            "trainer.logger=[file,swanlab,mlflow,trackio,wandb]",
             steps=2,
         )
         Trainer(cfg).fit()
@@ -105,6 +147,22 @@ def test_mlflow_receives_the_metrics_config_and_generations(run):
     assert len(data["data"]) == 4
 
 
+def test_wandb_offline_receives_the_metrics_config_and_generations(run):
+    cfg, metrics = run
+    history = wandb_history(cfg.run_dir)
+    scores = [(h["_step"], h["critic/score/mean"]) for h in history if "critic/score/mean" in h]
+    assert scores == [(s, pytest.approx(metrics[s]["critic/score/mean"])) for s in (1, 2)]
+    tables = [h for h in history if "val/generations/path" in h]
+    assert sorted(h["_step"] for h in tables) == [1, 2]
+    (offline,) = (cfg.run_dir / "wandb").glob("offline-run-*")
+    table = json.loads((offline / "files" / tables[-1]["val/generations/path"]).read_text())
+    assert table["columns"][:6] == ["step", "prompt", "response", "ground_truth", "score", "end_reason"]
+    assert len(table["data"]) == 4
+    (run_record,) = [r.run for r in wandb_records(cfg.run_dir) if r.WhichOneof("record_type") == "run"]
+    config = {u.key: json.loads(u.value_json) for u in run_record.config.update}
+    assert config["trainer"]["max_steps"] == 2 and run_record.display_name == cfg.trainer.experiment_name
+
+
 def test_trackio_receives_the_metrics_config_and_generations(run):
     from trackio.sqlite_storage import SQLiteStorage
 
@@ -127,7 +185,10 @@ def test_images_of_generations_reach_the_trackers(tmp_path: Path, monkeypatch):
         {"step": 1, "prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0, "end_reason": "done"}
         | {"images": [picture], "tool_images": []}
     ]
-    for cls in (SwanlabTracker, MlflowTracker, TrackioTracker):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb_data"))  # its staging, not ~/.local
+    for cls in (SwanlabTracker, MlflowTracker, TrackioTracker, WandbTracker):
         tracker = cls(tmp_path, {"a": {"b": 1}}, "project", "images")
         tracker.log({"x": 1.0}, 1)
         tracker.log_generations(rows, 1, tmp_path)
@@ -139,6 +200,14 @@ def test_images_of_generations_reach_the_trackers(tmp_path: Path, monkeypatch):
     assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "images")] == [
         f"images/{Path(picture).name}"
     ]
+    # W&B keeps a table's images in the table's artifact (offline: staged under WANDB_DATA_DIR)
+    (artifact,) = [r.artifact for r in wandb_records(tmp_path) if r.WhichOneof("record_type") == "artifact"]
+    files = {c.path: Path(c.local_path) for c in artifact.manifest.contents}
+    pngs = [p for p in files if p.startswith("media/images/") and p.endswith(".png")]
+    assert len(pngs) == 1 and Image.open(files[pngs[0]]).size == (16, 8)
+    (table,) = [json.loads(files[p].read_text()) for p in files if p.endswith(".table.json")]
+    image = table["data"][0][table["columns"].index("image_0")]  # the image itself, one per cell
+    assert image["_type"] == "image-file" and image["path"] == pngs[0]
 
 
 def test_a_missing_tracker_package_is_a_clear_error(tmp_path: Path, monkeypatch):
