@@ -98,7 +98,9 @@ class Trainer:
         print(f"[rlstack] {self.plan.summary()}", flush=True)
         if self.cfg.worker.rollout.auto_reason:
             r = self.cfg.worker.rollout
-            print(f"[rlstack] rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})", flush=True)
+            print(
+                f"[rlstack] rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})", flush=True
+            )
         config = to_dict(self.cfg)
         self.tracker = Tracker(
             self.run_dir,
