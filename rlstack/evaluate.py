@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rlstack.algos.groups import pass_at_k
 from rlstack.batch import Batch
-from rlstack.config import Config, ConfigError, to_dict, to_yaml
+from rlstack.config import Config, ConfigError, to_yaml
 from rlstack.config.algorithm import AlgorithmConfig
 from rlstack.data.dataset import PromptDataset
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
@@ -122,8 +122,7 @@ class Evaluator:
         run_dir = cfg.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        t = cfg.trainer
-        tracker = Tracker(run_dir, t.logger, to_dict(cfg), t.project_name, t.experiment_name, 0, 0, 0)
+        tracker = Tracker.of_run(cfg, 0, 0)
         try:
             if s.checkpoint:
                 self.policy.load_checkpoint(Path(s.checkpoint))

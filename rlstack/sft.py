@@ -40,7 +40,6 @@ from rlstack.config import (
     BUILTIN_WARM_MODEL,
     Config,
     load_config,
-    to_dict,
     to_yaml,
 )
 from rlstack.config.algorithm import AlgorithmConfig
@@ -100,7 +99,6 @@ class SFTTrainer:
     def fit(self) -> Path:
         """Train for `total_steps` (from the checkpoint it resumes, if any); returns the final model's
         directory."""
-        t = self.cfg.trainer
         self._resume()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume_point is not None:
@@ -109,16 +107,7 @@ class SFTTrainer:
         print(
             f"[rlstack] run directory: {self.run_dir}  (watch it: rlstack board {self.run_dir})", flush=True
         )
-        self.tracker = Tracker(
-            self.run_dir,
-            t.logger,
-            to_dict(self.cfg),
-            t.project_name,
-            t.experiment_name,
-            self.total_steps,
-            self.step,
-            t.progress_every,
-        )
+        self.tracker = Tracker.of_run(self.cfg, self.total_steps, self.step)
         with stop_requests("the step in progress") as stop:
             try:
                 self._fit(stop)

@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rlstack.batch import Batch
+from rlstack.config import Config, to_dict
 from rlstack.errors import RLStackError
 
 CONSOLE_KEYS = {
@@ -70,6 +71,22 @@ class Tracker:
             self.bar = tqdm(
                 total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True
             )
+
+    @classmethod
+    def of_run(cls, cfg: Config, total_steps: int, step: int) -> Tracker:
+        """The tracker of a run (train, sft, eval): `trainer.logger`, project and experiment, the config,
+        the progress from `step` of `total_steps`."""
+        t = cfg.trainer
+        return cls(
+            cfg.run_dir,
+            t.logger,
+            to_dict(cfg),
+            t.project_name,
+            t.experiment_name,
+            total_steps,
+            step,
+            t.progress_every,
+        )
 
     def log(self, metrics: dict[str, float], step: int, advance: bool = True) -> None:
         metrics = {k: float(v) for k, v in sorted(metrics.items())}

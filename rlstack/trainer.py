@@ -19,7 +19,7 @@ from rlstack.algos.kl import KLPenalty
 from rlstack.algos.step import StepParams, step_advantages, visual_dependency
 from rlstack.batch import Batch
 from rlstack.collection import Collector
-from rlstack.config import Config, to_dict, to_yaml
+from rlstack.config import Config, to_yaml
 from rlstack.data.dataset import PromptLoader, prompt_sets
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
@@ -85,7 +85,6 @@ class Trainer:
 
     def fit(self) -> dict[str, float]:
         """Train for `total_steps`; returns the last step's metrics."""
-        t = self.cfg.trainer
         self._resume()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume_point is not None:
@@ -101,17 +100,7 @@ class Trainer:
             print(
                 f"[rlstack] rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})", flush=True
             )
-        config = to_dict(self.cfg)
-        self.tracker = Tracker(
-            self.run_dir,
-            t.logger,
-            config,
-            t.project_name,
-            t.experiment_name,
-            self.total_steps,
-            self.step,
-            t.progress_every,
-        )
+        self.tracker = Tracker.of_run(self.cfg, self.total_steps, self.step)
         with stop_requests("the step in progress") as stop:
             try:
                 return self._fit(stop)
