@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from rlstack.config.fields import field
-from rlstack.config.paths import path_problems
+from rlstack.config.paths import is_template_text, path_problems
 
 if TYPE_CHECKING:
     from rlstack.config.schema import Config
@@ -29,7 +29,7 @@ class DataConfig:
     data_source_key: str = "data_source"
     """Row field naming the source (for a known format, also one of its own fields, e.g. Nemotron's source or dataset); validation accuracy is reported per source."""
     format_prompt: str | None = None
-    """Optional Jinja2 file rendered with the row (`content` = the prompt) to build the user message."""
+    """Optional Jinja2 template rendered with the row (`content` = the prompt) to build the user message: a file, or the template itself (text with {{ or {%; NeMo RL's prompt_file is read as one)."""
     apply_chat_template: bool = True
     """Wrap the prompt with the tokenizer's chat template (when it has one)."""
     max_prompt_length: int = field(64, ge=1)
@@ -74,6 +74,6 @@ def data_rules(cfg: Config, p: list[str]) -> None:
         p,
         ("data.train_files", d.train_files),
         ("data.val_files", d.val_files),
-        ("data.format_prompt", d.format_prompt),
+        ("data.format_prompt", None if is_template_text(d.format_prompt or "") else d.format_prompt),
         ("data.image_dir", d.image_dir),
     )

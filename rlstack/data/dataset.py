@@ -11,7 +11,7 @@ import jinja2
 import torch
 
 from rlstack.batch import Batch
-from rlstack.config import DataConfig
+from rlstack.config import DataConfig, chat_template_text
 from rlstack.data.formats import normalize_rows
 from rlstack.data.images import fit_pixels, load_image
 from rlstack.data.readers import DataError, read_rows
@@ -215,9 +215,10 @@ def prompt_sets(
 
 
 def _load_template(path: str) -> jinja2.Template:
+    """`data.format_prompt`: a template file, or the template's text itself."""
     try:
         return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False).from_string(
-            Path(path).read_text()
+            chat_template_text(path)
         )
     except (OSError, jinja2.TemplateSyntaxError) as e:
         raise DataError(f"data.format_prompt {path!r}: {e}") from e

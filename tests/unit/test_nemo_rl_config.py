@@ -1,6 +1,7 @@
-"""NeMo RL's GRPO configs load as rlstack's (`rlstack/config/compat/nemo_rl.py`): the 2-GPU code config of our users'
-research notes over NeMo RL's `grpo_math_1B.yaml` (its `defaults`), key by key; what rlstack cannot do is
-a problem naming the key's file and line; and a NeMo RL config of the built-in task trains."""
+"""NeMo RL's GRPO configs load as rlstack's (`rlstack/config/compat/nemo_rl.py`): the seed's 1-, 2- and 8-GPU configs
+(NeMo RL's `grpo_math_1B.yaml` and the 2-GPU and 8-GPU code configs of our users' research notes over it, by its
+`defaults`) with nothing but paths replaced, key by key; what rlstack cannot do is a problem naming the key's
+file and line; and a NeMo RL config of the built-in task trains."""
 
 from __future__ import annotations
 
@@ -11,15 +12,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlstack.config import ConfigError, load_config
+import rlstack.config.schema as schema
+from rlstack.config import Config, ConfigError, load_config
+from rlstack.config.machine import machine_rules
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nemo_rl"
+CODE_ROWS = "nvidia/Nemotron-RL-coding-competitive_coding"
 
 
 @pytest.fixture()
-def configs(tmp_path: Path) -> Path:
-    for f in FIXTURES.iterdir():
+def configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fixtures' configs in a folder that is the working directory, with the prompt file where their
+    `data.prompt_file` names it (examples/prompts/cot.txt, relative to where NeMo RL runs)."""
+    for f in FIXTURES.glob("*.yaml"):
         shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "examples" / "prompts").mkdir(parents=True)
+    shutil.copy(FIXTURES / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
+    monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
@@ -29,15 +38,126 @@ def _problems(*args: str) -> list[str]:
     return info.value.problems
 
 
+def _load_on_the_gpu_node(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Config:
+    """`args` loaded as on the GPU node they are written for: what this machine cannot run (vLLM not
+    installed, no GPU, no native bfloat16, ...; `rlstack.config.machine`) left out. Here, those are the
+    only problems a plain load has."""
+    try:
+        load_config(args)
+        here: list[str] = []
+    except ConfigError as e:
+        here = e.problems
+    with monkeypatch.context() as m:
+        m.setattr(schema, "RULES", tuple(r for r in schema.RULES if r is not machine_rules))
+        m.setattr(schema, "machine_rules", lambda cfg, p: None, raising=False)
+        cfg = load_config(args)
+    machine: list[str] = []
+    machine_rules(cfg, machine)
+    assert set(here) <= set(machine), [p for p in here if p not in machine]
+    return cfg
+
+
+def test_the_seeds_1_2_and_8_gpu_configs_load_with_nothing_but_paths_replaced(
+    configs: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # 1 GPU: NeMo RL's grpo_math_1B.yaml, as it is (its prompt file where it names it)
+    cfg = _load_on_the_gpu_node([f"config={configs / 'grpo_math_1B.yaml'}"], monkeypatch)
+    d, w, t = cfg.data, cfg.worker, cfg.trainer
+    # OpenMathInstruct-2: the Hub dataset and split NeMo RL loads, its answers' field, 5% held out to validate
+    assert (d.train_files, d.prompt_key, d.answer_key) == (
+        "nvidia/OpenMathInstruct-2@train_1M",
+        "problem",
+        "expected_answer",
+    )
+    assert (d.val_files, d.val_split, d.val_max_samples) == ("", 0.05, 256)
+    # max_total_sequence_length 512 with max_new_tokens and max_input_seq_length at it: a quarter to the prompt
+    assert (d.max_prompt_length, d.max_response_length, w.rollout.max_model_len) == (128, 384, 512)
+    assert d.format_prompt is not None and "{{ content }}" in d.format_prompt
+    assert (w.reward.reward_function, w.rollout.name, t.n_gpus_per_node, t.logger) == (
+        "builtin:math",
+        "vllm",
+        1,
+        ["console", "file"],
+    )
+    assert (d.rollout_batch_size, w.rollout.n, w.actor.global_batch_size) == (32, 16, 32)
+
+    # 2 GPUs: the research notes' code_grpo_test.yaml over it
+    cfg = _load_on_the_gpu_node([f"config={configs / 'code_grpo_test.yaml'}"], monkeypatch)
+    d, w, t = cfg.data, cfg.worker, cfg.trainer
+    assert (d.train_files, d.val_files, d.val_split) == (CODE_ROWS, "", 0.05)
+    assert (d.max_prompt_length, d.max_response_length) == (1024, 1024)  # 2048, 1024 of them new tokens
+    # train_global_batch_size 256 is more than the 16 x 8 trajectories of a step: one optimizer step per rollout
+    assert (d.rollout_batch_size, w.rollout.n, w.actor.global_batch_size) == (16, 8, 16)
+    assert (w.reward.reward_function, w.rollout.agent.tools, t.n_gpus_per_node) == ("builtin:code", [], 2)
+
+    # 8 GPUs: code_grpo_production.yaml, its "/path/to/sft/checkpoint" replaced
+    checkpoint = configs / "sft_checkpoint"
+    checkpoint.mkdir()
+    args = [f"config={configs / 'code_grpo_production.yaml'}", f"policy.model_name={checkpoint}"]
+    cfg = _load_on_the_gpu_node(args, monkeypatch)
+    d, w, t, a = cfg.data, cfg.worker, cfg.trainer, cfg.algorithm
+    assert (w.actor.model.model_path, w.actor.model.tokenizer_path) == (str(checkpoint), None)
+    assert (d.max_prompt_length, d.max_response_length) == (1024, 3072)  # 4096: a quarter to the prompt
+    assert (d.train_files, d.val_files) == (CODE_ROWS, "")  # no validation rows named: none
+    # three turns of NeMo RL's code environment: rlstack's Python tool, calls in <code>
+    assert w.rollout.agent.tools == [{"name": "python", "import_path": "builtin:python"}]
+    assert (w.rollout.agent.max_turns, w.rollout.agent.tool_call_format, w.reward.reward_function) == (
+        3,
+        "code",
+        "builtin:code",
+    )
+    assert (a.async_grpo.enabled, a.async_grpo.max_trajectory_age_steps, w.reward.num_workers) == (
+        True,
+        2,
+        16,
+    )
+    assert (d.rollout_batch_size, w.rollout.n, w.actor.global_batch_size, t.n_gpus_per_node) == (
+        32,
+        16,
+        32,
+        8,
+    )
+
+
+def test_the_prompt_file_renders_as_nemo_rl_formats_it(
+    configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from rlstack.data.dataset import PromptDataset
+    from rlstack.models.tiny import build_char_tokenizer
+
+    cfg = _load_on_the_gpu_node([f"config={configs / 'grpo_math_1B.yaml'}"], monkeypatch)
+    rows = tmp_path / "rows.jsonl"
+    problem = "If {x} = 3 and {{ y }} = {% 4 %}, what is x + y?\n"  # braces Jinja and str.format would read
+    rows.write_text(json.dumps({"problem": problem, "expected_answer": "7"}) + "\n")
+    ds = PromptDataset(
+        str(rows),
+        build_char_tokenizer(),
+        prompt_key=cfg.data.prompt_key,
+        answer_key=cfg.data.answer_key,
+        format_prompt=cfg.data.format_prompt,
+        apply_chat_template=False,
+        max_prompt_length=10_000,
+    )
+    nemo_rl = (FIXTURES / "cot.txt").read_text().format(problem)  # NeMo RL: prompt_file.format(problem)
+    assert nemo_rl.endswith("step by step.\n") and "\\boxed{}" in nemo_rl
+    assert ds.items[0]["prompt_messages"] == [{"role": "user", "content": nemo_rl}]
+    assert ds.items[0]["ground_truth"] == "7"
+
+    # a file str.format cannot fill with the problem, or that is not there, is a problem naming it
+    base = [f"config={configs / 'grpo_math_1B.yaml'}", "worker.rollout.name=hf"]
+    (configs / "named.txt").write_text("Solve {problem}")
+    problems = _problems(*base, f"data.prompt_file={configs / 'named.txt'}")
+    assert any(
+        p.startswith("data.prompt_file=") and "KeyError: 'problem'" in p and "as {}" in p for p in problems
+    )
+    problems = _problems(*base, "data.prompt_file=prompts/none.txt")
+    assert any(p.startswith("data.prompt_file='prompts/none.txt'") and str(configs) in p for p in problems), (
+        problems
+    )
+
+
 def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: Path):
     test_config = f"config={configs / 'code_grpo_test.yaml'}"
-    problems = _problems(test_config)
-    # what rlstack cannot read as it is, each with where it was set
-    line = "grpo_math_1B.yaml, line "
-    assert any(p.startswith("data.prompt_file='examples/prompts/cot.txt'") and line in p for p in problems)
-    assert any("policy.train_global_batch_size=256 (" in p and "at most 128" in p for p in problems), problems
-    assert len(problems) == 2 + ("vLLM is not installed" in " ".join(problems)), problems
-
     cfg = load_config(
         [test_config, "data.prompt_file=null", "policy.train_global_batch_size=128", "worker.rollout.name=hf"]
     )
@@ -58,11 +178,7 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
         "token-mean",
     )
     assert (w.reward.reward_function, w.reward.num_workers) == ("builtin:code", 4)
-    assert (d.train_files, d.val_files, d.val_split) == (
-        "nvidia/Nemotron-RL-coding-competitive_coding",
-        "",
-        0.05,
-    )
+    assert (d.train_files, d.val_files, d.val_split) == (CODE_ROWS, "", 0.05)
     assert (w.actor.optim.lr, w.actor.optim.weight_decay, w.actor.optim.lr_warmup_steps) == (5e-6, 0.01, 50)
     assert (w.actor.model.dtype, w.actor.padding_free, w.actor.dynamic_batching) == ("bfloat16", True, False)
     assert (w.rollout.gpu_memory_utilization, w.rollout.top_k, w.rollout.colocated) == (0.7, -1, True)
@@ -132,7 +248,7 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "env:\n"
         "  sudoku: {num_workers: 2}\n"
         "data:\n"
-        "  train: {dataset_name: DeepScaler}\n"
+        "  train: {dataset_name: gsm8k}\n"
         "  default: {env_name: sudoku}\n"
     )
     problems = _problems(f"config={config}")
@@ -142,8 +258,7 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "policy.megatron_cfg.enabled=true": "not Megatron",
         "grpo.max_rollout_turns=3": "rlstack's replies come from worker.rollout.agent.feedback",
         "env.sudoku": "no built-in for",
-        "policy.max_total_sequence_length=512": "no split to read",
-        "data.train.dataset_name='DeepScaler'": "a NeMo RL registry name",
+        "data.train.dataset_name='gsm8k'": "a NeMo RL registry name without a Hub form rlstack reads",
     }
     for key, why in expected.items():
         assert any(p.startswith(key) and where in p and why in p for p in problems), (key, problems)
@@ -170,8 +285,8 @@ def test_rlstacks_key_on_the_command_line_wins_over_the_files_nemo_rl_key(config
     cfg = load_config([*base, "worker.rollout.temperature=0.7", "worker.rollout.n=32"])
     assert cfg.worker.rollout.temperature == 0.7  # policy.generation.temperature is 1.0 in the file
     assert cfg.worker.rollout.n == 32 and cfg.worker.actor.global_batch_size == 16  # 512 trajectories of 32
-    problems = _problems(*base, "worker.rollout.n=8")
-    assert any("is 64 prompts of 8 trajectories, more than the 32 prompts" in p for p in problems), problems
+    # 512 trajectories of 8 are 64 prompts, more than a step's 32: one optimizer step per rollout
+    assert load_config([*base, "worker.rollout.n=8"]).worker.actor.global_batch_size == 32
 
 
 def test_a_nemo_rl_config_of_the_builtin_task_trains(tmp_path: Path):
@@ -215,3 +330,90 @@ def test_a_nemo_rl_config_of_the_builtin_task_trains(tmp_path: Path):
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["response_length/mean"] > 0
     assert not (cfg.run_dir / "checkpoints").exists() and (cfg.run_dir / "huggingface").is_dir()
+
+
+def _nemo_rl(tmp_path: Path, text: str) -> str:
+    config = tmp_path / "nemo.yaml"
+    config.write_text("policy:\n  model_name: builtin:tiny-qwen2\n  generation: {backend: hf}\n" + text)
+    return f"config={config}"
+
+
+def test_nemo_rls_registry_names_are_read_as_their_hub_datasets(tmp_path: Path):
+    from rlstack.config.compat.nemo_rl_rules import DATASETS
+
+    for name, entry in DATASETS.items():
+        cfg = load_config([_nemo_rl(tmp_path, f"data:\n  train: {{dataset_name: {name}}}\n")])
+        d = cfg.data
+        assert (d.train_files, d.prompt_key, d.answer_key) == (
+            entry.files,
+            entry.prompt_key,
+            entry.answer_key,
+        )
+        assert (d.val_files, d.val_split) == (entry.val_files or "", entry.val_split), name
+    # DeepScaler validates on AIME 2024, as NeMo RL's class; a validation set named is read instead
+    cfg = load_config([_nemo_rl(tmp_path, "data:\n  dataset_name: DeepScaler\n")])
+    assert (cfg.data.train_files, cfg.data.val_files) == (
+        "agentica-org/DeepScaleR-Preview-Dataset@train",
+        "HuggingFaceH4/aime_2024@train",
+    )
+    cfg = load_config(
+        [_nemo_rl(tmp_path, "data:\n  train: {dataset_name: DeepScaler}\n  validation: null\n")]
+    )
+    assert cfg.data.val_files == ""  # NeMo RL's `validation: null`: none
+    text = "data:\n  train: {dataset_name: OpenMathInstruct-2, split: train_2M}\n  validation: {dataset_name: org/val}\n"
+    cfg = load_config([_nemo_rl(tmp_path, text)])
+    assert (cfg.data.train_files, cfg.data.val_files, cfg.data.val_split) == (
+        "nvidia/OpenMathInstruct-2@train_2M",
+        "org/val",
+        0.0,
+    )
+    # rlstack reads one answer field for training and validation rows
+    text = "data:\n  train: {dataset_name: OpenMathInstruct-2}\n  validation: {dataset_name: AIME2024}\n"
+    problems = _problems(_nemo_rl(tmp_path, text))
+    assert any("(answer and expected_answer)" in p and "data.answer_key" in p for p in problems), problems
+    cfg = load_config([_nemo_rl(tmp_path, text[:-1] + "\n  default: {output_key: answer}\n")])
+    assert (cfg.data.answer_key, cfg.data.val_files) == ("answer", "HuggingFaceH4/aime_2024@train")
+
+
+def test_nemo_rl_config_without_training_rows_says_which_key_to_set(tmp_path: Path):
+    for text, key in (
+        ("data:\n  train: {dataset_name: null}\n", "data.train.dataset_name is null ("),
+        ("data:\n  dataset_name: null\n", "data.dataset_name is null ("),
+        ("grpo: {num_prompts_per_step: 4}\n", "data.train.dataset_name is not set:"),
+    ):
+        problems = _problems(_nemo_rl(tmp_path, text))
+        matching = [p for p in problems if p.startswith(key)]
+        assert len(matching) == 1, problems
+        (problem,) = matching
+        assert "names no training rows" in problem and "OpenMathInstruct-2" in problem, problem
+        assert "data.train.data_path" in problem and "data.train_files" in problem
+    # the rows named in rlstack's key (on the command line, or NeMo RL's data_path) are enough
+    load_config(
+        [_nemo_rl(tmp_path, "data:\n  dataset_name: null\n"), "data.train_files=builtin:addition@train"]
+    )
+    cfg = load_config([_nemo_rl(tmp_path, "data:\n  train: {data_path: builtin:addition, split: test}\n")])
+    assert (cfg.data.train_files, cfg.data.val_files) == ("builtin:addition@test", "")
+
+
+def test_nemo_rls_trackers_are_rlstacks(tmp_path: Path):
+    text = (
+        "logger:\n"
+        "  wandb_enabled: false\n"
+        "  tensorboard_enabled: true\n"
+        "  mlflow_enabled: true\n"
+        "  swanlab_enabled: true\n"
+        "  wandb: {project: grpo-dev, name: grpo-dev-logger}\n"
+        "  mlflow: {experiment_name: math, run_name: run-1, tracking_uri: http://mlflow:5000}\n"
+        "  swanlab: {project: other}\n"
+        "data: {train_data_path: builtin:addition}\n"
+    )
+    cfg = load_config([_nemo_rl(tmp_path, text)])
+    t = cfg.trainer
+    assert t.logger == ["console", "file", "tensorboard", "mlflow", "swanlab"]
+    assert (t.project_name, t.experiment_name) == ("math", "run-1")  # the first enabled tracker's names
+    cfg = load_config([_nemo_rl(tmp_path, text.replace("true", "false")), "trainer.experiment_name=mine"])
+    assert (cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name) == (
+        ["console", "file"],
+        "grpo-dev",
+        "mine",
+    )

@@ -12,8 +12,17 @@ rlstack does instead. A few keys need their own rule:
   divided by `grpo.num_generations_per_prompt`;
 - `policy.max_total_sequence_length` bounds prompt and response together; rlstack bounds each
   (`data.max_prompt_length`, `data.max_response_length`), so the split comes from
-  `policy.generation.max_new_tokens` or `data.max_input_seq_length`, whichever is below it;
+  `policy.generation.max_new_tokens` or `data.max_input_seq_length`, whichever is below it, and with
+  both at the total (NeMo RL's stock setting) the prompt gets a quarter and the response the rest;
 - `env.math` / `env.code` choose the reward (`builtin:math` / `builtin:code`) and its workers;
+  `grpo.max_rollout_turns > 1` with `env.code` is rlstack's Python tool (`<code>` calls, its output the
+  next turn);
+- `data.train.dataset_name` (or `data.dataset_name`): a Hub dataset, or a registry name with a Hub form
+  (`DATASETS`: `OpenMathInstruct-2` is `nvidia/OpenMathInstruct-2@train_1M`, answers in
+  `expected_answer`, 5% held out to validate); none is a problem naming the key and what to set;
+- `data.prompt_file` (a text whose `{}` the problem fills) becomes `data.format_prompt`, the same text as
+  Jinja (`jinja_of_format`);
+- `logger.<tracker>_enabled` (tensorboard, wandb, mlflow, swanlab) lists the tracker in `trainer.logger`;
 - `policy.scheduler`: NeMo RL's linear warm-up then constant rate becomes `lr_warmup_steps`.
 
 References `${policy.model_name}` between keys are followed. Keys of these sections that remain after
@@ -143,37 +152,20 @@ TABLE: dict[str, Moved | Inert] = {
     "checkpointing.checkpoint_must_save_by": Inert((None,), "rlstack saves every trainer.save_freq steps"),
     "checkpointing.model_save_format": Inert(("safetensors",), "rlstack saves safetensors"),
     "checkpointing.save_consolidated": Inert(ANY, "rlstack's checkpoints hold a Hugging Face model"),
-    "data.prompt_file": Inert(
-        (None,),
-        "NeMo RL formats the problem into a text file's {}; rlstack's data.format_prompt is a Jinja file "
-        "rendered with the problem as {{ content }}: write one and set data.format_prompt",
-    ),
-    "data.system_prompt_file": Moved("worker.rollout.agent.system_prompt"),
-    "data.dataset_name": Inert(
-        (None,),
-        "NeMo RL's dataset registry is not rlstack's: set data.train_files (a file, builtin:<task>, or a "
-        "Hub dataset as name@split) and data.val_files",
-    ),
-    "data.train_data_path": Moved("data.train_files"),
-    "data.val_data_path": Moved("data.val_files"),
-    "data.input_key": Moved("data.prompt_key"),
-    "data.output_key": Moved("data.answer_key"),
-    "data.train.data_path": Moved("data.train_files"),
-    "data.validation.data_path": Moved("data.val_files"),
     "data.train.split_validation_size": Moved("data.val_split"),
+    "data.train.seed": Moved("data.seed"),
     "data.default.processor": Inert(ANY, "rlstack reads rows by data.format (auto-detected per file)"),
     "data.default.env_name": Inert(ANY, "read with env"),
     "logger.log_dir": Inert(ANY, "rlstack logs in the run directory, trainer.output_dir/project/experiment"),
     "logger.num_val_samples_to_print": Moved("trainer.val_generations_to_log"),
     "logger.monitor_gpus": Inert(ANY, "rlstack logs the GPU memory in use with each step's metrics"),
     "logger.gpu_monitoring": Inert(ANY, "rlstack logs the GPU memory in use with each step's metrics"),
-    "logger.mlflow_enabled": Inert((False,), "rlstack's trackers are console, file, tensorboard and wandb"),
-    "logger.swanlab_enabled": Inert((False,), "rlstack's trackers are console, file, tensorboard and wandb"),
-    "logger.mlflow": Inert(ANY, "rlstack's trackers are console, file, tensorboard and wandb"),
-    "logger.swanlab": Inert(ANY, "rlstack's trackers are console, file, tensorboard and wandb"),
+    "logger.wandb": Inert(ANY, "rlstack's W&B tracker reads WANDB_ENTITY and the other WANDB_* variables"),
+    "logger.mlflow": Inert(
+        ANY, "rlstack's MLflow tracker logs to MLFLOW_TRACKING_URI, else to mlruns/ in the run directory"
+    ),
+    "logger.swanlab": Inert(ANY, "rlstack's SwanLab tracker reads SWANLAB_MODE (cloud, offline, local)"),
     "logger.tensorboard": Inert(ANY, "rlstack's TensorBoard logs go to the run directory"),
-    "logger.wandb.project": Moved("trainer.project_name"),
-    "logger.wandb.name": Moved("trainer.experiment_name"),
     "cluster.gpus_per_node": Moved("trainer.n_gpus_per_node"),
     "cluster.num_nodes": Moved("trainer.nnodes"),
 }
@@ -202,7 +194,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {rule.why}")
         else:
             t.problems.append(f"{key}={value!r}{t.at(key)}: {rule.why}")
-    for section in (*SECTIONS, "data.train", "data.default"):
+    for section in (*SECTIONS, "data.train", "data.validation", "data.default"):
         _drop_empty(t.values, section)
     for section in SECTIONS:
         for key in _leaves(t.values.get(section), section):

@@ -5,12 +5,52 @@ from __future__ import annotations
 
 import copy
 import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import rlstack.config.tree as tree
 
 REWARDS = {"math": "builtin:math", "code": "builtin:code"}
 """NeMo RL's environments -> rlstack's built-in rewards."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One of NeMo RL's registry datasets, as the Hub dataset rlstack reads and the row fields it needs."""
+
+    files: str
+    """data.train_files (or data.val_files, where it is named for validation): `org/name@split`."""
+    answer_key: str = "answer"
+    """data.answer_key: the row field NeMo RL's class reads the ground truth from."""
+    prompt_key: str = "problem"
+    """data.prompt_key: the row field it reads the problem from."""
+    val_files: str | None = None
+    """Validation rows where the config names none (NeMo RL's class brings them): data.val_files."""
+    val_split: float = 0.0
+    """Or the share of the training rows NeMo RL's class holds out for validation: data.val_split."""
+
+
+DATASETS = {
+    "OpenMathInstruct-2": Dataset("nvidia/OpenMathInstruct-2@train_1M", "expected_answer", val_split=0.05),
+    "DeepScaler": Dataset(
+        "agentica-org/DeepScaleR-Preview-Dataset@train", val_files="HuggingFaceH4/aime_2024@train"
+    ),
+    "AIME2024": Dataset("HuggingFaceH4/aime_2024@train"),
+    # veRL rows (prompt, reward_model.ground_truth), which data.format=auto reads as problem and answer
+    "DAPOMath17K": Dataset("BytedTsinghua-SIA/DAPO-Math-17k@train"),
+    "DAPOMathAIME2024": Dataset("BytedTsinghua-SIA/AIME-2024@train"),
+}
+"""NeMo RL's dataset registry names (`data.train.dataset_name`, `data.validation.dataset_name`, the older
+`data.dataset_name`) that have a Hub form, as rlstack reads them: the Hub dataset and split NeMo RL's
+class loads, the fields its problem and answer are in, and the validation rows it brings. The others
+(gsm8k needs the Hub config `main`, which rlstack's `name@split` cannot name; the SFT, preference and
+VLM sets) are a problem saying what to set."""
+
+PROMPT_SPLIT = 4
+"""`policy.max_total_sequence_length` with neither a response nor a prompt bound below it: the prompt gets
+this fraction (1 / PROMPT_SPLIT) of the total, the response the rest."""
 
 _REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 
@@ -22,6 +62,7 @@ class Translation:
         self.values, self.sources, self.problems = values, sources, problems
         self.notes: list[str] = []
         self.original = copy.deepcopy(values)
+        self.env: str | None = None  # the NeMo RL environment the reward was read from (`_env`)
 
     def at(self, key: str) -> str:
         return tree.where_set(self.sources, key)
@@ -86,18 +127,24 @@ def _global_batch(t: Translation) -> None:
     prompts = t.get("data.rollout_batch_size")
     step = prompts if prompts is not tree.MISSING else t.get("grpo.num_prompts_per_step")
     if isinstance(step, int) and total // n > step:
-        t.problems.append(
-            f"{key}={total}{t.at(key)} is {total // n} prompts of {n} trajectories, more than the {step} prompts "
-            f"a step generates (grpo.num_prompts_per_step): set it to at most {step * n}, one optimizer step per "
-            "rollout (or a divisor of it for several)"
+        # NeMo RL's update takes whole batches of train_global_batch_size trajectories out of the step's
+        # step * n, which hold none: it would not update at all. One optimizer step per rollout is what it means.
+        t.move(key, "worker.actor.global_batch_size", step)
+        t.notes.append(
+            f"{key}={total}{t.at(key)} is {total // n} prompts of {n} trajectories, more than the {step} prompts a "
+            f"step generates (grpo.num_prompts_per_step; NeMo RL would make no update with it): read as one "
+            f"optimizer step per rollout, worker.actor.global_batch_size={step} ({step * n} trajectories)"
         )
-        tree.set(t.values, "worker.actor.global_batch_size", step)  # no second problem about the same setting
         return
     t.move(key, "worker.actor.global_batch_size", total // n)
 
 
 def _lengths(t: Translation) -> None:
-    """Prompt and response bounds from NeMo RL's total (prompt + response) bound."""
+    """Prompt and response bounds from NeMo RL's total (prompt + response) bound: the bound below the total
+    (`generation.max_new_tokens` for the response, `data.max_input_seq_length` for the prompt, or one set in
+    rlstack's name) stays and the other is what is left. With both at the total, NeMo RL's stock setting
+    (its response gets whatever its prompt leaves, cut by vLLM's `max_model_len`), rlstack, which bounds
+    each on its own, gives the prompt a quarter of the total and the response the rest (512: 128 + 384)."""
     key = "policy.max_total_sequence_length"
     total = t.take(key)
     new_tokens = t.take("policy.generation.max_new_tokens")
@@ -121,10 +168,21 @@ def _lengths(t: Translation) -> None:
     elif own[1]:
         prompt, response = None, t.get("data.max_response_length")
     if response is None and prompt is None:
-        t.problems.append(
-            f"{key}={total}{t.at(key)}: NeMo RL bounds prompt and response together, rlstack each on its own; with "
-            "policy.generation.max_new_tokens and data.max_input_seq_length both at the total there is no split to "
-            f"read: set data.max_prompt_length and data.max_response_length (their sum at most {total})"
+        if not isinstance(total, int) or total < 2:
+            t.problems.append(
+                f"{key}={total!r}{t.at(key)}: NeMo RL's bound on prompt + response must be a number of tokens (at "
+                "least 2): set it, or data.max_prompt_length and data.max_response_length"
+            )
+            return
+        prompt = total // PROMPT_SPLIT or 1
+        tree.set(t.values, "data.max_prompt_length", prompt)
+        tree.set(t.values, "data.max_response_length", total - prompt)
+        t.notes.append(
+            f"{key}={total}{t.at(key)}: NeMo RL's bound on prompt + response, with policy.generation.max_new_tokens "
+            "and data.max_input_seq_length at the total (NeMo RL's response gets what its prompt leaves); rlstack "
+            f"bounds each: read as data.max_prompt_length={prompt} (1/{PROMPT_SPLIT}) and data.max_response_length="
+            f"{total - prompt}, longer prompts dropped (data.filter_overlong_prompts); set data.max_prompt_length "
+            "to split it otherwise"
         )
         return
     if response is None:
@@ -166,6 +224,7 @@ def _env(t: Translation) -> None:
         )
         return
     (n,) = names
+    t.env = n
     if n not in REWARDS:
         t.problems.append(
             f"env.{n}{t.at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
@@ -184,29 +243,198 @@ def _env(t: Translation) -> None:
             )
 
 
-def _datasets(t: Translation) -> None:
-    """NeMo RL's per-split data section (`data.train`) over its older single `data.dataset_name`; a Hub
-    dataset (`org/name`) is read from the Hub, a name of NeMo RL's registry is a problem."""
-    name, held_out = t.get("data.train.dataset_name"), t.get("data.train.split_validation_size")
-    if name is not tree.MISSING:
-        key = "data.train.dataset_name"
-        t.take(key)
-        if isinstance(name, str) and "/" in name:
-            t.move(key, "data.train_files", name)
-        elif t.get("data.train.data_path") is tree.MISSING:
-            t.problems.append(
-                f"{key}={name!r}{t.at(key)}: a NeMo RL registry name, not rlstack's: set data.train_files (a file, "
-                "builtin:<task>, or a Hub dataset as org/name@split), or data.train.data_path"
-            )
-    if name is not tree.MISSING and t.get("data.dataset_name") is not tree.MISSING:
-        old = t.take("data.dataset_name")
-        t.notes.append(
-            f"data.dataset_name={old!r}{t.at('data.dataset_name')}: NeMo RL's key, not used: data.train is set"
+def _setting(t: Translation, name: str) -> tuple[str, Any]:
+    """NeMo RL's data setting `name` for the training rows: `data.train.<name>`, else `data.default.<name>`
+    (every dataset's), else the older layout's `data.<name>`. All are read out, the overridden ones noted;
+    returns the key that applies and its value (`tree.MISSING` where none is set)."""
+    keys = [f"data.train.{name}", f"data.default.{name}", f"data.{name}"]
+    found = [(k, t.take(k)) for k in keys if t.get(k) is not tree.MISSING]
+    if not found:
+        return keys[0], tree.MISSING
+    (key, value), *overridden = found
+    for k, _ in overridden:
+        t.notes.append(f"{k}{t.at(k)}: NeMo RL's key, not used: {key} is set")
+    return key, value
+
+
+def _hub_form(name: Any, split: Any) -> tuple[str, Dataset | None] | None:
+    """A dataset name as rlstack's `name@split`, and its registry entry: a registry name of `DATASETS`, or a
+    Hub dataset `org/name` itself (`split`: NeMo RL's `split` key); None for any other name."""
+    if not isinstance(name, str):
+        return None
+    entry = DATASETS.get(name)
+    if entry is None and "/" not in name:
+        return None
+    files = entry.files if entry else name
+    if isinstance(split, str) and split:
+        files = f"{files.split('@', 1)[0]}@{split}"
+    return files, entry
+
+
+_OLDER_PATHS = {"train": "data.train_data_path", "validation": "data.val_data_path"}
+_ROWS = {"train": "training", "validation": "validation"}
+
+
+def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
+    """`data.train` or `data.validation` (`which`) rows as rlstack's `to` (data.train_files, data.val_files):
+    a `data_path` (or the older `data.train_data_path` / `data.val_data_path`), else a `dataset_name` with a
+    Hub form. Returns whether NeMo RL's keys name the rows, and the registry entry they named."""
+    if which == "train":
+        key, name = _setting(t, "dataset_name")
+    else:
+        key, name = f"data.{which}.dataset_name", t.take(f"data.{which}.dataset_name")
+    split = t.take(f"data.{which}.split")
+    at_split = f"@{split}" if isinstance(split, str) and split else ""
+    for path_key in (f"data.{which}.data_path", _OLDER_PATHS[which]):
+        path = t.take(path_key)
+        if path not in (tree.MISSING, None):
+            if name not in (tree.MISSING, None):
+                t.notes.append(f"{key}{t.at(key)}: NeMo RL's loader of {path_key}'s rows, not used")
+            t.move(path_key, to, f"{path}{at_split}")
+            return True, None
+    form = _hub_form(name, split)
+    if form is not None:
+        files, entry = form
+        t.move(key, to, files)
+        if entry is not None:
+            t.notes.append(f"{key}={name!r}{t.at(key)}: NeMo RL's registry name of the Hub dataset {files}")
+        return True, entry
+    if t.get(to) is not tree.MISSING:  # rlstack's own key names the rows
+        if name is not tree.MISSING:
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {to} is set")
+    elif isinstance(name, str) or which == "train":
+        if isinstance(name, str):
+            what = f"={name!r}, a NeMo RL registry name without a Hub form rlstack reads"
+        else:
+            what = " is null" if name is None else " is not set"
+        t.problems.append(
+            f"{key}{what}{t.at(key)}: NeMo RL's config names no {_ROWS[which]} rows rlstack can read; set {key} to a Hub "
+            f"dataset (org/name) or one of the registry names rlstack maps ({', '.join(DATASETS)}), "
+            f"data.{which}.data_path to a local file, or rlstack's {to} (a file, builtin:<task>, or org/name@split)"
         )
-    if held_out is not tree.MISSING and held_out and t.get("data.val_files") is tree.MISSING:
-        t.move(
-            "data.train.split_validation_size", "data.val_files", ""
-        )  # the held-out rows are the validation set
+    return False, None
+
+
+_DEFAULT_FIELDS = {"prompt_key": "problem", "answer_key": "answer"}
+
+
+def _fields(t: Translation, entries: list[Dataset]) -> None:
+    """The row fields of the problem and the answer: NeMo RL's `input_key` / `output_key`, else those of the
+    registry datasets named (`entries`), which must agree: rlstack reads one field for train and validation."""
+    for name, field in (("input_key", "prompt_key"), ("output_key", "answer_key")):
+        key, value = _setting(t, name)
+        to = f"data.{field}"
+        if value not in (tree.MISSING, None):
+            t.move(key, to, value)
+            continue
+        fields = sorted({getattr(e, field) for e in entries})
+        if len(fields) > 1:
+            t.problems.append(
+                f"data.validation.dataset_name{t.at('data.validation.dataset_name')}: NeMo RL's training and "
+                f"validation datasets keep the {field.split('_')[0]} in different fields ({' and '.join(fields)}), "
+                f"rlstack reads one {to} for both: name validation rows that keep it where the training rows do"
+            )
+        elif fields and fields[0] != _DEFAULT_FIELDS[field] and t.get(to) is tree.MISSING:
+            tree.set(t.values, to, fields[0])
+            t.notes.append(
+                f"NeMo RL's dataset keeps the {field.split('_')[0]} in {fields[0]!r}: read as {to}={fields[0]}"
+            )
+
+
+def _datasets(t: Translation) -> None:
+    """The training and validation rows, and the fields their problem and answer are in. NeMo RL names rows
+    by path (`data_path`) or dataset (`dataset_name`): a Hub dataset (`org/name`) is read from the Hub, a
+    registry name of `DATASETS` as its Hub form, with its fields and, where the config names none, the
+    validation rows NeMo RL's class brings. Training rows named nowhere (`dataset_name: null`) or by a name
+    rlstack has no form for are a problem naming the key and what to set; a config that names training rows
+    and no validation rows validates on none (`data.val_files=''`), as NeMo RL."""
+    train, entry = _rows(t, "train", "data.train_files")
+    none = t.get("data.validation") is None  # NeMo RL's `validation: null`: none but rows held out
+    if none:
+        t.take("data.validation")
+    val, val_entry = _rows(t, "validation", "data.val_files")
+    _fields(t, [e for e in (entry, val_entry) if e is not None])
+    held_out = t.get("data.train.split_validation_size")
+    if val or not train or t.get("data.val_files") is not tree.MISSING:
+        return
+    if held_out not in (tree.MISSING, None, 0):
+        t.move("data.train.split_validation_size", "data.val_files", "")  # the held-out rows validate
+    elif entry is not None and (entry.val_files or entry.val_split) and not none:
+        tree.set(t.values, "data.val_files", entry.val_files or "")
+        if entry.val_split and t.get("data.val_split") is tree.MISSING:
+            tree.set(t.values, "data.val_split", entry.val_split)
+        rows = entry.val_files or f"{entry.val_split:.0%} of the training rows, held out (data.val_split)"
+        t.notes.append(
+            f"NeMo RL's dataset brings its validation rows, {rows}: read as data.val_files={entry.val_files or ''!r}"
+        )
+    else:
+        tree.set(t.values, "data.val_files", "")
+        t.notes.append("NeMo RL's config names no validation rows: no validation (data.val_files='')")
+
+
+def _prompt_files(t: Translation) -> None:
+    """NeMo RL's `prompt_file` (a text whose `{}` the problem fills, by Python's `str.format`) as rlstack's
+    `data.format_prompt`, and its `system_prompt_file` as `worker.rollout.agent.system_prompt`."""
+    key, path = _setting(t, "system_prompt_file")
+    if path not in (tree.MISSING, None):
+        t.move(key, "worker.rollout.agent.system_prompt", path)
+    key, path = _setting(t, "prompt_file")
+    if path in (tree.MISSING, None):
+        return
+    if t.get("data.format_prompt") is not tree.MISSING:
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: data.format_prompt is set")
+        return
+    try:
+        template = jinja_of_format(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as e:
+        t.problems.append(
+            f"{key}={path!r}{t.at(key)}: NeMo RL's prompt file cannot be read ({e.strerror or e}; relative paths "
+            f"start at the working directory, as in NeMo RL: {Path.cwd()}): copy it there (NeMo RL's are in its "
+            "examples/prompts/) or fix the path"
+        )
+        return
+    except ValueError as e:
+        t.problems.append(f"{key}={path!r}{t.at(key)}: {e}")
+        return
+    tree.set(t.values, "data.format_prompt", template)
+    t.notes.append(
+        f"{key}={path!r}{t.at(key)}: NeMo RL's prompt file, read as data.format_prompt (the same text as a Jinja "
+        "template, {{ content }} where its {} is)"
+    )
+
+
+def jinja_of_format(text: str) -> str:
+    """A NeMo RL prompt file's `text` as a `data.format_prompt` template that renders what NeMo RL's
+    `text.format(problem)` gives, character for character: each `{}` (or `{0}`) becomes `{{ content }}`
+    and each stretch of text between them (its `{{` and `}}` read as `{` and `}`) a `{% raw %}` block, whose
+    text Jinja neither interprets nor trims (a last newline included). A text that `str.format` cannot fill
+    with the problem alone is a ValueError saying why."""
+    try:
+        pieces = list(string.Formatter().parse(text))
+        text.format("")
+    except (ValueError, IndexError, KeyError) as e:
+        raise ValueError(
+            f"NeMo RL fills the prompt file with prompt_file.format(problem), which fails on it "
+            f"({type(e).__name__}: {e}); write the problem's place as {{}} and a literal brace as {{{{ or }}}}"
+        ) from e
+    template, stretch = "", ""
+    for literal, field, spec, conversion in pieces:  # the text is cut at each field and at each {{ or }}
+        stretch += literal
+        if field is None:
+            continue
+        if field not in ("", "0") or spec or conversion:
+            raise ValueError(
+                f"the prompt file's field {{{field}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is more than the problem as it is, which is all rlstack puts "
+                "there ({}): write a data.format_prompt Jinja file for the rest"
+            )
+        template += _raw(stretch) + "{{ content }}"
+        stretch = ""
+    return template + _raw(stretch)
+
+
+def _raw(text: str) -> str:
+    return "{% raw %}" + text + "{% endraw %}" if text else ""
 
 
 def _scheduler(t: Translation) -> None:
@@ -245,18 +473,47 @@ def _scheduler(t: Translation) -> None:
     )
 
 
+TRACKERS: dict[str, tuple[str, str] | None] = {
+    "tensorboard": None,
+    "wandb": ("project", "name"),
+    "mlflow": ("experiment_name", "run_name"),
+    "swanlab": ("project", "name"),
+}
+"""NeMo RL's trackers (`logger.<name>_enabled`), each one of rlstack's `trainer.logger`, and the keys of its
+section (`logger.<name>.*`) that name the project and the run."""
+
+
 def _loggers(t: Translation) -> None:
-    wandb, tensorboard = t.take("logger.wandb_enabled"), t.take("logger.tensorboard_enabled")
-    if wandb is tree.MISSING and tensorboard is tree.MISSING:
-        return
-    if t.get("trainer.logger") is not tree.MISSING:
-        t.notes.append(f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, not used: trainer.logger is set")
-        return
-    loggers = (
-        ["console", "file"] + ["tensorboard"] * bool(tensorboard is True) + ["wandb"] * bool(wandb is True)
-    )
-    tree.set(t.values, "trainer.logger", loggers)
-    t.notes.append(f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, read as trainer.logger={loggers}")
+    """`logger.<tracker>_enabled` as rlstack's `trainer.logger` (console and file, and each tracker enabled),
+    and the project and run names from the first enabled tracker's section (`logger.wandb.project`, ...;
+    W&B's where none is enabled): rlstack gives every tracker the same names."""
+    enabled = {name: t.take(f"logger.{name}_enabled") for name in TRACKERS}
+    on = [name for name, value in enabled.items() if value is True]
+    if any(value is not tree.MISSING for value in enabled.values()):
+        if t.get("trainer.logger") is not tree.MISSING:
+            t.notes.append(
+                f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, not used: trainer.logger is set"
+            )
+        else:
+            tree.set(t.values, "trainer.logger", ["console", "file", *on])
+            t.notes.append(
+                f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, read as trainer.logger={['console', 'file', *on]}"
+            )
+    named = next((name for name in on if TRACKERS[name]), "wandb")
+    for name, keys in TRACKERS.items():
+        for part, to in zip(keys or (), ("trainer.project_name", "trainer.experiment_name")):
+            key = f"logger.{name}.{part}"
+            value = t.take(key)
+            if value in (tree.MISSING, None):
+                continue
+            if name == named:
+                t.move(key, to, value)
+            else:
+                t.notes.append(
+                    f"{key}{t.at(key)}: NeMo RL's key, not used: rlstack names every tracker's run from logger.{named}"
+                )
+        if t.get(f"logger.{name}") == {}:
+            t.take(f"logger.{name}")
 
 
 def _checkpoints(t: Translation) -> None:
@@ -319,7 +576,15 @@ def _tokenizer(t: Translation) -> None:
         )
 
 
+CODE_TOOL = {"name": "python", "import_path": "builtin:python"}
+"""NeMo RL's code environment over several turns: rlstack's Python tool, called in `<code>...</code>`."""
+
+
 def _turns(t: Translation) -> None:
+    """`grpo.max_rollout_turns` as `worker.rollout.agent.max_turns`. Between NeMo RL's turns its environment
+    replies; with `env.code` that is its code environment, which runs the `<code>` block the model wrote and
+    sends back what it printed: rlstack's Python tool (`CODE_TOOL`, sandboxed, its state kept across the
+    turns). Another environment's reply is a `worker.rollout.agent.feedback` function to write."""
     key = "grpo.max_rollout_turns"
     turns = t.take(key)
     if turns is tree.MISSING or turns == 1:
@@ -328,15 +593,25 @@ def _turns(t: Translation) -> None:
         return
     t.move(key, "worker.rollout.agent.max_turns", turns)
     agent = "worker.rollout.agent"
-    if t.get(f"{agent}.feedback") in (tree.MISSING, None) and t.get(f"{agent}.tools") in (
+    if t.get(f"{agent}.feedback") not in (tree.MISSING, None) or t.get(f"{agent}.tools") not in (
         tree.MISSING,
         [],
         None,
     ):
-        t.problems.append(
-            f"{key}={turns}{t.at(key)}: between NeMo RL's turns its environment replies; rlstack's replies come from "
-            f"{agent}.feedback (file.py:fn, returning the next user message or None) or from tools ({agent}.tools)"
+        return
+    if t.env == "code":
+        tree.set(t.values, f"{agent}.tools", [dict(CODE_TOOL)])
+        t.notes.append(
+            f"{key}={turns}{t.at(key)} with env.code: NeMo RL's code environment runs the model's <code> blocks "
+            f"between turns, read as {agent}.tools=[builtin:python] (calls in <code>...</code>, what the program "
+            "prints comes back as the next turn, without NeMo RL's <result> tags); the reward scores the last program"
         )
+        return
+    t.problems.append(
+        f"{key}={turns}{t.at(key)}: between NeMo RL's turns its environment replies; rlstack's replies come from "
+        f"{agent}.feedback (file.py:fn, returning the next user message or None) or from tools ({agent}.tools; "
+        "env.code's are rlstack's Python tool)"
+    )
 
 
 def _top_k(t: Translation) -> None:
@@ -368,6 +643,7 @@ RULES = (
     _kl,
     _env,
     _datasets,
+    _prompt_files,
     _scheduler,
     _loggers,
     _checkpoints,
