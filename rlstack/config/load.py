@@ -22,6 +22,7 @@ from rlstack.config.compat import easyr1, nemo_rl
 from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
 from rlstack.config.machine import engine_choice, resolve_device
+from rlstack.config.reward import local_judge_note
 from rlstack.config.schema import Config, ConfigError, machine_problems, validate
 
 
@@ -85,6 +86,7 @@ def load_config(
     if problems:
         raise ConfigError(problems)
     _fill_derived_defaults(cfg)
+    notes += [note] if (note := local_judge_note(cfg)) else []
     for note in notes:
         print(f"[rlstack] note: {note}", file=sys.stderr)
     return cfg

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from rlstack.config.fields import field
 from rlstack.config.paths import function_file_problem, path_problems
@@ -21,8 +25,10 @@ class JudgeConfig:
     """API key; empty: OPENAI_API_KEY from the environment, else "EMPTY" (what `vllm serve` accepts)."""
     model: str = ""
     """Served model name; empty: the first model the endpoint lists at GET /models."""
-    template: Literal["consistency", "verifier", "rubric"] = "consistency"
-    """Judge prompt: DeepEyes' two-answer consistency judge, a TRUE/FALSE verifier, or a 0-1 rubric grader."""
+    template: str = "consistency"
+    """Judge prompt: a built-in (`consistency`: DeepEyes' two-answer judge; `verifier`: TRUE/FALSE; `rubric`: a 0-1 grade against a rubric given as the reference), or a Jinja file's path, rendered with `question`, `reference`, `response` as the user message."""
+    parser: str = ""
+    """How the judge's reply is read as a score: empty: the built-in template's own; `judgement_0_1`, `true_false`, `yes_no`, `score_0_1`, `score_0_10` (divided by 10), or `path/to/file.py:fn` (reply text -> float; raise or return None when it holds no verdict)."""
     max_concurrency: int = field(16, ge=1, resume=True)
     """Judge requests in flight at once."""
     timeout: float = field(60.0, gt=0, resume=True)
@@ -43,6 +49,77 @@ class JudgeConfig:
     """Seed of the backoff jitter."""
     send_images: bool = False
     """Send each row's images with its judge request (a vision-language judge, e.g. Qwen2.5-VL under `vllm serve`)."""
+    check_at_start: bool = field(True, resume=True)
+    """Before training, ask the judge once from where rewards are scored (GET /models, a one-token completion) and stop, naming the URL and what failed, when it does not answer."""
+
+
+JUDGE_TEMPLATES = ("consistency", "verifier", "rubric")
+"""The built-in judge templates (`rewards.judge.TEMPLATES`)."""
+JUDGE_PARSERS = ("judgement_0_1", "true_false", "yes_no", "score_0_1", "score_0_10")
+"""The named parsers of a judge's reply (`rewards.judge.PARSERS`)."""
+
+
+def judge_endpoint(judge: JudgeConfig) -> JudgeConfig:
+    """`judge` with its base_url and api_key as this process reads them: the configured ones, else the
+    LLM_AS_A_JUDGE_BASE and OPENAI_API_KEY environment variables. What the driver sends reward actors, whose
+    environment is their node's, not the driver's."""
+    return dataclasses.replace(
+        judge,
+        base_url=judge.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE", ""),
+        api_key=judge.api_key or os.environ.get("OPENAI_API_KEY", ""),
+    )
+
+
+def judge_rules(judge: JudgeConfig, p: list[str]) -> None:
+    """The template is a built-in or a file; a file's verdict needs a parser; the parser is named or a file."""
+    builtin, file = judge.template in JUDGE_TEMPLATES, os.path.isfile(judge.template)
+    if not (builtin or file):
+        p.append(
+            f"worker.reward.judge.template={judge.template!r}: neither a built-in ({', '.join(JUDGE_TEMPLATES)}) "
+            f"nor a file (looked for {os.path.abspath(judge.template)}): name a built-in, or a Jinja file rendered "
+            "with question, reference and response"
+        )
+    parsers = f"{', '.join(JUDGE_PARSERS)}, or path/to/file.py:fn"
+    if file and not builtin and not judge.parser:
+        p.append(
+            f"worker.reward.judge.template={judge.template!r} is a file: name how the judge's reply is read as a "
+            f"score with worker.reward.judge.parser ({parsers})"
+        )
+    if judge.parser and judge.parser not in JUDGE_PARSERS and ":" not in judge.parser:
+        p.append(f"worker.reward.judge.parser={judge.parser!r}: must be one of {parsers}")
+    if problem := function_file_problem("worker.reward.judge.parser", judge.parser):
+        p.append(problem)
+
+
+def judge_in_use(rw: RewardConfig) -> str | None:
+    """What asks the judge, as the config says it (a user's function that takes `judge` is known only once
+    loaded): `builtin:judge`, or a built-in's judge_fallback key; None: nothing."""
+    if "builtin:judge" in functions_in_use(rw):
+        return "builtin:judge"
+    fallbacks = (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback))
+    return next((f"worker.reward.{name}.judge_fallback=true" for name, on in fallbacks if on), None)
+
+
+def local_judge_note(cfg: Config) -> str | None:
+    """A line when reward actors may run on other nodes (trainer.backend=ray, nnodes > 1) but the judge's URL
+    is this machine's loopback address, which on another node is that node."""
+    rw, t = cfg.worker.reward, cfg.trainer
+    url = judge_endpoint(rw.judge).base_url
+    if t.backend != "ray" or t.nnodes < 2 or rw.num_workers < 1 or not url:
+        return None
+    try:
+        host = urlsplit(url).hostname or ""
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    key = "worker.reward.judge.base_url" if rw.judge.base_url else "LLM_AS_A_JUDGE_BASE"
+    return (
+        f"{key}={url} is this machine, but with trainer.nnodes={t.nnodes} the reward actors "
+        f"(worker.reward.num_workers={rw.num_workers}) may run on other nodes, where {host} is that node: give "
+        f"the judge's host by a name or address every node reaches (e.g. {url.replace(host, socket.gethostname(), 1)})"
+    )
 
 
 @dataclass
@@ -112,7 +189,7 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `reward_model`)."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
     reward_function_by_source: dict[str, str] = field(default_factory=dict)
@@ -140,7 +217,7 @@ class RewardConfig:
     agent: AgentRewardConfig = field(default_factory=AgentRewardConfig)
     """Settings of `builtin:agent`."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    """The LLM judge, used by the built-ins' judge_fallback (and available to user functions)."""
+    """The LLM judge: `builtin:judge`, the built-ins' judge_fallback, and reward functions that take a `judge` parameter."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Settings of `builtin:reward_model` (a reward model scoring in the trainer's process)."""
 
@@ -183,12 +260,13 @@ def reward_rules(cfg: Config, p: list[str]) -> None:
             "in CPU reward actors, where it would load one CPU copy per actor: use trainer.backend=local, or serve "
             "the reward model behind an endpoint and call it from a reward function"
         )
-    judged = [s for s, on in (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback)) if on]
-    if judged and not (rw.judge.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE")):
+    asker = judge_in_use(rw)
+    if asker and not judge_endpoint(rw.judge).base_url:
         p.append(
-            f"worker.reward.{judged[0]}.judge_fallback=true needs a judge endpoint: set worker.reward.judge.base_url "
-            "(or the LLM_AS_A_JUDGE_BASE environment variable) to an OpenAI-compatible URL such as http://host:18901/v1"
+            f"{asker} needs a judge endpoint: set worker.reward.judge.base_url (or the LLM_AS_A_JUDGE_BASE "
+            "environment variable) to an OpenAI-compatible URL such as http://host:18901/v1"
         )
+    judge_rules(rw.judge, p)
     for key, fn in (
         [("worker.reward.reward_function", rw.reward_function)]
         + [(f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)]

@@ -58,6 +58,34 @@ def agent(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str
     return agent_reward.compute_score(reward_inputs, **settings)
 
 
+def judge(reward_inputs: list[dict[str, Any]], judge=None) -> list[dict[str, float]]:
+    """Every response scored by the LLM judge (`worker.reward.judge`): overall = judge = its score.
+
+    `judge`: `RewardManager.ask_judge`, sent (question, reference, response, images) per row: the question is
+    the row's `question` field, else the text of its last user message before the chat template, else the
+    prompt; the reference is the ground truth; the images go where `judge.send_images` is set.
+    """
+    if judge is None:
+        raise ValueError("builtin:judge is called with the judge of worker.reward.judge")
+    queries = [
+        (_question(x), str(x["ground_truth"]), str(x["response"]), x.get("images") or ())
+        for x in reward_inputs
+    ]
+    return [{"overall": s, "judge": s} for s in judge(queries)]
+
+
+def _question(x: dict[str, Any]) -> str:
+    if x.get("question") is not None:
+        return str(x["question"])
+    users = [m for m in x.get("prompt_messages") or () if m.get("role") == "user"]
+    if users:
+        content = users[-1]["content"]
+        if isinstance(content, str):
+            return content
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(x.get("prompt", ""))
+
+
 def reward_model(reward_inputs: list[dict[str, Any]], model=None) -> list[dict[str, float]]:
     """A reward model's score of each prompt and response (`rlstack.rewards.reward_model`): overall = rm_score.
 
@@ -73,5 +101,6 @@ BUILTINS = {
     "math": math,
     "code": code,
     "agent": agent,
+    "judge": judge,
     "reward_model": reward_model,
 }

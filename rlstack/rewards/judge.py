@@ -1,19 +1,22 @@
 """Scoring responses with an LLM judge served behind any OpenAI-compatible endpoint (`vllm serve`, ...).
 
-Three prompt templates, chosen per item from `TEMPLATES`:
+Three built-in prompt templates, chosen per item from `TEMPLATES`:
   - `consistency`: the two-answer consistency judge of DeepEyes (Zheng et al., 2025, "DeepEyes: Incentivizing
     'Thinking with Images' via Reinforcement Learning"): few-shot examples, then the question, the ground
     truth and the model's answer; the judge ends with `Judgement: 1` (same answer) or `Judgement: 0`.
     The prompt text is ours, not DeepEyes'.
   - `verifier`: the judge answers TRUE or FALSE to "is the response correct given the reference".
   - `rubric`: the judge grades the response against a rubric (passed as `answer`) with a score in [0, 1].
+A user's template is a Jinja file rendered with `question`, `reference` and `response` as the user message
+(`file_prompt`); the judge's reply is read by a named parser (`PARSERS`) or the user's `path/to/file.py:fn`
+(`load_template`).
 
 Every call is retried (exponential backoff with jitter) on connection errors, timeouts, HTTP 429/5xx,
 malformed bodies and unparseable verdicts. A (template, question, answer, response) is sent once per client:
 results are cached and identical items in flight share one request. When the endpoint stays down,
 `on_error="raise"` raises `JudgeUnavailable` naming the endpoint and the sample; `on_error="score"` returns
 `error_score` and counts the failure in `JudgeClient.errors` (log it as `reward/judge_errors`). Never a
-silent 0.
+silent 0. `check` asks the endpoint once before a run (GET /models, a one-token completion).
 """
 
 from __future__ import annotations
@@ -21,23 +24,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
+import numbers
 import random
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Literal
+from pathlib import Path
+from typing import TypeVar
 
+import jinja2
 import openai
 
 from rlstack.config import JudgeConfig
+from rlstack.config.reward import judge_endpoint
 from rlstack.errors import RLStackError
+from rlstack.extensions import load_function, source_file, user_error
 
-TemplateName = Literal["consistency", "verifier", "rubric"]
 Messages = list[dict[str, str]]
+T = TypeVar("T")
 
 
 class JudgeError(RLStackError, RuntimeError):
@@ -59,7 +67,8 @@ class JudgeItem:
     """Ground-truth answer (consistency, verifier) or the rubric (rubric)."""
     response: str
     """The policy's answer being judged."""
-    template: TemplateName = "consistency"
+    template: str = "consistency"
+    """A built-in template's name, or the client's own (`worker.reward.judge.template`, a file's path too)."""
     images: tuple[bytes, ...] = ()
     """The question's images, PNG-encoded (`png_images`), sent before the prompt's text for a
     vision-language judge; part of the cache key (by digest) like the texts."""
@@ -68,9 +77,10 @@ class JudgeItem:
 @dataclass
 class JudgeResult:
     verdict: str | None
-    """Normalized: "1"/"0" (consistency), "TRUE"/"FALSE" (verifier), score text (rubric); None: failed."""
+    """Normalized: "1"/"0" (judgement_0_1), "TRUE"/"FALSE" (true_false), "YES"/"NO" (yes_no), score text
+    (the others); None: failed."""
     score: float
-    """Reward in [0, 1]; error_score when judging failed under on_error=score."""
+    """Reward in [0, 1] (a user's parser: what it returns); error_score when judging failed under on_error=score."""
     cached: bool
     """True when no request was sent for this item (from the cache or an identical item in flight)."""
     attempts: int
@@ -161,6 +171,8 @@ _BINARY_ALONE = re.compile(r"\W*([01])\W*")
 _BOOL_LABELLED = re.compile(r"(?:verdict|answer|judge?ment)\W{0,5}(true|false)\b", re.IGNORECASE)
 _BOOL_WORD = re.compile(r"\b(true|false)\b", re.IGNORECASE)
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)(?!\.?\d)"
+_YES_NO_LABELLED = re.compile(r"(?:verdict|answer|judge?ment)\W{0,5}(yes|no)\b", re.IGNORECASE)
+_YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 _SCORE_LABELLED = re.compile(r"score[^\w.]{0,5}" + _NUMBER, re.IGNORECASE)
 _NUMBER_ANY = re.compile(r"(?<![\d.])" + _NUMBER)
 
@@ -182,28 +194,63 @@ def parse_consistency(text: str) -> tuple[str, float]:
 
 def parse_verifier(text: str) -> tuple[str, float]:
     """TRUE/FALSE: after a `Verdict:`-style label, else the only one of the two words the reply uses."""
-    labelled = _BOOL_LABELLED.findall(text)
-    words = {w.upper() for w in (labelled[-1:] if labelled else _BOOL_WORD.findall(text))}
+    return _parse_word(text, _BOOL_LABELLED, _BOOL_WORD, ("TRUE", "FALSE"))
+
+
+def parse_yes_no(text: str) -> tuple[str, float]:
+    """YES/NO, read as `parse_verifier` reads TRUE/FALSE."""
+    return _parse_word(text, _YES_NO_LABELLED, _YES_NO_WORD, ("YES", "NO"))
+
+
+def _parse_word(
+    text: str, labelled: re.Pattern, word: re.Pattern, pair: tuple[str, str]
+) -> tuple[str, float]:
+    """One of `pair` (score 1 for the first): the last labelled one, else the only one of the two the reply uses."""
+    found = labelled.findall(text)
+    words = {w.upper() for w in (found[-1:] if found else word.findall(text))}
     if len(words) != 1:
-        raise _unparseable(text, "single TRUE/FALSE verdict")
-    word = words.pop()
-    return word, float(word == "TRUE")
+        raise _unparseable(text, f"single {'/'.join(pair)} verdict")
+    verdict = words.pop()
+    return verdict, float(verdict == pair[0])
+
+
+def _parse_score(text: str, top: float) -> tuple[str, float]:
+    """A number in [0, top]: after `Score:` (last one wins), else the only number in the reply; scaled to [0, 1]."""
+    labelled = _SCORE_LABELLED.findall(text)
+    found = labelled[-1:] if labelled else _NUMBER_ANY.findall(text)
+    if len(found) != 1 or not 0.0 <= float(found[0]) <= top:
+        raise _unparseable(text, f"single score in [0, {top:g}]")
+    score = float(found[0])
+    return f"{score:g}", score / top
 
 
 def parse_rubric(text: str) -> tuple[str, float]:
     """A number in [0, 1]: after `Score:` (last one wins), else the only number in the reply."""
-    labelled = _SCORE_LABELLED.findall(text)
-    numbers = labelled[-1:] if labelled else _NUMBER_ANY.findall(text)
-    if len(numbers) != 1 or not 0.0 <= float(numbers[0]) <= 1.0:
-        raise _unparseable(text, "single score in [0, 1]")
-    score = float(numbers[0])
-    return f"{score:g}", score
+    return _parse_score(text, 1.0)
+
+
+def parse_score_0_10(text: str) -> tuple[str, float]:
+    """A number in [0, 10] as `parse_rubric` reads one in [0, 1], divided by 10."""
+    return _parse_score(text, 10.0)
+
+
+Parse = Callable[[str], tuple[str, float]]
+"""The judge's reply -> (normalized verdict, score); UnparseableVerdict when it holds none."""
+
+PARSERS: dict[str, Parse] = {
+    "judgement_0_1": parse_consistency,
+    "true_false": parse_verifier,
+    "yes_no": parse_yes_no,
+    "score_0_1": parse_rubric,
+    "score_0_10": parse_score_0_10,
+}
+"""The parsers `worker.reward.judge.parser` names (`config.reward.JUDGE_PARSERS`)."""
 
 
 @dataclass(frozen=True)
 class Template:
     prompt: Callable[[str, str, str], Messages]
-    parse: Callable[[str], tuple[str, float]]
+    parse: Parse
 
 
 TEMPLATES: dict[str, Template] = {
@@ -211,6 +258,73 @@ TEMPLATES: dict[str, Template] = {
     "verifier": Template(verifier_prompt, parse_verifier),
     "rubric": Template(rubric_prompt, parse_rubric),
 }
+"""The built-in templates (`config.reward.JUDGE_TEMPLATES`), each with its own parser."""
+
+
+def load_template(template: str, parser: str) -> Template:
+    """`worker.reward.judge.template` and `.parser`: a built-in template or a Jinja file (`file_prompt`), read
+    by the template's own parser (`parser` empty: built-ins only), a named one (`PARSERS`) or a user's
+    `path/to/file.py:fn` (`user_parser`)."""
+    if not parser and template not in TEMPLATES:
+        raise JudgeError(
+            f"worker.reward.judge.template={template!r} is a file: name how its verdict is read with "
+            f"worker.reward.judge.parser ({', '.join(PARSERS)}, or path/to/file.py:fn)"
+        )
+    prompt = TEMPLATES[template].prompt if template in TEMPLATES else file_prompt(template)
+    if not parser:
+        return TEMPLATES[template]
+    return Template(prompt, PARSERS[parser] if parser in PARSERS else user_parser(parser))
+
+
+def file_prompt(path: str) -> Callable[[str, str, str], Messages]:
+    """A Jinja file as a prompt: rendered with `question`, `reference` (the ground truth, or a rubric) and
+    `response`, the whole text one user message. A name it uses that is none of these is an error here, at
+    load, not at the first judged sample."""
+    where = f"worker.reward.judge.template={path!r}"
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise JudgeError(
+            f"{where}: cannot read it ({e}); give a built-in ({', '.join(TEMPLATES)}) or a file"
+        ) from e
+    try:
+        compiled = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise JudgeError(f"{where}: Jinja syntax error at line {e.lineno}: {e.message}") from e
+
+    def prompt(question: str, answer: str, response: str) -> Messages:
+        return [
+            {
+                "role": "user",
+                "content": compiled.render(question=question, reference=answer, response=response),
+            }
+        ]
+
+    try:
+        prompt("question", "reference", "response")
+    except jinja2.UndefinedError as e:
+        raise JudgeError(
+            f"{where}: {e.message}; a judge template has question, reference and response"
+        ) from e
+    return prompt
+
+
+def user_parser(ref: str) -> Parse:
+    """A user's `path/to/file.py:fn` (`fn(reply: str) -> float`) as a parser: it raises, or returns None, when
+    the reply holds no verdict (retried like an unreadable reply of a named parser)."""
+    _, fn = load_function(ref, "worker.reward.judge.parser", "judge parser file", JudgeError)
+    file = source_file(fn)
+
+    def parse(text: str) -> tuple[str, float]:
+        try:
+            value = fn(text)
+        except Exception as e:
+            raise UnparseableVerdict(f"parser {ref} raised on {_short(text)!r}: {user_error(e, file)}") from e
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise UnparseableVerdict(f"parser {ref} returned {value!r}, not a score, for {_short(text)!r}")
+        return f"{float(value):g}", float(value)
+
+    return parse
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -233,7 +347,8 @@ class JudgeClient:
 
     def __init__(self, config: JudgeConfig):
         self.config = config
-        self.base_url = config.base_url or os.environ.get("LLM_AS_A_JUDGE_BASE", "")
+        endpoint = judge_endpoint(config)
+        self.base_url = endpoint.base_url
         if not self.base_url:
             raise JudgeError(
                 "no judge endpoint: set worker.reward.judge.base_url or the LLM_AS_A_JUDGE_BASE environment "
@@ -243,9 +358,10 @@ class JudgeClient:
             raise JudgeError(f"judge on_error={config.on_error!r}: must be 'raise' or 'score'")
         if config.max_concurrency < 1 or config.max_attempts < 1:
             raise JudgeError("judge max_concurrency and max_attempts must be at least 1")
-        api_key = config.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.template = load_template(config.template, config.parser)
+        """The configured template, read by the configured parser."""
         self._openai = openai.OpenAI(
-            base_url=self.base_url, api_key=api_key, timeout=config.timeout, max_retries=0
+            base_url=self.base_url, api_key=endpoint.api_key or "EMPTY", timeout=config.timeout, max_retries=0
         )
         self.model = config.model
         self.errors = 0
@@ -267,8 +383,11 @@ class JudgeClient:
     def judge_batch(self, items: list[JudgeItem]) -> list[JudgeResult]:
         """One result per item, in order; JudgeUnavailable (on_error=raise) names the failing sample."""
         for item in items:
-            if item.template not in TEMPLATES:
-                raise JudgeError(f"judge template {item.template!r}: must be one of {sorted(TEMPLATES)}")
+            if item.template not in TEMPLATES and item.template != self.config.template:
+                raise JudgeError(
+                    f"judge template {item.template!r}: must be one of {sorted(TEMPLATES)} or the configured "
+                    f"{self.config.template!r}"
+                )
         futures: list[tuple[Future[JudgeResult], bool]] = []
         with self._lock:
             for item in items:
@@ -304,6 +423,44 @@ class JudgeClient:
             results.append(result if fresh else replace(result, cached=True, attempts=0))
         return results
 
+    def check(self) -> None:
+        """Ask the endpoint once, from this host, before a run: GET /models (no model configured: the first
+        listed is taken) and a one-token chat completion with the model. Each retried as a judged sample is;
+        a JudgeError names the URL, this host, what failed and the models the endpoint lists."""
+        where = f"judge check at start (worker.reward.judge.check_at_start) from host {socket.gethostname()}"
+        fix = (
+            "start the judge server, or fix worker.reward.judge.base_url / api_key (or the LLM_AS_A_JUDGE_BASE / "
+            "OPENAI_API_KEY environment variables) so that this host reaches it; "
+            "worker.reward.judge.check_at_start=false skips this check"
+        )
+        url = self.base_url.rstrip("/")
+        try:
+            served, _ = self._attempts(lambda: [m.id for m in self._openai.models.list()])
+        except _Failed as e:
+            raise JudgeError(
+                f"{where}: GET {url}/models failed after {e.attempts} attempt(s): {e.reason}; {fix}"
+            ) from e
+        with self._model_lock:
+            if not (self.model or served):
+                raise JudgeError(
+                    f"{where}: GET {url}/models lists no models; name one in worker.reward.judge.model"
+                )
+            self.model = self.model or served[0]
+        try:
+            self._attempts(self._ping)
+        except _Failed as e:
+            raise JudgeError(
+                f"{where}: POST {url}/chat/completions (model {self.model!r}; it lists {served}) failed after "
+                f"{e.attempts} attempt(s): {e.reason}; {fix}"
+            ) from e
+
+    def _ping(self) -> None:
+        completion = self._openai.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Say OK."}], temperature=0.0, max_tokens=1
+        )
+        if not getattr(completion, "choices", None):
+            raise ValueError(f"chat completion without choices: {_short(repr(completion))}")
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._openai.close()
@@ -328,15 +485,21 @@ class JudgeClient:
                 self._forget(item, future)
 
     def _judge_one(self, item: JudgeItem) -> JudgeResult:
-        template = TEMPLATES[item.template]
+        template = self.template if item.template == self.config.template else TEMPLATES[item.template]
         messages = with_images(template.prompt(item.question, item.answer, item.response), item.images)
+        (verdict, score), attempts = self._attempts(lambda: template.parse(self._complete(messages)))
+        return JudgeResult(verdict, score, False, attempts)
+
+    def _attempts(self, call: Callable[[], T]) -> tuple[T, int]:
+        """`call()`'s value and the attempts it took: retried with backoff on connection errors, timeouts,
+        HTTP 429/5xx, malformed bodies and unreadable verdicts; `_Failed` when every attempt failed, or at
+        once on another HTTP error (retrying cannot fix a 4xx)."""
         reason = ""
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt > 1:
                 time.sleep(self._backoff(attempt - 1))
             try:
-                verdict, score = template.parse(self._complete(messages))
-                return JudgeResult(verdict, score, False, attempt)
+                return call(), attempt
             except openai.APIStatusError as e:
                 reason = f"HTTP {e.status_code}: {_short(e.message)}"
                 if e.status_code != 429 and e.status_code < 500:

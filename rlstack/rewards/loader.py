@@ -1,4 +1,8 @@
-"""Loading a reward function named by `path/to/file.py:fn`, `package.module:fn` or `builtin:<name>`."""
+"""Loading a reward function named by `path/to/file.py:fn`, `package.module:fn` or `builtin:<name>`.
+
+A function with a parameter named `judge` is called with the run's LLM judge (`RewardManager.ask_judge`:
+`judge([(question, reference, response[, images]), ...]) -> [score, ...]`), in any of the three
+interfaces (EasyR1's batch and sequential ones, veRL's `compute_score`)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ class RewardFunction:
     name: str
     file: str | None = None
     """The user's file that defines the function (its frames are shown when it raises); None: a built-in."""
+    wants_judge: bool = False
+    """The function has a parameter named `judge`: it is called with the judge (`RewardManager.ask_judge`)."""
 
 
 def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -> RewardFunction:
@@ -34,16 +40,22 @@ def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -
                 f"{key}={ref!r}: no such built-in; built-ins are "
                 + ", ".join(f"builtin:{k}" for k in builtin.BUILTINS)
             )
-        return RewardFunction(builtin.BUILTINS[name], "batch", ref)
+        fn = builtin.BUILTINS[name]
+        return RewardFunction(fn, "batch", ref, wants_judge=_takes_judge(fn))
     module, fn = load_function(ref, key, "reward file", RewardLoadError)
     target, file = ref.rsplit(":", 1)[0], source_file(fn)
     reward_type = getattr(module, "REWARD_TYPE", None)
     if reward_type is None and VERL_RESPONSE_NAMES & set(inspect.signature(fn).parameters):
-        return RewardFunction(_from_verl(fn, ref), "sequential", ref, file)
+        return RewardFunction(_from_verl(fn, ref), "sequential", ref, file, _takes_judge(fn))
     reward_type = reward_type or "batch"
     if reward_type not in ("batch", "sequential"):
         raise RewardLoadError(f"{target}: REWARD_TYPE must be 'batch' or 'sequential', got {reward_type!r}")
-    return RewardFunction(fn, reward_type, ref, file)
+    return RewardFunction(fn, reward_type, ref, file, _takes_judge(fn))
+
+
+def _takes_judge(fn: Callable) -> bool:
+    """Whether `fn` asks for the judge: a parameter named `judge` (a `**kwargs` alone does not ask)."""
+    return "judge" in inspect.signature(fn).parameters
 
 
 VERL_RESPONSE_NAMES = {"solution_str", "predict_str"}

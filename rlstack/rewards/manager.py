@@ -77,7 +77,7 @@ class RewardManager:
         self.on_error = on_error
         self.error_score = error_score
         self.judge = judge
-        """The JudgeClient behind the built-ins' judge fallback (closed by `close`), or None."""
+        """The JudgeClient behind `ask_judge` (closed by `close`), or None."""
         self._judge_calls = 0
         self._judge_errors_seen = 0
         self._judge_lock = threading.Lock()  # worker threads count their judge calls
@@ -139,9 +139,12 @@ class RewardManager:
             rows.setdefault(-1 if k is None else k, []).append(i)
         return [(default if k < 0 else self.routes[k][1], rows[k]) for k in sorted(rows)]
 
-    def judge_fallback(self, queries: list[tuple]) -> list[float]:
-        """(question, ground truth, response[, images]) -> judge scores, for the built-ins' `judge_fallback`;
-        the row's images go with the request where `worker.reward.judge.send_images` is set."""
+    def ask_judge(self, queries: list[tuple]) -> list[float]:
+        """(question, reference, response[, images]) -> the judge's scores, in order: the `judge` that
+        `builtin:judge`, the built-ins' `judge_fallback` and reward functions with a `judge` parameter are
+        given. Sent together (up to `judge.max_concurrency` at once), with the configured template and parser;
+        the images (PIL images or PNG/JPEG bytes) go with a request where `worker.reward.judge.send_images`
+        is set. A failed judgement follows `judge.on_error`."""
         from rlstack.rewards.judge import JudgeItem, png_images
 
         assert self.judge is not None
@@ -436,8 +439,9 @@ def _describe(batch: Batch, i: int) -> str:
 
 
 def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardManager:
-    """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings,
-    the judge client built when a built-in's judge_fallback asks for it."""
+    """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings, and the
+    judge client built where a function asks for it (`builtin:judge`, a parameter named `judge`, a built-in's
+    judge_fallback) and, unless `judge.check_at_start=false`, asked once from here (`JudgeClient.check`)."""
     functions = [load_reward_function(ref) for ref in [cfg.reward_function, *cfg.extra_reward_functions]]
     routes = [
         (source, load_reward_function(ref, f"worker.reward.reward_function_by_source.{source}"))
@@ -445,14 +449,22 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
     ]
     loaded = [*functions, *(rf for _, rf in routes)]
     builtins_used = {rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")}
-    wants_judge = ("math" in builtins_used and cfg.math.judge_fallback) or (
-        "agent" in builtins_used and cfg.agent.judge_fallback
+    wants_judge = (
+        any(rf.wants_judge for rf in loaded)
+        or ("math" in builtins_used and cfg.math.judge_fallback)
+        or ("agent" in builtins_used and cfg.agent.judge_fallback)
     )
     judge = None
     if wants_judge:
         from rlstack.rewards.judge import JudgeClient
 
         judge = JudgeClient(cfg.judge)
+        try:
+            if cfg.judge.check_at_start:
+                judge.check()
+        except BaseException:
+            judge.close()
+            raise
     manager = RewardManager(
         functions[0],
         cfg.reward_function_kwargs,
@@ -475,12 +487,14 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
             if name not in shared:
                 shared[name] = _builtin_settings(name, cfg, manager)
             rf.fn = functools.partial(rf.fn, **shared[name])
+        if rf.wants_judge:
+            rf.fn = functools.partial(rf.fn, judge=manager.ask_judge)
     return manager
 
 
 def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> dict[str, Any]:
     """Keyword arguments of a built-in reward from its config section (user kwargs still win)."""
-    fallback = manager.judge_fallback if manager.judge is not None else None
+    fallback = manager.ask_judge if manager.judge is not None else None
     if name == "math":
         m = cfg.math
         return {

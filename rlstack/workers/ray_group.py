@@ -16,6 +16,7 @@ on this machine (or `RAY_ADDRESS` names one), and otherwise starts a local one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -23,7 +24,8 @@ from typing import Any
 import torch
 
 from rlstack.batch import Batch
-from rlstack.config import Config
+from rlstack.config import Config, RewardConfig
+from rlstack.config.reward import judge_endpoint
 from rlstack.errors import RLStackError
 from rlstack.plan import StepPlan
 from rlstack.workers.group import (
@@ -283,13 +285,10 @@ def _place_hosts(
 class RewardHost:
     """One reward worker: a reward manager (one call at a time) scoring the rows it is sent."""
 
-    def __init__(self, cfg: Config):
-        import dataclasses
-
+    def __init__(self, reward: RewardConfig, max_response_length: int):
         from rlstack.rewards.manager import build_reward_manager
 
-        reward = dataclasses.replace(cfg.worker.reward, num_workers=1)
-        self.manager = build_reward_manager(reward, cfg.data.max_response_length)
+        self.manager = build_reward_manager(reward, max_response_length)
 
     def score(self, batch: Batch) -> Batch:
         scored = self.manager.score(batch)
@@ -306,16 +305,23 @@ class RayRewards:
     """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
     tests and judge calls included); the driver sends each an equal share of the rows. Same interface as
     `RewardManager`: `score`, `pop_metrics`, `close`. Each actor takes a CPU, or an equal share of the
-    CPUs the ranks leave when there are fewer (`reward_placement`)."""
+    CPUs the ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the
+    driver reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another
+    node has that node's environment."""
 
     def __init__(self, cluster: RayCluster, cfg: Config, cpus: float):
         import ray
 
-        n = cfg.worker.reward.num_workers
+        rw = cfg.worker.reward
+        n = rw.num_workers
         self.cluster = cluster
         env = {"env_vars": cluster.env}
+        reward = dataclasses.replace(rw, num_workers=1, judge=judge_endpoint(rw.judge))
         self.hosts = [
-            ray.remote(RewardHost).options(num_cpus=cpus, runtime_env=env).remote(cfg) for _ in range(n)
+            ray.remote(RewardHost)
+            .options(num_cpus=cpus, runtime_env=env)
+            .remote(reward, cfg.data.max_response_length)
+            for _ in range(n)
         ]
         self.cluster.extra_actors += self.hosts
         self.who = [f"reward worker {i} of {n}" for i in range(n)]

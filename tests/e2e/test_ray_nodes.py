@@ -73,3 +73,40 @@ def test_more_nodes_than_the_cluster_has_is_one_clear_message(
         RLStackError, match=r"4 node\(s\) with \{'CPU': 1\} free each, but the Ray cluster has 2 node"
     ):
         Trainer(cfg)
+
+
+def test_the_drivers_judge_address_and_key_reach_reward_actors_on_every_node(two_nodes, monkeypatch):
+    """The judge's URL and key as the driver reads them (here only in its environment, set after the nodes
+    started, so that no node has them) reach each reward actor, which checks the judge and asks it."""
+    from types import SimpleNamespace
+
+    from judge_server import JudgeServer
+    from scored_batches import make_batch
+
+    from rlstack.config import load_config
+    from rlstack.workers.ray_group import RayRewards
+
+    server = JudgeServer()
+    monkeypatch.setenv("LLM_AS_A_JUDGE_BASE", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-driver")
+    cfg = load_config(
+        [
+            "worker.reward.reward_function=builtin:math",
+            "worker.reward.math.judge_fallback=true",  # words: the rule leaves them to the judge
+            "worker.reward.num_workers=2",
+        ]
+    )
+    cluster = SimpleNamespace(get=lambda refs, who=None: ray.get(refs), extra_actors=[], env={})
+    try:
+        rewards = RayRewards(cluster, cfg, cpus=1.0)
+        out = rewards.score(
+            make_batch(["<answer>Mon</answer>", "<answer>Tue</answer>"], ["Monday", "Tuesday"])
+        )
+        rewards.close()
+    finally:
+        for actor in cluster.extra_actors:
+            ray.kill(actor)
+        server.stop()
+    assert [c["accuracy"] for c in out["reward_components"]] == [1.0, 1.0]
+    assert server.model_requests == 2  # each actor's check at start
+    assert len(server.chat_requests) == 4 and set(server.api_keys) == {"Bearer sk-driver"}

@@ -96,6 +96,7 @@ def test_math_with_judge_fallback_against_a_local_judge_server(answering_model: 
                 f"worker.reward.judge.base_url={server.url}",
                 "worker.reward.judge.backoff_base=0.01",
                 "worker.reward.judge.backoff_max=0.02",
+                "worker.reward.judge.check_at_start=false",  # counts below are the fallback's requests only
                 "trainer.save_model_only=true",
             )
         )
@@ -136,6 +137,70 @@ def test_math_with_judge_fallback_against_a_local_judge_server(answering_model: 
     assert judged > 0 and metrics[1]["reward/accuracy"] > 0
 
 
+def _judge_by_length(body: dict) -> tuple[str, str]:
+    """`Score: n` out of 10, n the response's length mod 11; `OK` to the check at start (no response in it)."""
+    said = re.search(r"<<(.*)>>\Z", body["messages"][-1]["content"], re.DOTALL)
+    return "ok", f"Score: {len(said.group(1)) % 11}" if said else "OK"
+
+
+def test_builtin_judge_scores_every_response_of_a_run(tiny_model_dir: Path, tmp_path: Path):
+    """GRPO on the tiny model with builtin:judge: the judge is checked before training, then every response
+    (question, reference, response) goes through the user's Jinja template to the judge, whose `Score: n` the
+    score_0_10 parser reads; each row's reward is its judge's verdict, logged as reward/judge."""
+    server = JudgeServer(default=_judge_by_length)
+    template = tmp_path / "judge.jinja"
+    template.write_text(
+        "Score the answer from 0 to 10.\nQ: {{ question }}\nReference: {{ reference }}\n<<{{ response }}>>"
+    )
+    try:
+        rows = _write_rows(tmp_path / "rl.jsonl", [gold for _, gold, _ in QUESTIONS])
+        cfg = load_config(
+            _common(
+                tiny_model_dir,
+                tmp_path,
+                f"data.train_files={rows}",
+                "worker.rollout.n=2",
+                "worker.actor.micro_batch_size_per_device_for_update=8",
+                "data.max_response_length=8",
+                "trainer.max_steps=2",
+                "trainer.total_epochs=2",
+                "trainer.train_generations_to_log=8",
+                "worker.reward.reward_function=builtin:judge",
+                f"worker.reward.judge.base_url={server.url}",
+                f"worker.reward.judge.template={template}",
+                "worker.reward.judge.parser=score_0_10",
+                "trainer.save_model_only=true",
+            )
+        )
+        Trainer(cfg).fit()
+    finally:
+        server.stop()
+    ping, *judged = server.chat_requests
+    assert ping["max_tokens"] == 1 and server.model_requests == 1  # the check at start found the model
+    assert {r["model"] for r in judged} == {"judge-72b"}
+    verdicts = {}
+    for request in judged:
+        text = request["messages"][-1]["content"]
+        question = re.search(r"Q: (.*)\nReference: (.*)\n", text)
+        assert (question.group(1), question.group(2)) in {(q, gold) for q, gold, _ in QUESTIONS}
+        response = re.search(r"<<(.*)>>\Z", text, re.DOTALL).group(1)
+        verdicts[response] = (len(response) % 11) / 10
+    metrics = {
+        json.loads(line)["step"]: json.loads(line)
+        for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    }
+    for step in (1, 2):
+        assert metrics[step]["reward/judge_calls"] == 8  # every response of the step
+        assert metrics[step]["reward/judge"] == pytest.approx(metrics[step]["reward/overall"])
+        rows = [
+            json.loads(line) for line in (cfg.run_dir / "generations" / f"train_step_{step}.jsonl").open()
+        ]
+        assert len(rows) == 8
+        for row in rows:
+            assert row["score"] == pytest.approx(verdicts[row["response"]]), row
+            assert row["reward_components"]["judge"] == pytest.approx(row["score"])
+
+
 def test_judge_fallback_without_an_endpoint_is_a_config_error(monkeypatch):
     monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
     with pytest.raises(ConfigError, match="judge_fallback=true needs a judge endpoint"):
@@ -152,6 +217,7 @@ def scored_judge(server: JudgeServer, *extra: str) -> list[str]:
         "worker.reward.judge.max_attempts=2",
         "worker.reward.judge.backoff_base=0.01",
         "worker.reward.judge.on_error=score",
+        "worker.reward.judge.check_at_start=false",  # the judge is down from the start
         *extra,
     ]
 

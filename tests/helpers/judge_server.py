@@ -22,6 +22,8 @@ class JudgeServer:
         self.script: list[Action] = []
         self.default = default
         self.chat_requests: list[dict] = []
+        self.api_keys: list[str] = []
+        """The Authorization header of each chat request, in order."""
         self.model_requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -67,6 +69,7 @@ class JudgeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
                     server.chat_requests.append(body)
+                    server.api_keys.append(self.headers.get("Authorization", ""))
                     action = server.script.pop(0) if server.script else server.default(body)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)

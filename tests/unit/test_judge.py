@@ -18,7 +18,9 @@ from rlstack.rewards.judge import (
     UnparseableVerdict,
     parse_consistency,
     parse_rubric,
+    parse_score_0_10,
     parse_verifier,
+    parse_yes_no,
 )
 
 
@@ -322,3 +324,199 @@ def test_a_failing_sample_with_images_says_how_many(server):
         pytest.raises(JudgeUnavailable, match=r"response='The answer is 2.', 1 image"),
     ):
         client.judge(replace(item(1), images=png_images([_image("red")])))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A template of the user's, and the parser of the judge's reply
+
+
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("YES", "YES"),
+        ("no.", "NO"),
+        ("The units differ, so the answer is wrong. Verdict: No", "NO"),
+        ("Yes!", "YES"),
+    ],
+)
+def test_parse_yes_no(text, verdict):
+    assert parse_yes_no(text) == (verdict, float(verdict == "YES"))
+
+
+@pytest.mark.parametrize("text", ["yes or no, hard to say", "maybe", ""])
+def test_parse_yes_no_rejects(text):
+    with pytest.raises(UnparseableVerdict):
+        parse_yes_no(text)
+
+
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("Score: 7", 0.7),
+        ("10", 1.0),
+        ("**Score**: 2.5/10", 0.25),
+        ("Score: 11", None),
+        ("between 6 and 8", None),
+    ],
+)
+def test_parse_score_0_10(text, score):
+    if score is None:
+        with pytest.raises(UnparseableVerdict):
+            parse_score_0_10(text)
+    else:
+        assert parse_score_0_10(text)[1] == pytest.approx(score)
+
+
+def test_the_named_parsers_and_templates_are_those_the_config_offers():
+    from rlstack.config.reward import JUDGE_PARSERS, JUDGE_TEMPLATES
+    from rlstack.rewards.judge import PARSERS, TEMPLATES
+
+    assert tuple(PARSERS) == JUDGE_PARSERS and tuple(TEMPLATES) == JUDGE_TEMPLATES
+
+
+def test_a_jinja_template_file_read_by_a_named_parser(server, tmp_path):
+    template = tmp_path / "grade.jinja"
+    template.write_text("Grade from 0 to 10.\nQ: {{ question }}\nGold: {{ reference }}\nA: {{ response }}\n")
+    server.default = lambda body: ("ok", "Mostly right. Score: 8")
+    with make_client(server, template=str(template), parser="score_0_10") as client:
+        result = client.judge(JudgeItem("What is 2 + 2?", "4", "four-ish", str(template)))
+    assert (result.verdict, result.score) == ("8", 0.8)
+    (request,) = server.chat_requests
+    assert request["messages"] == [
+        {"role": "user", "content": "Grade from 0 to 10.\nQ: What is 2 + 2?\nGold: 4\nA: four-ish"}
+    ]
+
+
+def test_a_built_in_template_with_another_named_parser(server):
+    server.default = lambda body: ("ok", "yes")
+    with make_client(server, template="verifier", parser="yes_no") as client:
+        assert client.judge(item(1, "verifier")).verdict == "YES"
+
+
+def test_a_template_file_with_an_unknown_name_fails_at_load(server, tmp_path):
+    template = tmp_path / "bad.jinja"
+    template.write_text("Q: {{ question }} A: {{ answer }}")
+    with pytest.raises(
+        JudgeError, match=r"'answer' is undefined; a judge template has question, reference and response"
+    ):
+        make_client(server, template=str(template), parser="yes_no")
+    with pytest.raises(JudgeError, match="is a file: name how its verdict is read"):
+        make_client(server, template=str(template))
+
+
+def test_a_users_parser_reads_the_reply_and_none_means_no_verdict(server, tmp_path):
+    parser = tmp_path / "stars.py"
+    parser.write_text(
+        "def stars(reply):\n    if '*' not in reply:\n        return None\n    return reply.count('*') / 5\n"
+    )
+    server.script = [("ok", "no stars here"), ("ok", "***")]  # the first reply holds no verdict: retried
+    with make_client(server, parser=f"{parser}:stars") as client:
+        result = client.judge(item(1))
+    assert (result.verdict, result.score, result.attempts) == ("0.6", 0.6, 2)
+    server.default = lambda body: ("ok", "never")
+    with make_client(server, parser=f"{parser}:stars", on_error="score", error_score=-1.0) as client:
+        failed = client.judge(item(2))
+    assert failed.score == -1.0 and f"parser {parser}:stars returned None, not a score" in failed.error
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The check at the start of a run
+
+
+def test_the_check_asks_for_the_models_and_one_token_and_keeps_the_model_it_found(server):
+    with JudgeClient(JudgeConfig(base_url=server.url, backoff_base=0.01)) as client:
+        client.check()
+        assert server.model_requests == 1 and len(server.chat_requests) == 1
+        (ping,) = server.chat_requests
+        assert ping["model"] == "judge-72b" and ping["max_tokens"] == 1
+        client.judge(item(1))
+    assert server.model_requests == 1  # the judging that follows does not ask again
+
+
+def test_a_check_that_cannot_reach_the_judge_names_the_url_and_what_failed(server):
+    url = server.url
+    server.stop()
+    client = JudgeClient(JudgeConfig(base_url=url, max_attempts=2, backoff_base=0.01))
+    with pytest.raises(JudgeError) as info:
+        client.check()
+    client.close()
+    message = str(info.value)
+    assert f"GET {url}/models failed after 2 attempt(s): APIConnectionError" in message
+    assert "from host" in message and "check_at_start=false" in message
+
+
+def test_a_check_whose_completion_is_refused_says_so(server):
+    server.script = [("status", 401)]
+    with make_client(server) as client, pytest.raises(JudgeError) as info:
+        client.check()
+    message = str(info.value)
+    assert f"POST {server.url}/chat/completions (model 'judge'; it lists ['judge-72b']) failed" in message
+    assert "after 1 attempt(s): HTTP 401" in message  # a 4xx is not retried
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The judge's keys at load (offline: nothing is asked of the endpoint there)
+
+
+def test_the_template_and_parser_keys_are_checked_at_load(tmp_path, monkeypatch):
+    from rlstack.config import ConfigError, load_config
+
+    monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
+    template = tmp_path / "grade.jinja"
+    template.write_text("{{ question }} {{ response }}")
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                "worker.reward.reward_function=builtin:judge",
+                f"worker.reward.judge.template={template}",
+                "worker.reward.judge.parser=score_1_5",
+            ]
+        )
+    problems = str(info.value)
+    assert "builtin:judge needs a judge endpoint: set worker.reward.judge.base_url" in problems
+    assert (
+        "worker.reward.judge.parser='score_1_5': must be one of judgement_0_1, true_false, yes_no" in problems
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(["worker.reward.judge.template=likert", "worker.reward.judge.parser=missing.py:fn"])
+    problems = str(info.value)
+    assert (
+        "worker.reward.judge.template='likert': neither a built-in (consistency, verifier, rubric) nor a file"
+        in problems
+    )
+    assert "worker.reward.judge.parser: file 'missing.py' does not exist" in problems
+    with pytest.raises(ConfigError, match="is a file: name how the judge's reply is read as a score"):
+        load_config([f"worker.reward.judge.template={template}"])
+    cfg = load_config(
+        [
+            "worker.reward.reward_function=builtin:judge",
+            "worker.reward.judge.base_url=http://judge:18901/v1",
+            f"worker.reward.judge.template={template}",
+            "worker.reward.judge.parser=yes_no",
+        ]
+    )
+    assert cfg.worker.reward.judge.check_at_start  # on unless turned off
+
+
+def test_a_loopback_judge_url_with_several_nodes_is_said_at_load(monkeypatch, capsys):
+    from rlstack.config import load_config
+
+    monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
+    ray = ["trainer.backend=ray", "trainer.nnodes=2", "worker.reward.reward_function=builtin:judge"]
+    load_config([*ray, "worker.reward.judge.base_url=http://127.0.0.1:18901/v1"])
+    err = capsys.readouterr().err
+    assert (
+        "[rlstack] note: worker.reward.judge.base_url=http://127.0.0.1:18901/v1 is this machine, but with "
+        in err
+    )
+    assert "trainer.nnodes=2 the reward actors (worker.reward.num_workers=1) may run on other nodes" in err
+    monkeypatch.setenv("LLM_AS_A_JUDGE_BASE", "http://localhost:18901/v1")
+    load_config(ray)
+    assert "note: LLM_AS_A_JUDGE_BASE=http://localhost:18901/v1 is this machine" in capsys.readouterr().err
+    for quiet in (
+        [*ray, "worker.reward.judge.base_url=http://10.0.0.5:18901/v1"],  # an address other nodes reach
+        [*ray[1:], "trainer.backend=ray", "trainer.nnodes=1"],  # one node
+        [*ray, "worker.reward.num_workers=0"],  # the driver scores
+    ):
+        load_config(quiet)
+        assert "is this machine" not in capsys.readouterr().err, quiet

@@ -255,6 +255,7 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
             cfg = RewardConfig(reward_function="builtin:agent")
             cfg.agent.judge_fallback = True
             cfg.judge.base_url, cfg.judge.model, cfg.judge.send_images = server.url, "judge", send
+            cfg.judge.check_at_start = False
             manager = build_reward_manager(cfg, max_response_length=8)
             try:
                 out = manager.score(batch)
@@ -267,3 +268,113 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
         assert [p["type"] for p in with_image] == ["image_url", "text"]
     finally:
         server.stop()
+
+
+ASKS_THE_JUDGE = """
+REWARD_TYPE = "{kind}"
+
+def batch(reward_inputs, judge):
+    scores = judge([(x["question"], x["ground_truth"], x["response"]) for x in reward_inputs])
+    return [{{"overall": s + 10.0, "asked": s}} for s in scores]
+
+def sequential(reward_input, judge):
+    (score,) = judge([(reward_input["question"], reward_input["ground_truth"], reward_input["response"])])
+    return {{"overall": score + 10.0, "asked": score}}
+"""
+
+
+@pytest.mark.parametrize("kind", ["batch", "sequential", "verl"])
+def test_a_reward_function_with_a_judge_parameter_is_given_the_judge(tmp_path: Path, kind: str):
+    """EasyR1's batch and sequential functions and veRL's `compute_score` that take `judge` get the run's judge:
+    the configured template and parser, its calls counted in reward/judge_calls."""
+    from judge_server import JudgeServer
+
+    from rlstack.rewards.manager import build_reward_manager
+
+    if kind == "verl":
+        (tmp_path / "fn.py").write_text(
+            "def compute_score(data_source, solution_str, ground_truth, extra_info, judge):\n"
+            "    return judge([(extra_info['question'], ground_truth, solution_str)])[0] + 10.0\n"
+        )
+        ref = f"{tmp_path / 'fn.py'}:compute_score"
+    else:
+        (tmp_path / "fn.py").write_text(ASKS_THE_JUDGE.format(kind=kind))
+        ref = f"{tmp_path / 'fn.py'}:{kind}"
+    server = JudgeServer(
+        default=lambda body: ("ok", "TRUE" if "Response: 4" in body["messages"][-1]["content"] else "FALSE")
+    )
+    try:
+        cfg = RewardConfig(reward_function=ref)
+        cfg.judge.base_url, cfg.judge.template, cfg.judge.check_at_start = server.url, "verifier", False
+        manager = build_reward_manager(cfg, max_response_length=8)
+        batch = make_batch(["4", "5"], ["4", "4"])
+        batch["extra"] = [{"question": "What is 2 + 2?"}] * 2
+        out = manager.score(batch)
+        metrics = manager.pop_metrics()
+        manager.close()
+    finally:
+        server.stop()
+    assert out["scores"].tolist() == [11.0, 10.0]
+    assert metrics == {"reward/judge_calls": 2.0, "reward/judge_errors": 0.0}
+    assert all("Question: What is 2 + 2?" in r["messages"][-1]["content"] for r in server.chat_requests)
+
+
+def test_builtin_judge_scores_every_response_and_sends_a_rows_images(tmp_path: Path):
+    """builtin:judge: the question (the row's last user message), the reference and the response go to the
+    judge for every row, with the row's images under send_images; overall = judge = its score."""
+    from judge_server import JudgeServer
+    from PIL import Image
+
+    from rlstack.rewards.manager import build_reward_manager
+
+    server = JudgeServer(
+        default=lambda body: ("ok", f"Judgement: {int('Candidate answer: a cat' in str(body['messages']))}")
+    )
+    try:
+        cfg = RewardConfig(reward_function="builtin:judge")
+        cfg.judge.base_url, cfg.judge.send_images = server.url, True
+        manager = build_reward_manager(cfg, max_response_length=8)
+        batch = make_batch(["a cat", "a dog", "a cat"], ["cat", "cat", "cat"])
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What animal is it?"},
+        ]
+        batch["prompt_messages"] = [messages] * 3
+        batch["images"] = [[Image.new("RGB", (4, 4), "red")], [], []]
+        out = manager.score(batch)
+        manager.close()
+    finally:
+        server.stop()
+    assert out["scores"].tolist() == [1.0, 0.0, 1.0]
+    assert [c["judge"] for c in out["reward_components"]] == [1.0, 0.0, 1.0]
+    assert set(out["reward_components"][0]) == {"overall", "judge"}
+    ping, *judged = server.chat_requests  # the check at start, then one request per row (each is distinct)
+    assert ping["max_tokens"] == 1 and len(judged) == 3
+    with_image, *text_only = (r["messages"][-1]["content"] for r in judged)
+    assert [p["type"] for p in with_image] == ["image_url", "text"]
+    assert (
+        "Question: What animal is it?\nReference answer: cat\nCandidate answer: a cat"
+        in with_image[1]["text"]
+    )
+    assert all(isinstance(t, str) and "Candidate answer: a " in t for t in text_only)
+
+
+def test_the_judge_is_checked_where_the_manager_is_built_unless_turned_off():
+    from judge_server import JudgeServer
+
+    from rlstack.rewards.judge import JudgeError
+    from rlstack.rewards.manager import build_reward_manager
+
+    server = JudgeServer(default=lambda body: ("status", 503))
+    try:
+        cfg = RewardConfig(reward_function="builtin:judge")
+        cfg.judge.base_url, cfg.judge.max_attempts, cfg.judge.backoff_base = server.url, 2, 0.01
+        with pytest.raises(
+            JudgeError, match=rf"POST {server.url}/chat/completions .* failed after 2 attempt\(s\): HTTP 503"
+        ):
+            build_reward_manager(cfg, max_response_length=8)
+        cfg.judge.check_at_start = False
+        build_reward_manager(cfg, max_response_length=8).close()
+    finally:
+        server.stop()
+    assert len(server.chat_requests) == 2 and server.model_requests == 1  # nothing asked with the check off
