@@ -84,8 +84,8 @@ class SFTTrainer:
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
         self.train_set, self.val_set = prompt_sets(d, self.tokenizer, self.processor, system, images)
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
-        by_epochs = len(self.loader) * t.total_epochs
-        self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
+        # as TRL's SFT: max_steps, when set, is the length of the run, however many epochs that takes
+        self.total_steps = t.max_steps or len(self.loader) * t.total_epochs
         # The workers of GRPO without its algorithm: no reference, critic or old log-probs, and log-probs
         # (the loss) at temperature 1; the rollout engine only generates for validation.
         work = dataclasses.replace(cfg, algorithm=AlgorithmConfig())
