@@ -339,7 +339,7 @@ def _nemo_rl(tmp_path: Path, text: str) -> str:
 
 
 def test_nemo_rls_registry_names_are_read_as_their_hub_datasets(tmp_path: Path):
-    from rlstack.config.compat.nemo_rl_rules import DATASETS
+    from rlstack.config.compat.nemo_rl_data import DATASETS
 
     for name, entry in DATASETS.items():
         cfg = load_config([_nemo_rl(tmp_path, f"data:\n  train: {{dataset_name: {name}}}\n")])

@@ -36,7 +36,8 @@ from typing import Any
 
 import rlstack.config.tree as tree
 from rlstack.config.compat.easyr1 import ANY, DTYPES, Inert, Moved
-from rlstack.config.compat.nemo_rl_rules import RULES, Translation, hashable
+from rlstack.config.compat.nemo_rl_rules import RULES
+from rlstack.config.compat.nemo_rl_translation import Translation, hashable
 
 log = logging.getLogger(__name__)
 
