@@ -77,7 +77,7 @@ def test_blocks_keep_no_float32_log_softmax_for_the_backward(monkeypatch):
 
 
 def test_a_model_pass_in_blocks_equals_the_one_pass(monkeypatch, model, tok):
-    from test_prefix_sharing import make_batch
+    from prefix_batches import make_batch
 
     inputs = make_batch(len(tok), [(5, 3), (4, 2)], P=6, R=6)
     for padding_free in (False, True):
