@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rlstack.config.fields import field
@@ -101,6 +104,8 @@ class ActorConfig:
     """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu). With padding_free on CPU (SDPA attends over a dense tokens x tokens mask) keep it to a few of the longest trajectories."""
     max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward pass computing log-probs (veRL's log_prob_max_token_len_per_gpu)."""
+    ulysses_size: int = field(1, ge=1)
+    """Sequence parallelism for long contexts (EasyR1's ulysses_size, veRL's ulysses_sequence_parallel_size): groups of this many consecutive policy ranks hold the same rows and split each packed sequence between them, attention exchanging heads for sequence (DeepSpeed-Ulysses all-to-all); the reference follows. Needs padding_free=true, sdpa attention, and attention and key/value heads divisible by it; 1: off."""
 
 
 def actor_rules(cfg: Config, p: list[str]) -> None:
@@ -139,16 +144,83 @@ def actor_rules(cfg: Config, p: list[str]) -> None:
     if min(t.nnodes, t.n_gpus_per_node) < 1:
         return
     world = t.nnodes * t.n_gpus_per_node
+    sequence_parallel_problems(cfg, p, world)
     if a.fsdp.offload_params and world == 1:
         p.append(
             "worker.actor.fsdp.offload_params=true offloads FSDP2 shards, which only several ranks have: set "
             "trainer.backend=ray with trainer.n_gpus_per_node (x trainer.nnodes) > 1, or leave it off"
         )
-    if t.backend == "ray" and mini % world:
+    dp = world // a.ulysses_size if world % a.ulysses_size == 0 else world  # groups holding different rows
+    if t.backend == "ray" and mini % dp:
+        over = f"{world} ranks (trainer.nnodes x trainer.n_gpus_per_node)"
+        if dp != world:
+            over = f"{dp} data-parallel groups ({world} ranks / worker.actor.ulysses_size={a.ulysses_size})"
         p.append(
             f"worker.actor.global_batch_size x worker.rollout.n = {mini} trajectories per mini-batch do not "
-            f"split evenly over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a multiple of {world}"
+            f"split evenly over {over}: make it a multiple of {dp}"
         )
+
+
+def sequence_parallel_problems(cfg: Config, p: list[str], world: int) -> None:
+    """`worker.actor.ulysses_size` > 1: the ranks it divides, the layout and kernel it runs on, the heads it splits."""
+    a, t = cfg.worker.actor, cfg.trainer
+    u = a.ulysses_size
+    if u <= 1:
+        return
+    key = f"worker.actor.ulysses_size={u}"
+    if t.backend != "ray" or world % u:
+        ranks = f"{world} policy ranks" if t.backend == "ray" else "one process (trainer.backend=local)"
+        p.append(
+            f"{key} splits each sequence over {u} ranks, and the run has {ranks}: set trainer.backend=ray with "
+            f"trainer.nnodes x trainer.n_gpus_per_node a multiple of {u}, or worker.actor.ulysses_size=1"
+        )
+    if not a.padding_free:
+        p.append(
+            f"{key} splits the packed sequence of the padding-free layout: set worker.actor.padding_free=true "
+            "(or worker.actor.ulysses_size=1)"
+        )
+    m = a.model
+    if m.attn_implementation != "sdpa" or m.trust_remote_code:
+        p.append(
+            f"{key} runs its attention on rlstack's SDPA path, with worker.actor.model.attn_implementation="
+            f"{m.attn_implementation} and trust_remote_code={m.trust_remote_code}: set "
+            "worker.actor.model.attn_implementation=sdpa and trust_remote_code=false (FlashAttention under "
+            "sequence parallelism is not built yet)"
+        )
+    heads = attention_heads(m.model_path)
+    if heads is not None:
+        problem = heads_problem(u, *heads, m.model_path)
+        if problem:
+            p.append(problem)
+
+
+def attention_heads(model_path: str | None) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) of the language model in a local model folder's config.json; None
+    where there is none to read here (a Hub name or a built-in model not built yet: the policy checks when it
+    loads the model)."""
+    if not model_path:
+        return None
+    cfg_file = Path(os.path.expanduser(model_path)) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    c = json.loads(cfg_file.read_text())
+    c = c.get("text_config", c)
+    heads = c.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    return heads, int(c.get("num_key_value_heads") or heads)
+
+
+def heads_problem(ulysses_size: int, heads: int, kv_heads: int, model_path: str | None) -> str | None:
+    """Ulysses gives each of `ulysses_size` ranks an equal share of the query and key/value heads."""
+    if heads % ulysses_size == 0 and kv_heads % ulysses_size == 0:
+        return None
+    fits = [k for k in range(1, heads + 1) if heads % k == 0 and kv_heads % k == 0]
+    return (
+        f"worker.actor.ulysses_size={ulysses_size} must divide the model's {heads} attention heads and {kv_heads} "
+        f"key/value heads ({model_path}): each rank attends with an equal share of both; set it to one of "
+        f"{', '.join(map(str, fits))}"
+    )
 
 
 def optim_problems(p: list[str], key: str, optim: OptimConfig) -> None:

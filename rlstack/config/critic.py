@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Literal
 
 from rlstack.config.actor import (
     OptimConfig,
+    attention_heads,
     budget_problems,
     clamp_micro_batch,
     divisors_hint,
+    heads_problem,
     optim_problems,
 )
 from rlstack.config.fields import field
@@ -114,3 +116,20 @@ def critic_rules(cfg: Config, p: list[str]) -> None:
     builtin_model_problems(p, "worker.critic.model.model_path", cr.model.model_path)
     if cfg.algorithm.adv_estimator == "gae":
         path_problems(p, ("worker.critic.model.model_path", cr.model.model_path))
+        critic_sequence_parallel_problems(cfg, p)
+
+
+def critic_sequence_parallel_problems(cfg: Config, p: list[str]) -> None:
+    """The critic splits its passes as the policy does (`worker.actor.ulysses_size`): padding-free, with heads
+    that divide."""
+    cr, u = cfg.worker.critic, cfg.worker.actor.ulysses_size
+    if u <= 1:
+        return
+    if not cr.padding_free:
+        p.append(
+            f"worker.actor.ulysses_size={u} splits the critic's sequences too, which needs its padding-free "
+            "layout: set worker.critic.padding_free=true"
+        )
+    heads = attention_heads(cr.model.model_path)  # unset: the policy's model, checked with it
+    if heads and (problem := heads_problem(u, *heads, cr.model.model_path)):
+        p.append(f"{problem} (the critic, worker.critic.model.model_path)")

@@ -31,6 +31,7 @@ from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.gguf import gguf_path, resolve_gguf
 from rlstack.models.registry import PACKAGED, packaged_file
 from rlstack.models.tiny import init_model
+from rlstack.models.ulysses import NAME as ULYSSES
 from rlstack.models.vision import VisionProcessor, init_vision_model, is_vision_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -168,13 +169,19 @@ def load_tokenizer_and_processor(
 
 
 def load_causal_lm(
-    path: str, dtype: str = "float32", trust_remote_code: bool = False, attn_implementation: str = "sdpa"
+    path: str,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+    sequence_parallel: bool = False,
 ) -> PreTrainedModel:
     """The causal LM at `path`, or the vision-language model (image-text-to-text class) for a VL directory.
 
     `sdpa` means Hugging Face's SDPA attention with rlstack's path for a few queries per row on CPU
     (decoding steps; `rlstack.models.attention`) in the language model; a vision tower and a model
-    with its own code (`trust_remote_code`) get plain `sdpa`.
+    with its own code (`trust_remote_code`) get plain `sdpa`. `sequence_parallel` (with `sdpa`): the
+    language model's attention also takes Ulysses' all-to-all in sequence-parallel passes
+    (`rlstack.models.ulysses`).
     """
     path = resolve_model_path(path)
     _require_dir(path, "model", "config.json")
@@ -182,8 +189,13 @@ def load_causal_lm(
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     implementation: str | dict[str, str] = attn_implementation
     if attn_implementation == "sdpa" and not trust_remote_code:
-        text_only = {"": "sdpa", "text_config": SMALL_QUERY_SDPA, "vision_config": "sdpa"}
-        implementation = text_only if vision else SMALL_QUERY_SDPA
+        text = ULYSSES if sequence_parallel else SMALL_QUERY_SDPA
+        implementation = {"": "sdpa", "text_config": text, "vision_config": "sdpa"} if vision else text
+    elif sequence_parallel:
+        raise ValueError(
+            f"sequence parallelism takes rlstack's sdpa attention, not attn_implementation={attn_implementation} "
+            f"(trust_remote_code={trust_remote_code})"
+        )
     try:
         model = auto_class.from_pretrained(
             path,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from rlstack.models import ulysses
 from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
 
 
@@ -55,16 +56,20 @@ def forward_logprobs(
     pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
     image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
     padding_free: bool = False,
+    sequence_group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `input_ids[b, t]` given `input_ids[b, <t]`, at `temperature`.
 
     Entropies carry a gradient only with `entropy_grad` (an entropy bonus in the loss).
     Returns `[B, T]` tensors. Padded (default): zero at and before the first column of
     `response_mask` that is not needed, see `response_logits`. `padding_free`: zero wherever
-    `response_mask` is 0, see `packed_response_logits`.
+    `response_mask` is 0, see `packed_response_logits` (which `sequence_group` splits across its ranks).
     """
     inputs = (model, input_ids, attention_mask, position_ids, response_mask, pixel_values, image_grid_thw)
-    scored = packed_response_logits(*inputs) if padding_free else response_logits(*inputs)
+    if padding_free:
+        scored = packed_response_logits(*inputs, sequence_group=sequence_group)
+    else:
+        scored = response_logits(*inputs)
     return scored.scaled(temperature).logprobs(with_entropy, entropy_grad)
 
 
@@ -83,6 +88,9 @@ class ResponseLogits:
     """Padding-free layout: the (row, column) of the token each logit predicts."""
     shape: tuple[int, int]
     """`(B, T)` of the batch."""
+    pieces: tuple[dist.ProcessGroup, list[int]] | None = None
+    """Sequence parallelism: the group whose ranks hold the logits (each those of its slice of the packed
+    sequence), and how many each holds; per-logit values are gathered from all of them."""
 
     def scaled(self, temperature: float) -> ResponseLogits:
         """The logits divided by the sampling temperature."""
@@ -91,7 +99,10 @@ class ResponseLogits:
         return replace(self, logits=self.logits / temperature)
 
     def to_full(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-logit values (`labels`' shape) -> `[B, T]`, zeros where nothing is scored."""
+        """Per-logit values (`labels`' shape) -> `[B, T]`, zeros where nothing is scored. With sequence
+        parallelism, every rank's values of the group (`pieces`) on every rank."""
+        if self.pieces is not None:
+            values = ulysses.gather_pieces(values, *self.pieces)
         if self.index is None:
             return to_full_width(values, self.shape[1], self.start)
         full = values.new_zeros(self.shape)
@@ -214,6 +225,7 @@ def packed_response_logits(
     response_mask: torch.Tensor,  # [B, T]
     pixel_values: list[torch.Tensor] | None = None,  # per row, [patches_b, patch_dim]
     image_grid_thw: list[torch.Tensor] | None = None,  # per row, [images_b, 3]
+    sequence_group: dist.ProcessGroup | None = None,
 ) -> ResponseLogits:
     """Logits of the response tokens (`[N, V]`, one per token with `response_mask`) from one forward
     pass over the rows packed into a single sequence, padding removed (veRL's `use_remove_padding`).
@@ -225,6 +237,10 @@ def packed_response_logits(
     rows with the text positions in front (`[4, 1, N]`, the layout Qwen-VL models read packed rows
     from); the images are the rows' images in row order, as in the padded pass. Only the logits of
     the positions before a response token are computed (`logits_to_keep` as indices).
+
+    `sequence_group` (sequence parallelism, `rlstack.models.ulysses`; every rank of the group has the same
+    rows): each rank runs its slice of the packed sequence through the language model and holds the logits
+    of the response tokens in it (`[N_rank, V]`); `to_full` gathers per-logit values from the group.
     """
     B, T = input_ids.shape
     attended = attention_mask.bool()
@@ -242,6 +258,15 @@ def packed_response_logits(
         packed_positions = position_ids[attended][None]
     index = scored.nonzero(as_tuple=True)
     keep = offsets[index] - 1  # the logits at the token before each response token predict it
+    labels = input_ids[index]
+    pieces, split = None, {}
+    if sequence_group is not None and dist.get_world_size(sequence_group) > 1:
+        ulysses.install(model)
+        sp = ulysses.shard_packed(sequence_group, packed_ids, packed_positions, keep)
+        packed_ids, packed_positions, keep = sp.input_ids, sp.position_ids, sp.keep
+        start = sum(sp.pieces[: sp.shard.rank])
+        labels = labels[start : start + len(keep)]
+        pieces, split = (sequence_group, sp.pieces), {"sequence_shard": sp.shard}
     out = model(
         input_ids=packed_ids,
         attention_mask=None,
@@ -249,8 +274,9 @@ def packed_response_logits(
         use_cache=False,
         logits_to_keep=keep,
         **images,
+        **split,
     )
-    return ResponseLogits(out.logits[0], input_ids[index], None, index, (B, T))
+    return ResponseLogits(out.logits[0], labels, None, index, (B, T), pieces)
 
 
 def _images(

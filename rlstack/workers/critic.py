@@ -11,6 +11,9 @@ from rlstack.algos.policy_loss import token_mean
 from rlstack.algos.value_loss import clipped_value_loss, explained_variance
 from rlstack.batch import Batch
 from rlstack.config import CriticConfig
+from rlstack.config.actor import heads_problem
+from rlstack.errors import RLStackError
+from rlstack.models import ulysses
 from rlstack.models.loading import DTYPES, ModelLoadError, resolve_model_path
 from rlstack.models.vision import position_ids
 from rlstack.workers import distributed
@@ -22,9 +25,19 @@ from rlstack.workers.training import MicroBatching, apply_optim_config, build_op
 class CriticWorker:
     """`values[b, t]` estimates the return from the state just before token t (aligned with log-probs)."""
 
-    def __init__(self, cfg: CriticConfig, actor_model_path: str, total_steps: int, device: str = "cpu"):
+    def __init__(
+        self,
+        cfg: CriticConfig,
+        actor_model_path: str,
+        total_steps: int,
+        device: str = "cpu",
+        ulysses_size: int = 1,
+    ):
+        """`ulysses_size`: the policy's (`worker.actor.ulysses_size`): the critic splits its padding-free passes
+        over the same sequence-parallel groups."""
         self.cfg = cfg
         path = resolve_model_path(cfg.model.model_path) if cfg.model.model_path else actor_model_path
+        self.sequence_group = distributed.sequence_group(ulysses_size)
         self.model = self._load(path).to(device)
         if distributed.sharded():
             distributed.shard_model(self.model, device)
@@ -50,15 +63,21 @@ class CriticWorker:
         try:
             config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust)
             config.classifier_dropout = 0.0  # transformers' head would drop 10% of the features in training
+            split = {} if self.sequence_group is None else {"attn_implementation": ulysses.NAME}
             model, info = AutoModelForTokenClassification.from_pretrained(
                 path,
                 config=config,
                 dtype=DTYPES[self.cfg.model.dtype],
                 trust_remote_code=trust,
                 output_loading_info=True,
+                **split,
             )
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"could not load a critic from {path!r}: {e}") from e
+        if self.sequence_group is not None:
+            size = torch.distributed.get_world_size(self.sequence_group)
+            if problem := heads_problem(size, *ulysses.heads(config), path):
+                raise RLStackError(problem)
         head = model.score  # transformers' name for the token-classification head of decoder LMs
         if any(k.startswith("score.") for k in info["missing_keys"]):
             with torch.no_grad():  # a new head starts at value 0 rather than at noise
@@ -73,15 +92,27 @@ class CriticWorker:
         positions = position_ids(self.model, ids, mask)
         if self.cfg.padding_free:  # the rows end to end without padding, as the policy's padding_free
             attended = mask.bool()
+            packed_ids, packed_positions = ids[attended][None], positions[attended][None]
+            split = {}
+            if self.sequence_group is not None:  # each rank runs its slice (`rlstack.models.ulysses`)
+                ulysses.install(self.model)
+                every = torch.arange(packed_ids.shape[1], device=ids.device)
+                sp = ulysses.shard_packed(self.sequence_group, packed_ids, packed_positions, every)
+                packed_ids, packed_positions = sp.input_ids, sp.position_ids
+                split = {"sequence_shard": sp.shard}
             # no cache: Hugging Face finds the packed rows (where the positions restart) only without one
             out = self.model(
-                input_ids=ids[attended][None],
+                input_ids=packed_ids,
                 attention_mask=None,
-                position_ids=positions[attended][None],
+                position_ids=packed_positions,
                 use_cache=False,
+                **split,
             )
+            packed = out.logits[0, :, 0].float()
+            if split:  # the values of the slice's tokens (not its padding), gathered from the group
+                packed = ulysses.gather_pieces(packed[sp.keep], self.sequence_group, sp.pieces)
             v = out.logits.new_zeros(ids.shape, dtype=torch.float32)
-            v[attended] = out.logits[0, :, 0].float()
+            v[attended] = packed
         else:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions)
             v = out.logits[..., 0].float()  # [B, T]: value of the prefix ending at each column
@@ -122,6 +153,7 @@ class CriticWorker:
             c.ppo_epochs,
             c.max_grad_norm,
             role="critic",
+            sequence_group=self.sequence_group,
         )
         metrics["critic/vf_explained_var"] = float(
             explained_variance(batch["values"], batch["returns"], batch["response_mask"])

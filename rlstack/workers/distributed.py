@@ -13,6 +13,11 @@ every function here is a no-op (the embedded default). With more than one rank:
   before `backward`: the summed gradient is the one-process gradient;
 - decisions that end a step (a non-finite loss, gradient norm or weight) are taken together
   (`all_ranks`): one rank raising while the others wait in a collective would be a hang.
+
+Sequence parallelism (`worker.actor.ulysses_size`, `rlstack.models.ulysses`) groups consecutive ranks
+(`sequence_group`): the ranks of a group hold the same rows and split each packed sequence between them.
+Counts and metrics summed over ranks then take one rank per group (`data_parallel_sum`); gradients need
+nothing more: each rank's gradient is that of its slice of the sequence, and the slices add up.
 """
 
 from __future__ import annotations
@@ -81,6 +86,32 @@ def all_ranks(flag: bool) -> list[int]:
     return [r for r, f in enumerate(gather_objects(bool(flag))) if not f]
 
 
+_SEQUENCE_GROUPS: dict[int, dist.ProcessGroup] = {}
+"""This rank's sequence-parallel group, by group size (made once: making groups is a collective)."""
+
+
+def sequence_group(size: int) -> dist.ProcessGroup | None:
+    """This rank's sequence-parallel group of `size` consecutive ranks (`[0, size)`, `[size, 2 size)`, ...);
+    None for `size` 1. Every rank must make the first call with the same `size`."""
+    if size == 1:
+        return None
+    if size not in _SEQUENCE_GROUPS:
+        world = current().world_size
+        if world % size:
+            raise ValueError(
+                f"sequence parallelism over {size} ranks needs a multiple of {size} ranks, got {world}"
+            )
+        _SEQUENCE_GROUPS[size], _ = dist.new_subgroups(group_size=size)
+    return _SEQUENCE_GROUPS[size]
+
+
+def data_parallel_sum(t: torch.Tensor, sequence_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """`t` summed over the ranks, one rank per `sequence_group` (whose ranks hold the same rows: only its first
+    counts); without one, `all_reduce_sum`."""
+    first = sequence_group is None or dist.get_rank(sequence_group) == 0
+    return all_reduce_sum(t if first else torch.zeros_like(t))
+
+
 @dataclass(frozen=True)
 class MiniBatchTotals:
     """Counts of a whole mini-batch, over all ranks: what each micro-batch's loss is divided by."""
@@ -91,10 +122,13 @@ class MiniBatchTotals:
     """Rows with at least one sampled token."""
 
     @classmethod
-    def of(cls, response_mask: torch.Tensor) -> MiniBatchTotals:
-        """The totals of the mini-batch whose rows on this rank have `response_mask`."""
+    def of(
+        cls, response_mask: torch.Tensor, sequence_group: dist.ProcessGroup | None = None
+    ) -> MiniBatchTotals:
+        """The totals of the mini-batch whose rows on this rank have `response_mask` (the same on every rank of
+        its `sequence_group`, which counts them once)."""
         local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).long().cpu()
-        tokens, sequences = all_reduce_sum(local)
+        tokens, sequences = data_parallel_sum(local, sequence_group)
         return cls(tokens, sequences)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,7 +24,9 @@ from rlstack.algos.policy_loss import (
 from rlstack.batch import Batch
 from rlstack.checkpoint import default_modes
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
+from rlstack.config.actor import heads_problem
 from rlstack.errors import RLStackError
+from rlstack.models import ulysses
 from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor, model_dir
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
@@ -65,10 +68,15 @@ def _model_inputs(model: torch.nn.Module, b: Batch, device: str) -> dict[str, to
     return inputs
 
 
-def load_trained_model(m: ModelConfig, path: str, device: str) -> torch.nn.Module:
+def load_trained_model(m: ModelConfig, path: str, device: str, ulysses_size: int = 1) -> torch.nn.Module:
     """The model at `path` as `worker.actor.model` asks (dtype, attention kernel, gradient checkpointing),
-    on `device`."""
-    model = load_causal_lm(path, m.dtype, m.trust_remote_code, m.attn_implementation).to(device)
+    on `device`; with `ulysses_size` > 1 its attention takes sequence-parallel passes (`rlstack.models.ulysses`),
+    after checking that its heads split."""
+    model = load_causal_lm(path, m.dtype, m.trust_remote_code, m.attn_implementation, ulysses_size > 1)
+    problem = heads_problem(ulysses_size, *ulysses.heads(model.config), m.model_path)
+    if problem:
+        raise RLStackError(problem)
+    model = model.to(device)
     if m.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -100,7 +108,9 @@ class PolicyWorker:
         self.tokenizer, self.processor = load_tokenizer_and_processor(actor.model, path)
         self.device = device
         self.path = path
-        self.model = load_trained_model(actor.model, path, device)
+        self.sequence_group = distributed.sequence_group(actor.ulysses_size)
+        """Sequence parallelism: the ranks that hold this rank's rows and split their packed sequences."""
+        self.model = load_trained_model(actor.model, path, device, actor.ulysses_size)
         if actor.freeze_vision_tower and self.processor is None:
             raise ValueError(
                 f"worker.actor.freeze_vision_tower=true, but {actor.model.model_path} is not a vision model"
@@ -120,7 +130,7 @@ class PolicyWorker:
         the policy's own base serves)."""
         self.exact_kl = exact_kl(algorithm)
         if self.exact_kl and not self.lora:
-            self.ref_model = load_trained_model(actor.model, path, device).eval()
+            self.ref_model = load_trained_model(actor.model, path, device, actor.ulysses_size).eval()
             self.ref_model.requires_grad_(False)
         if distributed.sharded():  # FSDP2 over the role's ranks; the optimizer then holds the shards
             fsdp = actor.fsdp
@@ -187,6 +197,7 @@ class PolicyWorker:
                 self.cfg.padding_free,
                 self.device,
                 self.temperature,
+                self.sequence_group,
             )
         return batch.update({"ref_logprobs": logp})
 
@@ -218,6 +229,7 @@ class PolicyWorker:
             self.cfg.padding_free,
             self.device,
             self.temperature,
+            self.sequence_group,
         )
         return batch.update({"old_logprobs": logp, "entropy": ent})
 
@@ -245,6 +257,7 @@ class PolicyWorker:
             self.cfg.padding_free,
             self.device,
             self.temperature,
+            self.sequence_group,
         )
         return batch.update({"masked_logprobs": logp})
 
@@ -325,7 +338,11 @@ class PolicyWorker:
         temperature = self.temperature
         entropy_grad = self.cfg.entropy_coeff != 0
 
-        forward = packed_response_logits if self.cfg.padding_free else response_logits
+        forward = (
+            partial(packed_response_logits, sequence_group=self.sequence_group)
+            if self.cfg.padding_free
+            else response_logits
+        )
 
         def micro_loss(micro: Batch, totals: MiniBatchTotals):
             micro = micro.to(self.device)
@@ -353,6 +370,7 @@ class PolicyWorker:
             c.max_grad_norm,
             role="actor",
             shuffle_seed=self.seed if shuffle else None,
+            sequence_group=self.sequence_group,
         )
 
     # --------------------------------------------------------------------------- checkpoints
@@ -443,7 +461,8 @@ class RefWorker:
         path = model_dir(actor.model)
         self.temperature = temperature
         self.device = device
-        self.model = load_trained_model(actor.model, path, device).eval()
+        self.sequence_group = distributed.sequence_group(actor.ulysses_size)
+        self.model = load_trained_model(actor.model, path, device, actor.ulysses_size).eval()
         self.model.requires_grad_(False)
         if distributed.sharded():
             distributed.shard_model(self.model, device, actor.fsdp.mp_param_dtype, actor.fsdp.offload_params)
@@ -460,7 +479,14 @@ class RefWorker:
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         logp, _ = _batched_logprobs(
-            self.model, batch, self.micro_batching, False, self.padding_free, self.device, self.temperature
+            self.model,
+            batch,
+            self.micro_batching,
+            False,
+            self.padding_free,
+            self.device,
+            self.temperature,
+            self.sequence_group,
         )
         return batch.update({"ref_logprobs": logp})
 
@@ -473,9 +499,11 @@ def _batched_logprobs(
     padding_free: bool,
     device: str,
     temperature: float,
+    sequence_group: torch.distributed.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) `[B, T]` of a batch at `temperature`, computed micro-batch by micro-batch,
-    in eval mode (no dropout: LoRA's would make them random)."""
+    in eval mode (no dropout: LoRA's would make them random); padding-free passes split across
+    `sequence_group` (sequence parallelism)."""
 
     def run(mb: Batch) -> torch.Tensor:
         lp, ent = forward_logprobs(
@@ -484,6 +512,7 @@ def _batched_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             padding_free=padding_free,
+            sequence_group=sequence_group,
         )
         return torch.stack([lp, ent] if with_entropy else [lp], dim=1).cpu()  # [rows, 1 or 2, T]
 

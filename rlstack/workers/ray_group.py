@@ -135,6 +135,8 @@ class RayCluster:
             raise RLStackError("trainer.backend = ray needs Ray: pip install 'rlstack[ray]'") from e
         t = cfg.trainer
         self.world_size = t.nnodes * t.n_gpus_per_node
+        self.ulysses_size = cfg.worker.actor.ulysses_size
+        """Consecutive ranks that hold the same rows of the policy, reference and critic (sequence parallelism)."""
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
             try:
@@ -232,7 +234,8 @@ class RayCluster:
         """The role's workers (of class `cls`) on every rank that holds it."""
         if role == "rollout" and self.rollout_hosts:
             return RayRoleGroup(self, role, cls, self.rollout_hosts, self.rollout_who)
-        return RayRoleGroup(self, role, cls, self.hosts)
+        replicas = self.ulysses_size if role in ("actor", "ref", "critic") else 1
+        return RayRoleGroup(self, role, cls, self.hosts, replicas=replicas)
 
     def close(self) -> None:
         import ray
@@ -367,11 +370,22 @@ def reward_placement(cluster: RayCluster, num_workers: int) -> tuple[float, str]
 
 
 class RayRoleGroup:
-    """One role on every rank of a `RayCluster`, behind the `WorkerGroup` interface."""
+    """One role on every rank of a `RayCluster`, behind the `WorkerGroup` interface. With `replicas` > 1
+    (sequence parallelism) rows are split over groups of that many consecutive ranks, each rank of a group
+    gets the group's rows, and the first rank of each group answers."""
 
-    def __init__(self, cluster: RayCluster, role: str, cls: type, hosts: list, who: list[str] | None = None):
+    def __init__(
+        self,
+        cluster: RayCluster,
+        role: str,
+        cls: type,
+        hosts: list,
+        who: list[str] | None = None,
+        replicas: int = 1,
+    ):
         self.cluster, self.role, self.cls, self.hosts, self.who = cluster, role, cls, hosts, who
         self.world_size = len(hosts)
+        self.replicas = replicas
 
     def get(self, refs: list) -> list:
         return self.cluster.get(refs, self.who)
@@ -379,13 +393,16 @@ class RayRoleGroup:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        hosts, w = self.hosts, self.world_size
+        hosts, w, r = self.hosts, self.world_size // self.replicas, self.replicas
         declared = declaration(self.cls, method)
         sent = outgoing(declared, args)
         if declared.dispatch is Dispatch.ROWS:
             parts, padding = split_rows(sent[0], w)
-            refs = [h.call.remote(self.role, method, p, *sent[1:], **kwargs) for h, p in zip(hosts, parts)]
-            results = self.get(refs)
+            refs = [
+                h.call.remote(self.role, method, parts[i // r], *sent[1:], **kwargs)
+                for i, h in enumerate(hosts)
+            ]
+            results = self.get(refs)[::r]
             if isinstance(results[0], Added):  # new columns of the driver's batch, as locally
                 added = gather_rows([Batch(r) for r in results], padding, len(args[0]) + padding)
                 return incoming(Added(added.columns), args)
@@ -393,8 +410,8 @@ class RayRoleGroup:
         if declared.dispatch is Dispatch.MINI_BATCHES:
             parts, per_rank = split_mini_batches(sent[0], sent[1], w)
             refs = [
-                h.call.remote(self.role, method, p, per_rank, *sent[2:], **kwargs)
-                for h, p in zip(hosts, parts)
+                h.call.remote(self.role, method, parts[i // r], per_rank, *sent[2:], **kwargs)
+                for i, h in enumerate(hosts)
             ]
             return self.get(refs)[0]
         # one copy in the object store for all ranks; a reference another group's call left remote as is

@@ -54,5 +54,7 @@ def build_roles(cfg: Config, plan: StepPlan, total_steps: int, device: str) -> d
     elif plan.reference == "worker":
         roles["ref"] = RefWorker(w.actor, w.ref, device, plan.logprob_temperature)
     if plan.critic:
-        roles["critic"] = CriticWorker(w.critic, model_dir(w.actor.model), total_steps, device)
+        roles["critic"] = CriticWorker(
+            w.critic, model_dir(w.actor.model), total_steps, device, w.actor.ulysses_size
+        )
     return roles

@@ -9,7 +9,8 @@ ranks changes the gradient. A NaN or infinite loss, gradient norm or weight rais
 
 With several ranks (`distributed.sharded()`), each rank's `batch` holds its rows of every
 mini-batch, in order: local mini-batch i is this rank's part of global mini-batch i
-(`mini_batch_size` is then the per-rank size). Metrics are summed over ranks.
+(`mini_batch_size` is then the per-rank size). Metrics are summed over ranks (one per sequence-parallel
+group, whose ranks hold the same rows).
 """
 
 from __future__ import annotations
@@ -233,8 +234,11 @@ def optimizer_steps(
     max_grad_norm: float,
     role: str,
     shuffle_seed: int | None = None,
+    sequence_group: torch.distributed.ProcessGroup | None = None,
 ) -> dict[str, float]:
-    """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`."""
+    """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`.
+    `sequence_group`: the ranks that hold this rank's rows (sequence parallelism), counted once in the
+    mini-batch totals and the metrics."""
     step = scheduler.last_epoch + 1
     dp = distributed.current()
     blank = BlankImages.of(model)
@@ -243,11 +247,16 @@ def optimizer_steps(
     grad_norms: list[float] = []
     for epoch in range(epochs):
         order = batch
-        if shuffle_seed is not None:  # with several ranks, each shuffles its own rows
-            g = torch.Generator().manual_seed(shuffle_seed * 1_000_003 + step * 101 + epoch + 7919 * dp.rank)
+        if (
+            shuffle_seed is not None
+        ):  # with several ranks, each shuffles its own rows (a sequence group alike)
+            rows_of = dp.rank // (
+                1 if sequence_group is None else torch.distributed.get_world_size(sequence_group)
+            )
+            g = torch.Generator().manual_seed(shuffle_seed * 1_000_003 + step * 101 + epoch + 7919 * rows_of)
             order = batch.select(torch.randperm(len(batch), generator=g))
         for mb in order.split(mini_batch_size):
-            totals = MiniBatchTotals.of(mb["response_mask"])
+            totals = MiniBatchTotals.of(mb["response_mask"], sequence_group)
             bad_loss = None
             for _, micro in micro_batching.split(mb):
                 with micro_batching.out_of_memory_named(micro, f"{role} update", backward=True):
@@ -283,7 +292,11 @@ def optimizer_steps(
                 )
             grad_norms.append(float(grad_norm))
     keys = sorted(sums)
-    summed = distributed.all_reduce_sum(torch.stack([sums[k] for k in keys])) if keys else torch.zeros(0)
+    summed = (
+        distributed.data_parallel_sum(torch.stack([sums[k] for k in keys]), sequence_group)
+        if keys
+        else torch.zeros(0)
+    )
     metrics = {k: float(v) / len(grad_norms) for k, v in zip(keys, summed)}
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
