@@ -57,7 +57,6 @@ REF_FOLLOWS = Inert(
 )
 FSDP2 = Inert(("fsdp",), "rlstack shards with FSDP2 (fully_shard)")
 FULL_SHARD = Inert((True,), "FSDP2 always shards fully over the ranks; replicated training is not built")
-ULYSSES = Inert((1,), "Ulysses sequence parallelism is not built in rlstack; remove the key")
 EASYR1_FSDP_KEYS = (
     "enable_full_shard",
     "enable_cpu_offload",
@@ -81,8 +80,7 @@ FOREIGN: dict[str, Moved | Inert] = {
     "data.override_chat_template": Moved("worker.actor.model.chat_template"),
     "worker.actor.strategy": FSDP2,
     "worker.actor.use_torch_compile": Inert(ANY, "rlstack runs the model eagerly"),
-    "worker.actor.ulysses_size": ULYSSES,
-    "worker.actor.ulysses_sequence_parallel_size": ULYSSES,
+    "worker.actor.ulysses_sequence_parallel_size": Moved("worker.actor.ulysses_size"),  # veRL's name
     "worker.actor.loss_avg_mode": Moved(
         "worker.actor.loss_agg_mode", {"token": "token-mean", "seq": "seq-mean-token-mean"}
     ),
