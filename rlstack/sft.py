@@ -23,6 +23,7 @@ critic) finds it there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import shutil
@@ -268,7 +269,8 @@ def _train(into: Path) -> None:
             "trainer.save_model_only=true",
         ]
     )
-    model = run_sft(cfg)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout says where the run that asked for it goes
+        model = run_sft(cfg)
     for item in model.iterdir():
         shutil.move(str(item), into / item.name)
     shutil.rmtree(into / "run")

@@ -247,20 +247,19 @@ def test_no_reference_model_without_kl(tiny_model_dir: Path, tmp_path: Path):
 
 
 def test_wandb_without_the_package_is_a_clear_error(tmp_path: Path, monkeypatch):
-    import builtins
+    import importlib
 
     from rlstack.errors import RLStackError
     from rlstack.tracking import Tracker
 
-    real_import = builtins.__import__
+    real_import_module = importlib.import_module
 
     def no_wandb(name, *args, **kwargs):  # what a machine without the package sees
         if name == "wandb":
             raise ImportError("No module named 'wandb'")
-        return real_import(name, *args, **kwargs)
+        return real_import_module(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_wandb)
-    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    monkeypatch.setattr(importlib, "import_module", no_wandb)
     with pytest.raises(RLStackError, match=r"rlstack\[wandb\]"):
         Tracker(tmp_path, ["wandb"], {}, "p", "e", total_steps=1)
 
