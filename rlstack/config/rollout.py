@@ -75,13 +75,13 @@ class RolloutConfig:
     """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
     seed: int = 1
     """Seed of the sampling generator (saved and restored with checkpoints)."""
-    name: Literal["auto", "hf", "vllm"] = "auto"
+    name: Literal["auto", "hf", "vllm"] = field("auto", resume=True)
     """Generation engine: hf (the policy's own module, in process), vllm (pip install 'rlstack[vllm]'; weights pushed after each update), or auto: vllm when it is installed and the run is on CUDA, else hf (resolved at load and recorded in config.yaml; the run says which and why when it starts)."""
     auto_reason: ClassVar[str] = ""
     """Not a key: why `name=auto` picked the engine it did (set at load; said when a run starts)."""
     gpu_memory_utilization: float = field(0.6, gt=0, le=1, resume=True)
     """vllm: share of the GPU's memory vLLM may take (weights + KV cache)."""
-    tensor_parallel_size: int = field(1, ge=1)
+    tensor_parallel_size: int = field(1, ge=1, resume=True)
     """vllm: GPUs one engine's model is split over."""
     enforce_eager: bool = field(False, resume=True)
     """vllm: no CUDA graphs (always eager on CPU)."""
@@ -93,9 +93,9 @@ class RolloutConfig:
     """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
     free_cache_engine: bool | None = field(None, resume=True)
     """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""
-    colocated: bool = True
+    colocated: bool = field(True, resume=True)
     """Rollout engines live in the policy's ranks (EasyR1's hybrid engine); false (`trainer.backend=ray`): in `num_ranks` Ray actors of their own, sent the policy's weights after every update."""
-    num_ranks: int = field(1, ge=1)
+    num_ranks: int = field(1, ge=1, resume=True)
     """Rollout actors when `colocated=false` (one GPU each, or one CPU on machines without GPUs)."""
     check_weight_sync: bool = field(False, resume=True)
     """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""

@@ -52,7 +52,7 @@ class TrainerConfig:
     load_checkpoint_path: str | None = field(None, resume=True)
     """Resume from this checkpoint directory instead."""
     resume_mode: Literal["strict", "accept_changes"] = field("strict", resume=True)
-    """On resume, settings other than those that may change then (the run's length, logging, validation, saving, micro-batch sizes: `rlstack config-keys --resumable`) must equal the checkpoint's (strict: else the run stops at load and lists them); accept_changes: train on with the new ones from the checkpoint, recorded in config_history.jsonl."""
+    """On resume, settings other than those that may change then (the run's length, logging, validation, saving, micro-batch sizes, where it runs: ranks, engine, device; `rlstack config-keys --resumable`) must equal the checkpoint's (strict: else the run stops at load and lists them); accept_changes: train on with the new ones from the checkpoint, recorded in config_history.jsonl."""
     logger: list[str] = field(default_factory=lambda: ["console", "file", "tensorboard"], resume=True)
     """Trackers: `console` (the main metrics beside the progress, which shows whatever the loggers), `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
     progress_every: int = field(0, ge=0, resume=True)
@@ -63,13 +63,13 @@ class TrainerConfig:
     """Deterministic GPU kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN, flash-attn) in every process, as TRL's full_determinism: slower; CPU runs are deterministic without it."""
     num_threads: int = field(0, ge=0, resume=True)
     """torch CPU threads (0: leave torch's default)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = field("auto", resume=True)
     """Where models train and generate: auto picks CUDA when a GPU is visible, else the CPU."""
-    backend: Literal["auto", "local", "ray"] = "auto"
+    backend: Literal["auto", "local", "ray"] = field("auto", resume=True)
     """local: every worker in this process; ray: one Ray actor per rank, models sharded with FSDP2; auto: ray for several ranks (nnodes x n_gpus_per_node) or rollout actors apart, else local."""
-    nnodes: int = field(1, ge=1)
+    nnodes: int = field(1, ge=1, resume=True)
     """Nodes of the Ray cluster the run uses (`backend=ray`)."""
-    n_gpus_per_node: int = field(1, ge=1)
+    n_gpus_per_node: int = field(1, ge=1, resume=True)
     """Ranks per node (`backend=ray`): one per GPU; on machines without a GPU, CPU ranks."""
     env_vars: dict[str, str] = field(default_factory=dict, resume=True)
     """Environment variables set in every Ray actor (ranks, rollout and reward workers), on every node, over those forwarded from the driver (TOKENIZERS_PARALLELISM, NCCL_DEBUG, VLLM_LOGGING_LEVEL, the HF_* and RLSTACK_CACHE variables that are set; EasyR1's and NeMo RL's runtime_env)."""
