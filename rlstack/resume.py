@@ -27,8 +27,13 @@ HISTORY = "config_history.jsonl"
 HOW = ("trainer.resume_mode", "trainer.find_last_checkpoint", "trainer.load_checkpoint_path")
 """Keys that say how this run resumes, not what it trains: not compared."""
 
-SECRET = ("api_key",)
-"""Keys whose values are never printed (they are still compared)."""
+SECRET = ("api_key", "token", "secret", "password")
+"""Keys whose values are never printed (they are still compared): a key ending in one of these, and every
+`trainer.env_vars` entry."""
+
+
+def _secret(key: str) -> bool:
+    return key.startswith("trainer.env_vars") or key.rsplit(".", 1)[-1].lower().endswith(SECRET)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class Change:
     """The key may change on resume (declared `resume=True`)."""
 
     def __str__(self) -> str:
-        old, new = ("***", "***") if self.key.rsplit(".", 1)[-1] in SECRET else (self.old, self.new)
+        old, new = ("***", "***") if _secret(self.key) else (self.old, self.new)
         return f"{self.key}: {_show(old)} -> {_show(new)}"
 
 
@@ -113,13 +118,37 @@ def _get(tree: dict, key: str, default: Any) -> Any:
     return tree
 
 
-def check_resume(cfg: Config) -> ResumePoint | None:
+def check_resume(cfg: Config, kind: str = "train") -> ResumePoint | None:
     """The checkpoint the run resumes from and what changed since it was saved; a `ConfigError` listing
     each change that may not happen on resume (old -> new) and the two ways on, unless
-    `trainer.resume_mode=accept_changes`. Runs at load: nothing heavy is read."""
+    `trainer.resume_mode=accept_changes`; one for a checkpoint another command wrote (`kind`: train, sft)
+    or that this run's ranks cannot read. Runs at load: no model is read."""
     path = checkpoint_to_resume(cfg)
     if path is None:
         return None
+    import torch
+
+    written_by = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False).get(
+        "kind", "train"
+    )
+    if written_by != kind:
+        raise ConfigError(
+            [
+                f"the run resumes from {path}, which `rlstack {written_by}` wrote, and this is `rlstack {kind}`: "
+                f"give this run its own trainer.experiment_name, or start it from that model "
+                f"(worker.actor.model.model_path={path / 'model'})"
+            ]
+        )
+    t = cfg.trainer
+    ranks = t.nnodes * t.n_gpus_per_node if t.backend == "ray" else 1
+    if ranks > 1 and not (path / "actor_dcp").is_dir():
+        raise ConfigError(
+            [
+                f"the run resumes on {ranks} ranks from {path}, which a one-process run wrote (no actor_dcp/): "
+                "resume it with trainer.backend=local, or start this run from its model "
+                f"(worker.actor.model.model_path={path / 'model'}) under a new trainer.experiment_name"
+            ]
+        )
     saved = saved_config(path)
     found = changes(saved, cfg) if saved is not None else []
     fixed = [c for c in found if not c.free]
@@ -149,10 +178,7 @@ def record(cfg: Config, point: ResumePoint, step: int) -> None:
         "step": step,
         "checkpoint": str(point.path),
         "resume_mode": cfg.trainer.resume_mode,
-        "changes": {
-            c.key: (["***", "***"] if c.key.rsplit(".", 1)[-1] in SECRET else [c.old, c.new])
-            for c in point.changes
-        },
+        "changes": {c.key: (["***", "***"] if _secret(c.key) else [c.old, c.new]) for c in point.changes},
     }
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     with open(cfg.run_dir / HISTORY, "a") as f:

@@ -58,10 +58,10 @@ from rlstack.workers.start import start_workers
 
 def sft_run_config(cfg: Config) -> Config:
     """The config an SFT run records: its run directory is its own, `<experiment_name>_sft`, unless the
-    experiment's name already says sft, so that `rlstack sft config=<a GRPO recipe>` never writes into
-    that recipe's GRPO run."""
+    experiment's name starts or ends with sft, so that `rlstack sft config=<a GRPO recipe>` never writes
+    into that recipe's GRPO run (a checkpoint of the other command is refused at load either way)."""
     name = cfg.trainer.experiment_name
-    if "sft" in name.lower():
+    if name.lower().startswith("sft") or name.lower().endswith("sft"):
         return cfg
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, experiment_name=f"{name}_sft"))
 
@@ -79,7 +79,7 @@ class SFTTrainer:
             torch.set_num_threads(t.num_threads)
         checkpoint.seed_everything(t.seed, t.full_determinism)
         self.run_dir = cfg.run_dir
-        self.resume_point = check_resume(cfg)  # at load: a resume with other settings stops here
+        self.resume_point = check_resume(cfg, "sft")  # at load: a resume with other settings stops here
         build_warm_models(cfg)
         self.tokenizer, self.processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
@@ -95,6 +95,8 @@ class SFTTrainer:
         self.workers = ws = start_workers(work, plan, self.total_steps)
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
         self.step = 0
+        self.saved_step, self.last_saved = -1, Path()
+        """The step of the last checkpoint this process saved, and where."""
         self.tracker: Tracker | None = None
 
     def fit(self) -> Path:
@@ -152,10 +154,14 @@ class SFTTrainer:
         where = f"stopped by {stop.name} after SFT step {self.step} of {self.total_steps}"
         if not self.cfg.trainer.save_on_interrupt or self.step == 0:
             return RunStopped(f"{where}; nothing saved", stop.signum, None)
-        saved = self.save_checkpoint()
-        return RunStopped(
-            f"{where}; checkpoint {saved}: the same command resumes from it", stop.signum, saved
+        saved = self.last_saved if self.saved_step == self.step else self.save_checkpoint()
+        t = self.cfg.trainer
+        how = (
+            "the same command resumes from it"
+            if t.find_last_checkpoint or t.load_checkpoint_path
+            else f"resume with trainer.load_checkpoint_path={saved}"
         )
+        return RunStopped(f"{where}; checkpoint {saved}: {how}", stop.signum, saved)
 
     def validate(self) -> dict[str, float]:
         """`val/sft_loss` over every validation row; when their answers are plain values, the rows are also
@@ -197,13 +203,20 @@ class SFTTrainer:
         def write(path: Path) -> None:
             self.policy.save_checkpoint(path)
             self.rollout.save_checkpoint(path)
-            state = {"step": self.step, "loader": self.loader.state_dict(), "rng": checkpoint.rng_state()}
+            state = {
+                "kind": "sft",
+                "step": self.step,
+                "loader": self.loader.state_dict(),
+                "rng": checkpoint.rng_state(),
+            }
             torch.save(state, path / "trainer_state.pt")
             (path / "config.yaml").write_text(to_yaml(self.cfg))
 
-        return checkpoint.save_atomically(
+        self.last_saved = checkpoint.save_atomically(
             self.run_dir / "checkpoints", self.step, write, self.cfg.trainer.save_limit
         )
+        self.saved_step = self.step
+        return self.last_saved
 
     def _resume(self) -> None:
         if self.resume_point is None:
@@ -211,7 +224,7 @@ class SFTTrainer:
         path = self.resume_point.path
         self.policy.load_checkpoint(path)
         self.rollout.load_checkpoint(path)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
@@ -255,7 +268,9 @@ def build_warm_models(cfg: Config) -> None:
             file=sys.stderr,
             flush=True,
         )
+        rng = checkpoint.rng_state()  # the run that asked for it starts as if it were cached
         write_dir_atomically(out, _train)
+        checkpoint.set_rng_state(rng)
 
 
 def _train(into: Path) -> None:
@@ -267,6 +282,11 @@ def _train(into: Path) -> None:
             "trainer.experiment_name=sft",
             "trainer.find_last_checkpoint=false",
             "trainer.save_model_only=true",
+            "trainer.save_on_interrupt=false",  # its directory is temporary: nothing to resume
+            # the same model on every machine, and nothing of the GPU left taken by it
+            "trainer.device=cpu",
+            "trainer.backend=local",
+            "worker.rollout.name=hf",
         ]
     )
     with contextlib.redirect_stdout(sys.stderr):  # stdout says where the run that asked for it goes

@@ -279,6 +279,7 @@ class Trainer:
             if self.critic is not None:
                 self.critic.save_checkpoint(path)
             state = {
+                "kind": "train",
                 "step": self.step,
                 "loader": self.loader.state_dict(),
                 "rng": checkpoint.rng_state(),
@@ -299,7 +300,7 @@ class Trainer:
         self.rollout.load_checkpoint(path)
         if self.critic is not None:
             self.critic.load_checkpoint(path)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         self.step = state["step"]
         if not any(c.key == "algorithm.kl_coef" for c in self.resume_point.changes):
             self.kl_coef = state["kl_coef"]  # adapted (kl_type=adaptive) unless the config sets a new one

@@ -18,7 +18,7 @@ class DataConfig:
     """Training rows: a JSONL/JSON/parquet file, a directory of them, an HF dataset `name@split`, or `builtin:<task>@<split>`."""
     val_files: str = field("builtin:addition@test", resume=True)
     """Validation rows, in any form `train_files` accepts; empty string disables validation."""
-    val_split: float = field(0.0, ge=0, lt=1, why="a fraction of the training rows", resume=True)
+    val_split: float = field(0.0, ge=0, lt=1, why="a fraction of the training rows")
     """With val_files empty: this fraction of the training rows is held out for validation instead (NeMo RL's split_validation_size), picked with data.seed."""
     format: Literal["auto", "none", "nemotron_code", "gsm8k", "geometry3k", "verl", "humaneval"] = "auto"
     """Known row layout to convert to problem/answer/data_source/images/extra (auto: detect per file; none: as is)."""

@@ -89,7 +89,7 @@ class RolloutConfig:
     """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns)."""
     max_num_batched_tokens: int = field(8192, ge=1, resume=True)
     """vllm: tokens one scheduler step may process."""
-    max_model_len: int | None = field(None, ge=1)
+    max_model_len: int | None = field(None, ge=1, resume=True)
     """vllm: longest sequence the engine accepts (default: data.max_prompt_length + data.max_response_length)."""
     free_cache_engine: bool | None = field(None, resume=True)
     """vllm: sleep (free weights and KV cache) between rollouts; default true on CUDA, where vLLM's sleep mode exists."""

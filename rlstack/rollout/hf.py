@@ -253,7 +253,8 @@ class HFEngine:
         return {"generator": self.generator.get_state(), "weight_version": self.weight_version}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        if "generator" in state:  # else a vLLM engine's state: a resume that changed the engine
+            self.generator.set_state(state["generator"])
         self.weight_version = state["weight_version"]
 
 

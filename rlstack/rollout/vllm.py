@@ -464,5 +464,5 @@ class VLLMEngine:
         return {"calls": self.calls, "weight_version": self.weight_version}
 
     def load_state_dict(self, state: dict) -> None:
-        self.calls = state["calls"]
+        self.calls = state.get("calls", 0)  # absent: the HF engine's state (a resume that changed the engine)
         self.weight_version = state["weight_version"]

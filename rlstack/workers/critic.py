@@ -174,7 +174,7 @@ class CriticWorker:
 
     @remote(Dispatch.ALL)
     def load_checkpoint(self, path: Path) -> None:
-        s = torch.load(path / "critic_state.pt", weights_only=False)
+        s = torch.load(path / "critic_state.pt", map_location="cpu", weights_only=False)
         if (path / "critic_dcp").is_dir() or distributed.sharded():
             distributed.load_sharded(self.model, self.optimizer, path / "critic_dcp")
         else:

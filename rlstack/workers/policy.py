@@ -423,7 +423,7 @@ class PolicyWorker:
     @remote(Dispatch.ALL)
     def load_checkpoint(self, path: Path) -> None:
         _check_same_model(path / "model", self.model, self.cfg.model.model_path)
-        s = torch.load(path / "actor_state.pt", weights_only=False)
+        s = torch.load(path / "actor_state.pt", map_location="cpu", weights_only=False)
         adapters = (path / "model" / "adapter_config.json").is_file()
         if adapters != self.lora:
             raise RLStackError(

@@ -267,7 +267,9 @@ class RolloutWorker:
     def load_checkpoint(self, path: Path) -> None:
         """This rank's sampling state, or rank 0's for a rank the saving run did not have."""
         own = path / _rollout_state(self.rank)
-        state = torch.load(own if own.is_file() else path / _rollout_state(0), weights_only=False)
+        state = torch.load(
+            own if own.is_file() else path / _rollout_state(0), map_location="cpu", weights_only=False
+        )
         self.engine.load_state_dict(state["engine"])
 
 

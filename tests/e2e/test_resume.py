@@ -120,3 +120,30 @@ def test_a_load_checkpoint_path_that_is_no_checkpoint_is_a_config_problem(
     cfg = load_config(_overrides(tiny_model_dir, tmp_path, f"trainer.load_checkpoint_path={tmp_path}"))
     with pytest.raises(ConfigError, match=r"no trainer_state.pt"):
         Trainer(cfg)
+
+
+def test_a_checkpoint_the_other_command_wrote_is_refused_at_load(tiny_model_dir: Path, tmp_path: Path):
+    from rlstack.sft import run_sft
+
+    args = _overrides(
+        tiny_model_dir, tmp_path, *SHORT, "trainer.max_steps=1", "trainer.experiment_name=sft_then_rl"
+    )
+    run_sft(load_config(args))  # its name ends with sft: the SFT run keeps it
+    with pytest.raises(ConfigError, match=r"which `rlstack sft` wrote, and this is `rlstack train`"):
+        Trainer(load_config(args))
+
+
+def test_a_one_process_checkpoint_is_refused_on_several_ranks_at_load(tiny_model_dir: Path, tmp_path: Path):
+    _run(tiny_model_dir, tmp_path, "trainer.max_steps=1")
+    cfg = load_config(
+        _overrides(
+            tiny_model_dir,
+            tmp_path,
+            *SHORT,
+            "trainer.max_steps=2",
+            "trainer.backend=ray",
+            "trainer.n_gpus_per_node=2",
+        )
+    )
+    with pytest.raises(ConfigError, match=r"which a one-process run wrote \(no actor_dcp/\)"):
+        Trainer(cfg)
