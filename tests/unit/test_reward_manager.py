@@ -350,7 +350,9 @@ def test_builtin_judge_scores_every_response_and_sends_a_rows_images(tmp_path: P
     assert set(out["reward_components"][0]) == {"overall", "judge"}
     ping, *judged = server.chat_requests  # the check at start, then one request per row (each is distinct)
     assert ping["max_tokens"] == 1 and len(judged) == 3
-    with_image, *text_only = (r["messages"][-1]["content"] for r in judged)
+    contents = [r["messages"][-1]["content"] for r in judged]  # sent at once: in any order
+    (with_image,) = [c for c in contents if isinstance(c, list)]
+    text_only = [c for c in contents if not isinstance(c, list)]
     assert [p["type"] for p in with_image] == ["image_url", "text"]
     assert (
         "Question: What animal is it?\nReference answer: cat\nCandidate answer: a cat"
