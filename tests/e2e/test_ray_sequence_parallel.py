@@ -16,6 +16,7 @@ from rlstack.trainer import Trainer
 ray = pytest.importorskip("ray")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_two_ray_ranks_splitting_each_sequence_give_the_local_metrics(tmp_path: Path):
     model = write_model_dir(tmp_path / "sp", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2)

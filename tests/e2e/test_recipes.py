@@ -21,6 +21,8 @@ def test_every_named_recipe_has_a_config():
 
 
 EXAMPLES = [Path(__file__).parents[2] / "examples" / "grpo_addition.yaml", *RECIPES]
+IN_MAKE_TEST = {"grpo_addition", "dapo", "ppo_gae"}
+"""The examples `make test` runs two steps of (the plain one, the filter, the critic); `make test-long` the rest."""
 
 
 def test_no_example_starts_from_random_weights():
@@ -44,7 +46,10 @@ def warm_model() -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first one builds the warm start (300 supervised steps) in its setup
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "example",
+    [pytest.param(p, marks=() if p.stem in IN_MAKE_TEST else pytest.mark.long, id=p.stem) for p in EXAMPLES],
+)
 def test_each_example_learns_as_shipped(warm_model: Path, tmp_path: Path, example: Path):
     """Two steps at the example's own batch sizes, from its own model: rewards to learn from (right and
     wrong answers), a gradient, and for DAPO a batch its filter filled; the critic of the GAE recipe at

@@ -120,6 +120,7 @@ def test_sft_with_lora_writes_the_merged_model(tiny_model_dir: Path, tmp_path: P
     assert moved and all("proj" in n for n in moved)  # the adapted projections, merged in
 
 
+@pytest.mark.long
 def test_two_ray_ranks_train_as_one_process(tiny_model_dir: Path, tmp_path: Path):
     ray = pytest.importorskip("ray")
     args = ("trainer.max_steps=2", "data.val_files=")
