@@ -21,8 +21,8 @@ def test_every_named_recipe_has_a_config():
 
 
 EXAMPLES = [Path(__file__).parents[2] / "examples" / "grpo_addition.yaml", *RECIPES]
-IN_MAKE_TEST = {"grpo_addition", "dapo", "ppo_gae"}
-"""The examples `make test` runs two steps of (the plain one, the filter, the critic); `make test-long` the rest."""
+IN_MAKE_TEST = {"grpo_addition", "dapo"}
+"""The examples `make test` runs two steps of (the plain one, DAPO's filter); `make test-long` the rest."""
 
 
 def test_no_example_starts_from_random_weights():

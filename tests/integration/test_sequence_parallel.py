@@ -100,6 +100,7 @@ def test_two_sequence_parallel_ranks_give_one_process_logprobs_and_gradients(
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_m_rope_rows_with_images_split_across_ranks(tmp_path):
     """A Qwen2.5-VL batch (rows with 0, 1 and 2 images, M-RoPE positions): the ranks embed the whole sequence
