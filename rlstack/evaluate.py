@@ -21,7 +21,6 @@ from pathlib import Path
 from rlstack.algos.groups import pass_at_k
 from rlstack.batch import Batch
 from rlstack.config import Config, ConfigError, to_yaml
-from rlstack.config.algorithm import AlgorithmConfig
 from rlstack.data.dataset import PromptDataset
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
@@ -29,6 +28,7 @@ from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
 from rlstack.tracking import Tracker, generation_rows
 from rlstack.validation import validate
+from rlstack.weight_sync import sync_engines
 from rlstack.workers.rollout import Sampling
 from rlstack.workers.start import start_workers
 
@@ -110,8 +110,7 @@ class Evaluator:
             for spec in datasets
         }
         # The workers of a run without its algorithm: the policy (what is evaluated), the engine, rewards.
-        work = dataclasses.replace(cfg, algorithm=AlgorithmConfig())
-        plan = dataclasses.replace(StepPlan.of(work), logprob_temperature=1.0, check_weight_sync=False)
+        work, plan = StepPlan.without_algorithm(cfg)
         self.plan = plan
         self.workers = ws = start_workers(work, plan, 1)
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
@@ -126,10 +125,7 @@ class Evaluator:
         try:
             if s.checkpoint:
                 self.policy.load_checkpoint(Path(s.checkpoint))
-            if not self.plan.rollout_apart:  # the engine to the weights evaluated
-                self.rollout.sync_weights(0)
-            else:
-                self.rollout.update_weights(self.policy.gathered_weights(), 0)
+            sync_engines(self.policy, self.rollout, self.plan.rollout_apart, 0)  # the weights evaluated
             ks = list(s.ks) or sorted({2**i for i in range(s.n.bit_length()) if 2**i <= s.n} | {s.n})
             result: dict = {
                 "model": cfg.worker.actor.model.model_path,

@@ -110,6 +110,15 @@ class StepPlan:
             critic_warmup=cfg.trainer.critic_warmup,
         )
 
+    @classmethod
+    def without_algorithm(cls, cfg: Config) -> tuple[Config, StepPlan]:
+        """A run that uses the workers but not the RL algorithm (`rlstack sft`, `rlstack eval`): the config
+        its workers are built from (the default `algorithm.*`: no reference, critic or old log-probs) and
+        its plan, with log-probs at temperature 1 and no weight-sync probe."""
+        work = dataclasses.replace(cfg, algorithm=AlgorithmConfig())
+        plan = dataclasses.replace(cls.of(work), logprob_temperature=1.0, check_weight_sync=False)
+        return work, plan
+
     @property
     def separate_reference(self) -> bool:
         """A role computes `ref_logprobs` before the advantages (a reference worker or the LoRA base)."""

@@ -43,16 +43,16 @@ from rlstack.config import (
     load_config,
     to_yaml,
 )
-from rlstack.config.algorithm import AlgorithmConfig
 from rlstack.data.dataset import PromptLoader, prompt_sets, sft_batch
 from rlstack.models.loading import cache_dir, load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.stops import RunStopped, StopRequest, stop_requests
+from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
 from rlstack.tracking import Tracker, generation_rows
 from rlstack.validation import validate
+from rlstack.weight_sync import sync_engines
 from rlstack.workers.start import start_workers
 
 
@@ -89,8 +89,7 @@ class SFTTrainer:
         self.total_steps = t.max_steps or len(self.loader) * t.total_epochs
         # The workers of GRPO without its algorithm: no reference, critic or old log-probs, and log-probs
         # (the loss) at temperature 1; the rollout engine only generates for validation.
-        work = dataclasses.replace(cfg, algorithm=AlgorithmConfig())
-        plan = dataclasses.replace(StepPlan.of(work), logprob_temperature=1.0, check_weight_sync=False)
+        work, plan = StepPlan.without_algorithm(cfg)
         self.plan = plan
         self.workers = ws = start_workers(work, plan, self.total_steps)
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
@@ -151,24 +150,21 @@ class SFTTrainer:
 
     def _stopped(self, stop: StopRequest) -> RunStopped:
         """After a signal, at the end of a step: a checkpoint first (`trainer.save_on_interrupt`)."""
-        where = f"stopped by {stop.name} after SFT step {self.step} of {self.total_steps}"
-        if not self.cfg.trainer.save_on_interrupt or self.step == 0:
-            return RunStopped(f"{where}; nothing saved", stop.signum, None)
-        saved = self.last_saved if self.saved_step == self.step else self.save_checkpoint()
         t = self.cfg.trainer
-        how = (
-            "the same command resumes from it"
-            if t.find_last_checkpoint or t.load_checkpoint_path
-            else f"resume with trainer.load_checkpoint_path={saved}"
-        )
-        return RunStopped(f"{where}; checkpoint {saved}: {how}", stop.signum, saved)
+        where = f"stopped by {stop.name} after SFT step {self.step} of {self.total_steps}"
+        saved = None
+        if t.save_on_interrupt and self.step > 0:
+            saved = self.last_saved if self.saved_step == self.step else self.save_checkpoint()
+        return stopped(stop, where, saved, bool(t.find_last_checkpoint or t.load_checkpoint_path))
 
     def validate(self) -> dict[str, float]:
         """`val/sft_loss` over every validation row; when their answers are plain values, the rows are also
         generated and scored as GRPO's validation does."""
         assert self.val_set is not None
         d, r = self.cfg.data, self.cfg.worker.rollout
-        self._sync()
+        sync_engines(
+            self.policy, self.rollout, self.plan.rollout_apart, self.step
+        )  # generate with these weights
         size = d.val_batch_size if d.val_batch_size > 0 else len(self.val_set)
         nll, tokens = 0.0, 0.0
         for start in range(0, len(self.val_set), size):
@@ -189,13 +185,6 @@ class SFTTrainer:
                 rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
                 self.tracker.log_generations(rows, self.step, "val")
         return metrics
-
-    def _sync(self) -> None:
-        """The rollout engines to the policy's current weights, before they generate for validation."""
-        if not self.plan.rollout_apart:
-            self.rollout.sync_weights(self.step)
-        else:
-            self.rollout.update_weights(self.policy.gathered_weights(), self.step)
 
     # ----------------------------------------------------------------------------- checkpoints
 

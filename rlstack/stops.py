@@ -23,6 +23,23 @@ class RunStopped(RLStackError):
         self.signum, self.checkpoint = signum, checkpoint
 
 
+def stopped(
+    stop: StopRequest, where: str, saved: Path | None, resumes_itself: bool, unsaved_because: str = ""
+) -> RunStopped:
+    """The error a run raises when a signal stopped it at a safe point: `where` it stopped, the checkpoint
+    it `saved` (None: nothing, `unsaved_because`) and how to go on (`resumes_itself`: the same command
+    finds it)."""
+    if saved is None:
+        why = f" ({unsaved_because})" if unsaved_because else ""
+        return RunStopped(f"{where}; nothing saved{why}", stop.signum, None)
+    how = (
+        "the same command resumes from it"
+        if resumes_itself
+        else f"resume with trainer.load_checkpoint_path={saved}"
+    )
+    return RunStopped(f"{where}; checkpoint {saved}: {how}", stop.signum, saved)
+
+
 class Stopped(KeyboardInterrupt):
     """A second signal: the run stops at once, without saving."""
 

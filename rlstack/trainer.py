@@ -27,7 +27,7 @@ from rlstack.producer import RolloutProducer, staleness
 from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
-from rlstack.stops import RunStopped, StopRequest, stop_requests
+from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
 from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
 from rlstack.validation import validate
@@ -150,14 +150,8 @@ class Trainer:
         if saved is None and t.save_on_interrupt:
             saved = self.save_checkpoint()
         where = f"stopped by {stop.name} after step {self.step} of {self.total_steps}"
-        if saved is None:
-            return RunStopped(f"{where}; nothing saved (trainer.save_on_interrupt=false)", stop.signum, None)
-        how = (
-            "the same command resumes from it"
-            if t.find_last_checkpoint or t.load_checkpoint_path
-            else f"resume with trainer.load_checkpoint_path={saved}"
-        )
-        return RunStopped(f"{where}; checkpoint {saved}: {how}", stop.signum, saved)
+        resumes = bool(t.find_last_checkpoint or t.load_checkpoint_path)
+        return stopped(stop, where, saved, resumes, "trainer.save_on_interrupt=false")
 
     def train_step(self) -> dict[str, float]:
         plan = self.plan

@@ -20,6 +20,15 @@ PROBE_TEXT = "The weight-sync probe: 12 + 34 = 46."
 """Fixed text (no images, whatever the model) that engine and policy score."""
 
 
+def sync_engines(policy: PolicyWorker, rollout: RolloutWorker, apart: bool, version: int) -> int:
+    """Bring the rollout engines to the policy's current weights (`version`): a rollout worker beside the
+    policy pulls them from it, rollout workers placed apart are sent the whole weights. Returns the bytes
+    one engine received."""
+    if not apart:
+        return rollout.sync_weights(version)
+    return rollout.update_weights(policy.gathered_weights(), version)
+
+
 class WeightSync:
     def __init__(
         self,
@@ -42,9 +51,7 @@ class WeightSync:
     def sync(self, version: int) -> int:
         """Bring the rollout engines to the policy's current weights (`version` = the step). Returns the
         bytes one engine received."""
-        if not self.apart:
-            return self.rollout.sync_weights(version)
-        return self.rollout.update_weights(self.policy.gathered_weights(), version)
+        return sync_engines(self.policy, self.rollout, self.apart, version)
 
     def remember(self) -> None:
         """Before the first update: the probe's log-probs under the weights the engine has now."""

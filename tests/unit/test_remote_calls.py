@@ -139,8 +139,15 @@ HANDLES = {
         "self.critic": [CriticWorker],
     },
     "collection.py": {"self.rollout_workers": [RolloutWorker]},
-    "weight_sync.py": {"self.policy": [PolicyWorker], "self.rollout": [RolloutWorker]},
+    "weight_sync.py": {
+        "self.policy": [PolicyWorker],
+        "self.rollout": [RolloutWorker],
+        "policy": [PolicyWorker],
+        "rollout": [RolloutWorker],
+    },
     "validation.py": {"rollout": [RolloutWorker]},
+    "sft.py": {"self.policy": [PolicyWorker], "self.rollout": [RolloutWorker]},
+    "evaluate.py": {"self.policy": [PolicyWorker], "self.rollout": [RolloutWorker]},
 }
 
 
