@@ -253,7 +253,7 @@ def build_warm_models(cfg: Config) -> None:
             return
         print(
             f"[rlstack] {BUILTIN_WARM_MODEL}: building the demo's warm start (the tiny Qwen2 after "
-            f"{RECIPE.name}'s supervised steps on addition; about a minute, once) into {out}",
+            f"{RECIPE.name}'s supervised steps on addition; under a minute on 2 cores, once) into {out}",
             file=sys.stderr,
             flush=True,
         )
