@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Path):
     out = tmp_path / "bench.json"
     args = ["--sides", "rlstack,torch", "--prompts", "2", "--n", "2", "--max-response-length", "6"]

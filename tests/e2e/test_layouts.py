@@ -139,7 +139,7 @@ def test_a_lora_run_syncs_merged_weights_checkpoints_adapters_and_resumes(
     assert _deterministic(again[3]) == _deterministic(straight[3])
 
 
-@pytest.mark.parametrize("placement", ["local", "ray_apart"])
+@pytest.mark.parametrize("placement", ["local", pytest.param("ray_apart", marks=pytest.mark.long)])
 def test_validation_leaves_training_as_it_was(tiny_model_dir: Path, tmp_path: Path, placement: str):
     """A run validated before every step trains exactly as one validated only at the end: validation draws
     from none of training's random streams and leaves the policy and the engine as it found them."""

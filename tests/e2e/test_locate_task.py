@@ -8,6 +8,7 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 
 from rlstack.data import locate
 from rlstack.tools.base import ToolCall
@@ -110,6 +111,7 @@ def test_the_weak_teacher_looks_for_the_asked_colour_about_40_percent_of_the_tim
     assert 0.45 < correct < 0.65, correct
 
 
+@pytest.mark.long  # a check of the demo's premise, not of rlstack
 def test_without_the_tool_the_model_stays_near_chance(tmp_path):
     """The tool is what the visual demo learns: the same tiny vision-language model, supervised on
     the right answers with no tool (`locate_answer_sft`), stays near chance (25%) on held-out

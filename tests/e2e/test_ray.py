@@ -44,6 +44,7 @@ def local_run(tiny_model_dir: Path, tmp_path_factory) -> dict[str, dict[str, flo
     return metrics
 
 
+@pytest.mark.long  # two ranks (below) make the same comparison
 def test_one_ray_rank_gives_the_local_metrics(ray_cluster, local_run, tiny_model_dir: Path, tmp_path: Path):
     on_ray = _cfg(tiny_model_dir, tmp_path, "ray1", "trainer.backend=ray")
     Trainer(on_ray).fit()
@@ -53,6 +54,12 @@ def test_one_ray_rank_gives_the_local_metrics(ray_cluster, local_run, tiny_model
 # Two ranks sample the same tokens as one process (per-prompt seeds); their sums and FSDP2's reduction
 # round differently from one process, so the metrics agree to float32 rounding, not bit for bit.
 TOLERANCE = dict(rel_tol=1e-4, abs_tol=1e-5)
+# what worker.rollout.check_weight_sync=true adds to a run's metrics
+SYNC_CHECK = {
+    "rollout/weight_sync_max_diff",
+    "rollout/weight_sync_previous_diff",
+    "rollout/weight_sync_policy_moved",
+}
 
 
 def assert_metrics_close(got: dict, want: dict, only_got: set[str] = frozenset()) -> None:
@@ -64,29 +71,16 @@ def assert_metrics_close(got: dict, want: dict, only_got: set[str] = frozenset()
             assert math.isclose(got[step][key], value, **TOLERANCE), (step, key, got[step][key], value)
 
 
-def test_two_ray_ranks_give_the_local_metrics(ray_cluster, local_run, tiny_model_dir: Path, tmp_path: Path):
-    cfg = _cfg(
-        tiny_model_dir,
-        tmp_path,
-        "ray2_same",
-        "trainer.backend=ray",
-        "trainer.n_gpus_per_node=2",
-        "worker.reward.num_workers=2",  # each reward actor scores half the rows
-    )
-    Trainer(cfg).fit()
-    got = deterministic_metrics(cfg.run_dir)
-    assert sorted(local_run) == ["1", "2", "3"]
-    assert_metrics_close(got, local_run, {"rollout/weight_sync_mb"})  # local shares the module
-    assert all(m["rollout/weight_sync_mb"] > 0 for m in got.values())
-
-
-def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluster, tiny_model_dir, tmp_path):
+def test_two_ray_ranks_give_the_local_metrics_shard_the_policy_and_keep_every_engine_in_sync(
+    ray_cluster, local_run, tiny_model_dir, tmp_path
+):
     cfg = _cfg(
         tiny_model_dir,
         tmp_path,
         "ray2",
         "trainer.backend=ray",
         "trainer.n_gpus_per_node=2",
+        "worker.reward.num_workers=2",  # each reward actor scores half the rows
         "worker.rollout.check_weight_sync=true",  # every rank's engine copy scores the probe like the policy
         "worker.rollout.weight_sync_tolerance=1e-5",
         "trainer.save_freq=3",
@@ -95,6 +89,11 @@ def test_two_ray_ranks_shard_the_policy_and_keep_every_engine_in_sync(ray_cluste
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["actor/grad_norm"] > 0 and r["rollout/weight_sync_max_diff"] <= 1e-5 for r in rows)
+    assert all(r["rollout/weight_sync_mb"] > 0 for r in rows)
+    # the one-process run's metrics (local shares the module, so it syncs nothing; the check adds its own)
+    assert_metrics_close(
+        deterministic_metrics(cfg.run_dir), local_run, {"rollout/weight_sync_mb", *SYNC_CHECK}
+    )
     assert last["response_length/mean"] > 0
     # the sharded checkpoint and the gathered Hugging Face model: the final model is the trained one
     ckpt = cfg.run_dir / "checkpoints" / "global_step_3"
@@ -207,7 +206,7 @@ def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
         StopAfterStep2(parts).fit()
     Trainer(parts).fit()  # finds global_step_2 and goes on
     want, got = deterministic_metrics(whole.run_dir), deterministic_metrics(parts.run_dir)
-    assert sorted(got) == ["1", "2", "3", "4"]
+    assert sorted(got) == ["1", "2", "3", "4"]  # step 4 follows step 3's update: the optimizer state resumed
     assert got == want
 
 
@@ -229,12 +228,7 @@ def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
     assert trainer.groups["rollout"].world_size == 1 and trainer.groups["actor"].world_size == 2
     trainer.fit()
     got = deterministic_metrics(cfg.run_dir)
-    sync_check = {
-        "rollout/weight_sync_max_diff",
-        "rollout/weight_sync_previous_diff",
-        "rollout/weight_sync_policy_moved",
-    }
-    assert_metrics_close(got, local_run, {"rollout/weight_sync_mb", *sync_check})
+    assert_metrics_close(got, local_run, {"rollout/weight_sync_mb", *SYNC_CHECK})
     for m in got.values():
         assert m["rollout/weight_sync_max_diff"] <= 1e-5 and m["rollout/weight_sync_mb"] > 0
 

@@ -118,8 +118,12 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tiny_model_dir: Path, tmp_
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    straight = tmp_path / "straight"
-    subprocess.run(_train_cmd(tiny_model_dir, straight, *common), check=True, env=env, capture_output=True)
+    straight = tmp_path / "straight"  # beside the run that is killed
+    log = tmp_path / "straight.log"
+    with log.open("w") as f:
+        uninterrupted = subprocess.Popen(
+            _train_cmd(tiny_model_dir, straight, *common), env=env, stdout=f, stderr=f
+        )
 
     resumed = tmp_path / "resumed"
     run_dir = resumed / "rlstack" / "default"
@@ -142,6 +146,7 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tiny_model_dir: Path, tmp_
         _train_cmd(tiny_model_dir, resumed, *common), check=True, env=env, capture_output=True, text=True
     )
     assert "resumed from" in out.stdout and "global_step_2" in out.stdout
+    assert uninterrupted.wait(timeout=300) == 0, log.read_text()[-3000:]
 
     a, b = _metrics(straight / "rlstack" / "default"), _metrics(run_dir)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]  # no step logged twice after the kill

@@ -186,12 +186,15 @@ function xAxis(name, unit) {
   return { title: { text: "step" }, tickmode: "linear", tick0: 0, dtick: stepTick(span), tickformat: "d" };
 }
 
+// the charts Plotly is still drawing: the page says it is ready (data-ready) once none are
+const drawing = new Set();
+
 function drawChart(div, name, unit) {
   // redrawn only when its data or the view changed (the page polls every few seconds)
   const key = JSON.stringify([[...state.shown].map((id) => [id, (metrics[id] || []).length]), state.smoothing, state.log, state.x]);
   if (div.dataset.drawn === key) return;
   div.dataset.drawn = key;
-  Plotly.react(div, traces(name, unit), {
+  const done = Plotly.react(div, traces(name, unit), {
     title: { text: name, font: { size: 13 }, x: 0.01, xanchor: "left" },
     margin: { l: 50, r: 10, t: 30, b: state.shown.size > 1 ? 50 : 30 },
     showlegend: state.shown.size > 1,
@@ -199,6 +202,12 @@ function drawChart(div, name, unit) {
     xaxis: xAxis(name, unit),
     yaxis: { type: state.log ? "log" : "linear" },
   }, { displaylogo: false, responsive: true, displayModeBar: "hover" });
+  drawing.add(done);
+  done.finally(() => drawing.delete(done));
+}
+
+async function drawn() {
+  while (drawing.size) await Promise.allSettled([...drawing]);
 }
 
 function toggleGroup(group) {
@@ -457,6 +466,7 @@ async function start() {
   await pollMetrics();
   await loadSteps();
   showTab(state.tab);
+  await drawn();
   document.body.dataset.ready = "true";
   setInterval(async () => {
     await pollMetrics();
