@@ -35,8 +35,8 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
 
-# The long lane: variants of what `make test` covers (every example recipe, sequence parallelism's other
-# layouts and Ray, SFT on Ray ranks), kept out of it for its 15-minute budget.
+# The long lane: variants of what `make test` covers (every example recipe; Ray runs of sequence
+# parallelism, SFT, one rank, the tool agent, apart validation), kept out of it for its 15-minute budget.
 test-long: $(STAMP)
 	$(BIN)/pytest -q -m long
 

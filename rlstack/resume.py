@@ -20,6 +20,7 @@ import yaml
 from rlstack import checkpoint
 from rlstack.config import Config, ConfigError, describe, to_yaml
 from rlstack.config.fields import resumable_keys
+from rlstack.config.schema import is_secret
 
 HISTORY = "config_history.jsonl"
 """The run directory's record of each resume that changed a setting."""
@@ -27,13 +28,11 @@ HISTORY = "config_history.jsonl"
 HOW = ("trainer.resume_mode", "trainer.find_last_checkpoint", "trainer.load_checkpoint_path")
 """Keys that say how this run resumes, not what it trains: not compared."""
 
-SECRET = ("api_key", "token", "secret", "password")
-"""Keys whose values are never printed (they are still compared): a key ending in one of these, and every
-`trainer.env_vars` entry."""
-
 
 def _secret(key: str) -> bool:
-    return key.startswith("trainer.env_vars") or key.rsplit(".", 1)[-1].lower().endswith(SECRET)
+    """Keys whose values a resume never prints: a secret (`is_secret`; config.yaml holds it masked, so its
+    changes are not seen) and every `trainer.env_vars` mapping."""
+    return key.startswith("trainer.env_vars") or is_secret(key.rsplit(".", 1)[-1])
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class DataConfig:
     """Use at most this many validation rows (-1: all)."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by `data.seed` and the epoch)."""
-    seed: int = 1
+    seed: int = field(1, ge=0, lt=2**32, why="numpy takes seeds of 32 bits")
     """Seed of the shuffling."""
     filter_overlong_prompts: bool = True
     """Drop rows whose prompt is longer than `max_prompt_length` (otherwise such a row is an error)."""

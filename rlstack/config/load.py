@@ -23,7 +23,7 @@ from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
 from rlstack.config.machine import engine_choice, resolve_device
 from rlstack.config.reward import local_judge_note
-from rlstack.config.schema import Config, ConfigError, machine_problems, validate
+from rlstack.config.schema import MASK, Config, ConfigError, machine_problems, masked_secrets, validate
 
 
 def load_config(
@@ -72,6 +72,12 @@ def load_config(
     if nemo_rl.is_nemo_rl(merged):
         nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
     easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
+    for key in masked_secrets(merged):
+        env = " or the OPENAI_API_KEY environment variable" if key == "worker.reward.judge.api_key" else ""
+        problems.append(
+            f"{key} is {MASK!r} {_at(sources.get(key, ''))}: rlstack writes that in config.yaml in place of a "
+            f"secret; give the value again ({key}=...{env})"
+        )
     cfg = _build(Config, merged, "", sources, problems)
     _resolve_backend(cfg)
     notes = [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
@@ -323,6 +329,16 @@ def _at(where: str) -> str:
     return f"({where})" if where else ""
 
 
+def _number(value: Any) -> Any:
+    """A number written as text where YAML 1.1 reads text: `1e-5` (no dot), `inf`, `-inf`, `nan`."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
 def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -340,10 +356,14 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is bool:
         return isinstance(value, bool), value
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+        number = _number(value)
+        if isinstance(number, float) and number.is_integer():  # 1e3 (YAML reads it as text), 1000.0
+            return True, int(number)
+        return isinstance(number, int) and not isinstance(number, bool), value
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
+        number = _number(value)
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            return True, float(number)
         return False, value
     if tp is str:  # a name such as experiment_name=2024 arrives from YAML/CLI as a number
         if isinstance(value, (int, float)) and not isinstance(value, bool):

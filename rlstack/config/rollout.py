@@ -73,7 +73,7 @@ class RolloutConfig:
     """Responses per validation prompt."""
     ignore_eos: bool = False
     """Sample past end-of-sequence tokens: every response (validation too) runs to data.max_response_length, as veRL's/vLLM's ignore_eos; for benchmarks that need fixed work; single-turn only."""
-    seed: int = 1
+    seed: int = field(1, ge=0, lt=2**32, why="numpy takes seeds of 32 bits")
     """Seed of the sampling generator (saved and restored with checkpoints)."""
     name: Literal["auto", "hf", "vllm"] = field("auto", resume=True)
     """Generation engine: hf (the policy's own module, in process), vllm (pip install 'rlstack[vllm]'; weights pushed after each update), or auto: vllm when it is installed and the run is on CUDA, else hf (resolved at load and recorded in config.yaml; the run says which and why when it starts)."""

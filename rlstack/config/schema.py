@@ -150,9 +150,38 @@ def key_rules(cls: type = Config, prefix: str = "") -> dict[str, str]:
     return rules
 
 
+SECRET_NAMES = ("api_key", "apikey", "token", "secret", "password", "access_key", "private_key")
+"""A key (a field, or a name inside a mapping such as `trainer.env_vars`) whose name ends in one of these
+holds a secret: written files and trackers show `MASK` in its place."""
+MASK = "***"
+
+
+def is_secret(name: str) -> bool:
+    return str(name).lower().endswith(SECRET_NAMES)
+
+
+def _hide(value: Any, name: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _hide(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hide(v) for v in value]
+    return MASK if is_secret(name) and value not in ("", None) else value
+
+
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain values, secrets (`is_secret`) masked: what config.yaml, `--print-config` and the
+    trackers get. An API key travels in the Config object the processes share, never in a file."""
+    return _hide(dataclasses.asdict(cfg))
 
 
 def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def masked_secrets(values: Any, prefix: str = "") -> list[str]:
+    """The keys of `values` (a config as loaded) whose secret is `MASK`: a config.yaml rlstack wrote, loaded
+    again as a config."""
+    if isinstance(values, dict):
+        return [k for name, v in values.items() for k in masked_secrets(v, f"{prefix}{name}.")]
+    key = prefix.rstrip(".")
+    return [key] if values == MASK and is_secret(key.rsplit(".", 1)[-1]) else []

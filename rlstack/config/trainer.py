@@ -57,7 +57,7 @@ class TrainerConfig:
     """Trackers: `console` (the main metrics beside the progress, which shows whatever the loggers), `file` (metrics.jsonl), `tensorboard`, `wandb`, `swanlab` (SWANLAB_MODE: cloud, offline, local), `mlflow` (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/), `trackio` (TRACKIO_DIR); each optional tracker gets metrics, the config and the validation generations as a table."""
     progress_every: int = field(0, ge=0, resume=True)
     """Where stderr is not a terminal (a log file, a scheduler's output): steps between two progress lines (0: about 20 a run); a terminal gets a progress bar."""
-    seed: int = 1
+    seed: int = field(1, ge=0, lt=2**32, why="numpy takes seeds of 32 bits")
     """Seed of torch, numpy and random."""
     full_determinism: bool = False
     """Deterministic GPU kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN, flash-attn) in every process, as TRL's full_determinism: slower; CPU runs are deterministic without it."""

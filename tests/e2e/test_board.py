@@ -39,9 +39,9 @@ def browse(url: str, screenshot: str | None = None) -> str:
     """The page's DOM after its scripts ran (and a screenshot of it under SHOTS)."""
     args = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000"]
     args += ["--window-size=1400,1800", "--hide-scrollbars"]
-    if screenshot:
+    if screenshot:  # taken in the same visit as the DOM
         SHOTS.mkdir(parents=True, exist_ok=True)
-        subprocess.run([*args, f"--screenshot={SHOTS / screenshot}", url], capture_output=True, timeout=120)
+        args.append(f"--screenshot={SHOTS / screenshot}")
     out = subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert 'data-ready="true"' in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout

@@ -167,6 +167,7 @@ def test_a_killed_rank_ends_the_run_with_its_name_within_60_seconds(ray_cluster,
     assert time.monotonic() - KillRankOne.killed_at < 60
 
 
+@pytest.mark.long  # the agent on ranks: tests/integration's tool tests and the Ray runs above cover each half
 @pytest.mark.timeout(300)
 def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, tmp_path: Path):
     from visual_agent import build_tool_vlm

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from digits_run import digits_run
 from PIL import Image
 
@@ -78,6 +79,9 @@ def mlflow_client(run_dir: Path):
     return MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
 
 
+JUDGE_KEY, ENV_KEY = "sk-judge-key-of-the-test", "wandb-key-of-the-test"
+
+
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
     """A 2-step run with validation at both steps, logged to SwanLab and W&B (offline), MLflow (file store)
@@ -86,12 +90,13 @@ def run(tiny_model_dir, tmp_path_factory):
         mp.setenv("SWANLAB_MODE", "offline")
         mp.setenv("WANDB_MODE", "offline")
         mp.setenv("WANDB_SILENT", "true")
-        mp.setenv("WANDB_DATA_DIR", str(tmp_path_factory.mktemp("wandb_data")))
+        base = tmp_path_factory.mktemp("trackers")  # the run and every tracker's files
+        mp.setenv("WANDB_DATA_DIR", str(base / "wandb_data"))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mp.setenv("TRACKIO_DIR", str(tmp_path_factory.mktemp("trackio")))  # read when trackio is imported
+        mp.setenv("TRACKIO_DIR", str(base / "trackio"))  # read when trackio is imported
         cfg = digits_run(
             tiny_model_dir,
-            tmp_path_factory.mktemp("trackers"),
+            base,
             "trackers",
             "data.val_files=builtin:addition@test",
             "data.val_max_samples=8",
@@ -99,6 +104,8 @@ def run(tiny_model_dir, tmp_path_factory):
             "trainer.val_before_train=false",
             "trainer.val_generations_to_log=4",
             "trainer.logger=[file,swanlab,mlflow,trackio,wandb]",
+            f"worker.reward.judge.api_key={JUDGE_KEY}",  # secrets, which no file or tracker may hold
+            f"trainer.env_vars={{WANDB_API_KEY: {ENV_KEY}, MY_FLAG: 'on'}}",
             steps=2,
         )
         Trainer(cfg).fit()
@@ -175,6 +182,25 @@ def test_trackio_receives_the_metrics_config_and_generations(run):
     assert len(tables[0]["val/generations"]["_value"]) == 4
     config = SQLiteStorage.get_run_config(cfg.trainer.project_name, cfg.trainer.experiment_name)
     assert config["trainer"]["max_steps"] == 2
+
+
+def test_no_file_and_no_tracker_holds_a_secret(run):
+    """config.yaml and every tracker's files and config show the judge's API key and a key in
+    trainer.env_vars as ***, and the other values as they are."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    cfg, _ = run
+    assert cfg.worker.reward.judge.api_key == JUDGE_KEY  # the run itself has it
+    files = [p for p in Path(cfg.trainer.output_dir).rglob("*") if p.is_file()]
+    assert len(files) > 20 and any(p.suffix == ".yaml" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert JUDGE_KEY.encode() not in data and ENV_KEY.encode() not in data, path
+    saved = yaml.safe_load((cfg.run_dir / "config.yaml").read_text())
+    assert saved["worker"]["reward"]["judge"]["api_key"] == "***"
+    assert saved["trainer"]["env_vars"] == {"WANDB_API_KEY": "***", "MY_FLAG": "on"}
+    config = SQLiteStorage.get_run_config(cfg.trainer.project_name, cfg.trainer.experiment_name)
+    assert config["worker"]["reward"]["judge"]["api_key"] == "***"
 
 
 def test_images_of_generations_reach_the_trackers(tmp_path: Path, monkeypatch):

@@ -1,8 +1,10 @@
-"""Run a function on several ranks of a gloo process group (spawned processes), for the tests of
-data-parallel training. Each rank's result comes back through a file."""
+"""Run a function on several ranks of a gloo process group (processes forked from a server that imported
+torch once), for the tests of data-parallel training. Each rank's result comes back through a file."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,16 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+# The ranks fork from one server process that imported torch, transformers and rlstack once: a spawned
+# rank would import them again, seconds per rank on a small CPU.
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "rlstack.workers.distributed",
+    "rlstack.workers.policy",
+]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,8 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, out: Path) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, out: Path, env: dict, cwd: str
+) -> None:
     import torch.distributed as dist
+
+    os.environ.clear()  # the caller's environment and directory now, not the server's at its start
+    os.environ.update(env)
+    os.chdir(cwd)
 
     from rlstack.workers import distributed
 
@@ -40,9 +58,13 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, tmp: Path) -> list
     at teardown, "terminate called without an active exception") has done all its work: its result
     stands. An abort any earlier fails the call."""
     tmp.mkdir(parents=True, exist_ok=True)
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts: the first call
     try:
         mp.start_processes(
-            _rank_main, args=(world, free_port(), fn, args, tmp), nprocs=world, start_method="spawn"
+            _rank_main,
+            args=(world, free_port(), fn, args, tmp, dict(os.environ), os.getcwd()),
+            nprocs=world,
+            start_method="forkserver",
         )
     except mp.ProcessExitedException:
         if not all((tmp / f"rank{r}.done").exists() for r in range(world)):

@@ -87,7 +87,7 @@ must cut its passes to rank 0's count, or FSDP2's collectives hang."""
     ("agg_mode", "layout"),
     [
         ("token-mean", {}),
-        pytest.param("seq-mean-token-mean", {}, marks=pytest.mark.long),
+        ("seq-mean-token-mean", {}),
         ("seq-mean-token-sum-norm", {}),
         ("token-mean", PACKED),
         ("token-mean", {"fsdp": FSDPConfig(offload_params=True)}),
@@ -221,9 +221,7 @@ def ranks_gather(bucket_bytes: int) -> dict:
     return {"whole": whole, "gathered": dict(distributed.full_state_dict(model, bucket_bytes))}
 
 
-@pytest.mark.parametrize(
-    "bucket_bytes", [1, pytest.param(2**20, marks=pytest.mark.long)]
-)  # a bucket per tensor; one bucket per dtype
+@pytest.mark.parametrize("bucket_bytes", [1, 2**20])  # a bucket per tensor; one bucket per dtype
 def test_bucketed_gather_gives_the_whole_tensors(tmp_path: Path, bucket_bytes: int):
     for r in run_ranks(2, ranks_gather, bucket_bytes, tmp=tmp_path):
         assert r["gathered"].keys() == r["whole"].keys()

@@ -73,7 +73,7 @@ def logprobs_and_grads(
 
 @pytest.mark.parametrize(
     "checkpointing",
-    [False, pytest.param(True, marks=pytest.mark.long)],
+    [False, True],
     ids=["plain", "gradient-checkpointing"],
 )
 @pytest.mark.timeout(180)
@@ -100,7 +100,6 @@ def test_two_sequence_parallel_ranks_give_one_process_logprobs_and_gradients(
     )
 
 
-@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_m_rope_rows_with_images_split_across_ranks(tmp_path):
     """A Qwen2.5-VL batch (rows with 0, 1 and 2 images, M-RoPE positions): the ranks embed the whole sequence
@@ -134,9 +133,7 @@ def sequence_parallel_update(model_dir: str, agg_mode: str, batch, mini_batch_si
     return one_update(model_dir, agg_mode, batch, mini_batch_size, padding_free=True, ulysses_size=2)
 
 
-@pytest.mark.parametrize(
-    "agg_mode", ["token-mean", pytest.param("seq-mean-token-mean", marks=pytest.mark.long)]
-)
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.timeout(180)
 def test_two_sequence_parallel_ranks_make_the_one_process_step(sp_model_dir, tmp_path, agg_mode):
     """Both ranks hold every row (one data-parallel group of 2): the token and sequence counts the loss is
@@ -217,7 +214,6 @@ def critic_steps(model_dir: str, batch, ulysses_size: int) -> dict:
     return {"before": before, "after": after, "metrics": metrics, "weights": weights, "layer_tokens": seen}
 
 
-@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_two_sequence_parallel_ranks_give_the_one_process_critic(sp_model_dir, tmp_path):
     from test_distributed import uneven_batch

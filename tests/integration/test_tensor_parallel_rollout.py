@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pytest
 import torch
 from ranks import run_ranks
 
@@ -88,7 +87,6 @@ def test_the_leader_rolls_out_both_ranks_prompts_and_each_rank_gets_its_own(tmp_
     assert leader["calls"] == turns and follower["calls"] == turns  # the same requests, in step
 
 
-@pytest.mark.long
 def test_four_ranks_make_two_engines_of_consecutive_ranks(tmp_path: Path):
     ranks = run_ranks(4, _rollout, False, tmp=tmp_path)
     for r, out in enumerate(ranks):

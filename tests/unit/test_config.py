@@ -1042,6 +1042,21 @@ def test_every_value_out_of_its_range_is_reported_at_once():
     ]
 
 
+def test_numbers_yaml_reads_as_text_are_numbers(tmp_path: Path):
+    """PyYAML (YAML 1.1) reads `1e-5` without a dot as text, and OmegaConf the command line's `inf`: both
+    are the numbers a user meant; nan is out of every range; a seed numpy refuses is refused at load."""
+    path = tmp_path / "run.yaml"
+    path.write_text("worker:\n  actor:\n    optim:\n      lr: 1e-5\ntrainer:\n  max_steps: 1e3\n")
+    cfg = load_config([f"config={path}", "worker.actor.max_grad_norm=inf"])
+    assert cfg.worker.actor.optim.lr == 1e-5 and cfg.trainer.max_steps == 1000
+    assert cfg.worker.actor.max_grad_norm == float("inf")
+    assert problems_of(["worker.actor.optim.lr=nan", "trainer.max_steps=2.5", "trainer.seed=-1"]) == [
+        "trainer.max_steps (command-line override 'trainer.max_steps=2.5'): expected int | None, got 2.5 (float)",
+        "worker.actor.optim.lr = nan: must be at least 0",
+        "trainer.seed = -1: must be in [0, 4294967296) (numpy takes seeds of 32 bits)",
+    ]
+
+
 def test_range_problems_join_the_other_problems():
     problems = problems_of(["worker.actor.optim.lr=-1", "worker.rollout.n=abc", "trainer.save_freqq=3"])
     assert len(problems) == 3
@@ -1161,3 +1176,40 @@ def test_tensor_parallel_with_auto_picking_hf_is_one_problem_with_both_ways_out(
     (problem,) = problems_of(["worker.rollout.tensor_parallel_size=2"])
     assert "needs the vLLM engine, but worker.rollout.name=auto picks hf here" in problem
     assert "pip install 'rlstack[vllm]'" in problem and "tensor_parallel_size=1" in problem
+
+
+def test_secrets_are_masked_where_written_and_a_mask_loaded_again_names_the_key(tmp_path: Path, capsys):
+    overrides = [
+        "worker.reward.judge.api_key=sk-secret",
+        "trainer.env_vars={HF_TOKEN: hf_secret, AWS_SECRET_ACCESS_KEY: aws_secret, TOKENIZERS_PARALLELISM: 'false'}",
+        "worker.reward.reward_function_kwargs={password: pw_secret, answer_key: answer}",
+    ]
+    written = to_yaml(load_config(overrides))
+    assert "secret" not in written.replace("AWS_SECRET", "")
+    saved = yaml.safe_load(written)
+    assert saved["trainer"]["env_vars"] == {
+        "HF_TOKEN": "***",
+        "AWS_SECRET_ACCESS_KEY": "***",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    assert saved["worker"]["reward"]["reward_function_kwargs"] == {"password": "***", "answer_key": "answer"}
+    assert saved["data"]["answer_key"] == "answer" and saved["worker"]["reward"]["judge"]["max_tokens"] > 0
+    assert main(["train", *overrides, "--print-config"]) == 0
+    assert "sk-secret" not in capsys.readouterr().out
+
+    path = tmp_path / "config.yaml"  # a run's config.yaml, given back as a config
+    path.write_text(written)
+    with pytest.raises(ConfigError) as e:
+        load_config([f"config={path}"])
+    said = str(e.value)
+    assert "worker.reward.judge.api_key is '***'" in said and "OPENAI_API_KEY" in said and str(path) in said
+    assert "trainer.env_vars.HF_TOKEN is '***'" in said and "answer_key" not in said
+    cfg = load_config(
+        [
+            f"config={path}",
+            "worker.reward.judge.api_key=sk-again",
+            "trainer.env_vars={HF_TOKEN: a, AWS_SECRET_ACCESS_KEY: b}",
+            "worker.reward.reward_function_kwargs.password=c",
+        ]
+    )
+    assert cfg.worker.reward.judge.api_key == "sk-again"
