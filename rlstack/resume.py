@@ -20,7 +20,7 @@ import yaml
 from rlstack import checkpoint
 from rlstack.config import Config, ConfigError, describe, to_yaml
 from rlstack.config.fields import resumable_keys
-from rlstack.config.schema import is_secret
+from rlstack.config.schema import hide_secrets, is_secret
 
 HISTORY = "config_history.jsonl"
 """The run directory's record of each resume that changed a setting."""
@@ -97,8 +97,9 @@ def saved_config(path: Path) -> dict | None:
 
 def changes(saved: dict, cfg: Config) -> list[Change]:
     """Every leaf key whose value differs between `saved` (a config as written to YAML) and `cfg`. A key the
-    saved config does not have (written by an older rlstack) is not compared."""
-    now = yaml.safe_load(to_yaml(cfg))
+    saved config does not have (written by an older rlstack) is not compared, nor are secrets: both sides
+    are compared masked (a config.yaml written before rlstack masked them holds them in the clear)."""
+    saved, now = hide_secrets(saved), yaml.safe_load(to_yaml(cfg))
     free = resumable_keys(Config)
     out = []
     missing = object()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import sys
 import types
 import typing
@@ -329,13 +330,14 @@ def _at(where: str) -> str:
     return f"({where})" if where else ""
 
 
+NUMBER_TEXT = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)[eE][+-]?\d+|[+-]?(inf|infinity|nan)", re.I)
+"""Numbers that YAML 1.1 (PyYAML) or OmegaConf's command line read as text: `1e-5` (no dot), `inf`, `nan`."""
+
+
 def _number(value: Any) -> Any:
-    """A number written as text where YAML 1.1 reads text: `1e-5` (no dot), `inf`, `-inf`, `nan`."""
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return value
+    """`value`, or the number its text writes where YAML read a number as text (`NUMBER_TEXT`)."""
+    if isinstance(value, str) and NUMBER_TEXT.fullmatch(value):
+        return float(value)
     return value
 
 
@@ -357,9 +359,9 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, bool), value
     if tp is int:
         number = _number(value)
-        if isinstance(number, float) and number.is_integer():  # 1e3 (YAML reads it as text), 1000.0
+        if isinstance(number, float) and number.is_integer() and abs(number) < 2**53:  # 1e3 (text in YAML)
             return True, int(number)
-        return isinstance(number, int) and not isinstance(number, bool), value
+        return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
         number = _number(value)
         if isinstance(number, (int, float)) and not isinstance(number, bool):

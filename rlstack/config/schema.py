@@ -150,28 +150,36 @@ def key_rules(cls: type = Config, prefix: str = "") -> dict[str, str]:
     return rules
 
 
-SECRET_NAMES = ("api_key", "apikey", "token", "secret", "password", "access_key", "private_key")
-"""A key (a field, or a name inside a mapping such as `trainer.env_vars`) whose name ends in one of these
-holds a secret: written files and trackers show `MASK` in its place."""
+SECRET_NAMES = ("api_key", "apikey", "token", "secret", "secret_key", "password", "access_key", "private_key")
+"""A key (a field, or a name inside a mapping such as `trainer.env_vars` or a reward's kwargs) whose name
+ends in one of these holds a secret, when its value is text: written files and trackers show `MASK`."""
+NOT_SECRET = ("eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+NOT_SECRET += ("stop_token", "end_token", "start_token", "image_token", "video_token", "special_token")
+NOT_SECRET += ("max_token", "implicit_token")
+"""Names ending in `token` that name a tokenizer's tokens or a setting (HF_HUB_DISABLE_IMPLICIT_TOKEN)."""
 MASK = "***"
 
 
 def is_secret(name: str) -> bool:
-    return str(name).lower().endswith(SECRET_NAMES)
+    name = str(name).lower()
+    return name.endswith(SECRET_NAMES) and not name.endswith(NOT_SECRET)
 
 
-def _hide(value: Any, name: str = "") -> Any:
+def hide_secrets(value: Any, name: str = "") -> Any:
+    """`value` (plain dicts and lists, as a config is written) with each secret's text as `MASK`."""
     if isinstance(value, dict):
-        return {k: _hide(v, str(k)) for k, v in value.items()}
+        return {k: hide_secrets(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_hide(v) for v in value]
-    return MASK if is_secret(name) and value not in ("", None) else value
+        return [hide_secrets(v, name) for v in value]
+    return MASK if isinstance(value, str) and value and is_secret(name) else value
 
 
-def to_dict(cfg: Any) -> dict:
-    """The config as plain values, secrets (`is_secret`) masked: what config.yaml, `--print-config` and the
-    trackers get. An API key travels in the Config object the processes share, never in a file."""
-    return _hide(dataclasses.asdict(cfg))
+def to_dict(cfg: Any, masked: bool = True) -> dict:
+    """The config as plain values, secrets (`is_secret`) masked unless `masked=False`: what config.yaml,
+    `--print-config` and the trackers get. An API key travels in the Config object the processes share,
+    never in a file."""
+    values = dataclasses.asdict(cfg)
+    return hide_secrets(values) if masked else values
 
 
 def to_yaml(cfg: Config) -> str:
@@ -183,5 +191,7 @@ def masked_secrets(values: Any, prefix: str = "") -> list[str]:
     again as a config."""
     if isinstance(values, dict):
         return [k for name, v in values.items() for k in masked_secrets(v, f"{prefix}{name}.")]
+    if isinstance(values, list):
+        return [k for i, v in enumerate(values) for k in masked_secrets(v, f"{prefix.rstrip('.')}[{i}].")]
     key = prefix.rstrip(".")
-    return [key] if values == MASK and is_secret(key.rsplit(".", 1)[-1]) else []
+    return [key] if values == MASK and is_secret(key.rsplit(".", 1)[-1].split("[")[0]) else []

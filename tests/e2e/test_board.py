@@ -44,6 +44,7 @@ def browse(url: str, screenshot: str | None = None) -> str:
         args.append(f"--screenshot={SHOTS / screenshot}")
     out = subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert 'data-ready="true"' in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert not screenshot or (SHOTS / screenshot).is_file(), out.stderr[-2000:]
     return out.stdout
 
 

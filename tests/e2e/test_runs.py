@@ -127,26 +127,32 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tiny_model_dir: Path, tmp_
 
     resumed = tmp_path / "resumed"
     run_dir = resumed / "rlstack" / "default"
-    proc = subprocess.Popen(
-        _train_cmd(tiny_model_dir, resumed, *common),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while not (run_dir / "checkpoints" / "global_step_2").is_dir():
-        assert proc.poll() is None, "the run ended before its first checkpoint"
-        assert time.time() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run_dir / "checkpoints" / "global_step_4").exists()
+    proc = None
+    try:
+        proc = subprocess.Popen(
+            _train_cmd(tiny_model_dir, resumed, *common),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints" / "global_step_2").is_dir():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (run_dir / "checkpoints" / "global_step_4").exists()
 
-    out = subprocess.run(
-        _train_cmd(tiny_model_dir, resumed, *common), check=True, env=env, capture_output=True, text=True
-    )
-    assert "resumed from" in out.stdout and "global_step_2" in out.stdout
-    assert uninterrupted.wait(timeout=300) == 0, log.read_text()[-3000:]
+        out = subprocess.run(
+            _train_cmd(tiny_model_dir, resumed, *common), check=True, env=env, capture_output=True, text=True
+        )
+        assert "resumed from" in out.stdout and "global_step_2" in out.stdout
+        assert uninterrupted.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:  # no run left behind by a failed check
+        for p in (uninterrupted, proc):
+            if p is not None and p.poll() is None:
+                p.kill()
 
     a, b = _metrics(straight / "rlstack" / "default"), _metrics(run_dir)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]  # no step logged twice after the kill

@@ -35,7 +35,9 @@ def _rank_main(
 ) -> None:
     import torch.distributed as dist
 
-    os.environ.clear()  # the caller's environment and directory now, not the server's at its start
+    # the caller's environment and directory now, not the server's at its start (what torch, transformers
+    # and rlstack read when the server imported them stays as it was then)
+    os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
 

@@ -1182,7 +1182,8 @@ def test_secrets_are_masked_where_written_and_a_mask_loaded_again_names_the_key(
     overrides = [
         "worker.reward.judge.api_key=sk-secret",
         "trainer.env_vars={HF_TOKEN: hf_secret, AWS_SECRET_ACCESS_KEY: aws_secret, TOKENIZERS_PARALLELISM: 'false'}",
-        "worker.reward.reward_function_kwargs={password: pw_secret, answer_key: answer}",
+        "worker.reward.reward_function_kwargs={password: pw_secret, answer_key: answer, end_token: </s>}",
+        "worker.rollout.agent.tools=[{import_path: builtin:python, api_key: tool_secret, timeout: 5}]",
     ]
     written = to_yaml(load_config(overrides))
     assert "secret" not in written.replace("AWS_SECRET", "")
@@ -1192,7 +1193,11 @@ def test_secrets_are_masked_where_written_and_a_mask_loaded_again_names_the_key(
         "AWS_SECRET_ACCESS_KEY": "***",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    assert saved["worker"]["reward"]["reward_function_kwargs"] == {"password": "***", "answer_key": "answer"}
+    kwargs = saved["worker"]["reward"]["reward_function_kwargs"]
+    assert kwargs == {"password": "***", "answer_key": "answer", "end_token": "</s>"}  # a token, not a secret
+    assert saved["worker"]["rollout"]["agent"]["tools"] == [
+        {"import_path": "builtin:python", "api_key": "***", "timeout": 5}
+    ]
     assert saved["data"]["answer_key"] == "answer" and saved["worker"]["reward"]["judge"]["max_tokens"] > 0
     assert main(["train", *overrides, "--print-config"]) == 0
     assert "sk-secret" not in capsys.readouterr().out
@@ -1204,12 +1209,14 @@ def test_secrets_are_masked_where_written_and_a_mask_loaded_again_names_the_key(
     said = str(e.value)
     assert "worker.reward.judge.api_key is '***'" in said and "OPENAI_API_KEY" in said and str(path) in said
     assert "trainer.env_vars.HF_TOKEN is '***'" in said and "answer_key" not in said
+    assert "worker.rollout.agent.tools[0].api_key is '***'" in said and "end_token" not in said
     cfg = load_config(
         [
             f"config={path}",
             "worker.reward.judge.api_key=sk-again",
             "trainer.env_vars={HF_TOKEN: a, AWS_SECRET_ACCESS_KEY: b}",
             "worker.reward.reward_function_kwargs.password=c",
+            "worker.rollout.agent.tools=[{import_path: builtin:python, api_key: d}]",
         ]
     )
     assert cfg.worker.reward.judge.api_key == "sk-again"

@@ -203,10 +203,10 @@ function drawChart(div, name, unit) {
     yaxis: { type: state.log ? "log" : "linear" },
   }, { displaylogo: false, responsive: true, displayModeBar: "hover" });
   drawing.add(done);
-  done.finally(() => drawing.delete(done));
+  done.catch(() => {}).finally(() => drawing.delete(done)); // a failed draw is not waited for again
 }
 
-async function drawn() {
+async function allDrawn() {
   while (drawing.size) await Promise.allSettled([...drawing]);
 }
 
@@ -466,7 +466,7 @@ async function start() {
   await pollMetrics();
   await loadSteps();
   showTab(state.tab);
-  await drawn();
+  await allDrawn();
   document.body.dataset.ready = "true";
   setInterval(async () => {
     await pollMetrics();
