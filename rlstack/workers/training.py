@@ -144,16 +144,24 @@ class MasterAdamW(torch.optim.AdamW):
     (~1e-6) a step is far below bfloat16's spacing (about 1e-4 for a weight of 0.02) and rounds away for
     all but the weights nearest zero. The masters are saved with the optimizer's state (resuming gives
     the same weights). For plain tensors; FSDP2's shards keep float32 storage instead
-    (`distributed.shard_model`)."""
+    (`distributed.shard_model`).
+
+    The masters (twice the bfloat16 weights' memory) are made at the first step, save or load, not before:
+    a policy that only generates and scores (`rlstack eval`, a val-only run) never holds them."""
 
     def __init__(self, params: list[torch.nn.Parameter], **kwargs):
         self.model_params = params
-        masters = [p.detach().float().clone() for p in params]
-        super().__init__(masters, **kwargs)
+        self.has_masters = False
+        super().__init__(params, **kwargs)  # the group's params become the masters when first needed
 
     @property
+    @torch.no_grad()
     def masters(self) -> list[torch.Tensor]:
-        return self.param_groups[0]["params"]
+        group = self.param_groups[0]
+        if not self.has_masters:
+            group["params"] = [p.detach().float().clone() for p in self.model_params]
+            self.has_masters = True
+        return group["params"]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -170,13 +178,15 @@ class MasterAdamW(torch.optim.AdamW):
             p.grad = None
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "master_weights": [m.detach().clone() for m in self.masters]}
+        masters = [m.detach().clone() for m in self.masters]
+        return {**super().state_dict(), "master_weights": masters}
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
         """The saved masters, or (a state without them) the parameters as they are now."""
         state = dict(state_dict)
         saved = state.pop("master_weights", None)
+        self.masters  # noqa: B018 -- made first: the loaded state belongs to the masters, not the weights
         super().load_state_dict(state)
         for i, (p, m) in enumerate(zip(self.model_params, self.masters)):
             m.copy_(saved[i] if saved is not None else p.float())

@@ -69,3 +69,19 @@ def test_a_resumed_optimizer_continues_from_the_saved_masters(with_masters):
     assert torch.allclose(resumed.masters[0], torch.full((4, 4), expected), atol=1e-6)
     if with_masters:  # the 50 steps that the rounded weights do not show are kept
         assert not torch.allclose(resumed.masters[0], torch.full((4, 4), START), atol=1e-5)
+
+
+def test_the_masters_are_made_when_first_needed_so_a_policy_that_never_steps_holds_none():
+    """`rlstack eval` and val-only runs build the policy's optimizer and never step it: no float32 copy of
+    the weights (twice their bfloat16 memory) until a step, a save or a load."""
+    layer = _layer(torch.bfloat16)
+    optimizer, _ = build_optimizer(layer, OptimConfig(lr=1e-6, weight_decay=0.0), total_steps=1)
+    assert isinstance(optimizer, MasterAdamW) and not optimizer.has_masters
+    assert [p.dtype for p in optimizer.param_groups[0]["params"]] == [torch.bfloat16]
+    state = optimizer.state_dict()  # a checkpoint before any step holds the masters
+    assert optimizer.has_masters and state["master_weights"][0].dtype == torch.float32
+
+    fresh, _ = build_optimizer(_layer(torch.bfloat16), OptimConfig(lr=1e-6, weight_decay=0.0), total_steps=1)
+    fresh.load_state_dict(_steps(_layer(torch.bfloat16), 3).state_dict())  # a resume: state of the masters
+    (master,) = fresh.masters
+    assert fresh.state[master]["step"] == 3 and fresh.state[master]["exp_avg"].dtype == torch.float32
