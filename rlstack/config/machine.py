@@ -133,26 +133,12 @@ def _device_problems(cfg: Config, p: list[str], gpus: int) -> None:
 
 
 def _tensor_parallel_problems(cfg: Config, p: list[str], gpus: int, on_cpu: bool) -> None:
-    """A vLLM engine split over `tensor_parallel_size` ranks: the ranks of one node, colocated with the policy."""
+    """A vLLM engine split over more GPUs than this machine shows (how an engine may be split over ranks at
+    all is a config rule: `rollout.tensor_parallel_rules`, also checked with --machine-checks=warn)."""
     t, r = cfg.trainer, cfg.worker.rollout
     size, per_node = r.tensor_parallel_size, t.n_gpus_per_node
-    key = f"worker.rollout.tensor_parallel_size = {size}"
-    if per_node % size:
-        what = "GPUs" if not on_cpu else "ranks (processes on this CPU)"
+    if not on_cpu and gpus and t.nnodes == 1 and per_node > gpus and per_node % size == 0:
         p.append(
-            f"{key}, but trainer.n_gpus_per_node = {per_node}: an engine is split over {size} {what} of one "
-            f"node, so n_gpus_per_node must be a multiple of it (set it to {size}, or lower tensor_parallel_size)"
-        )
-        return
-    if not on_cpu and gpus and t.nnodes == 1 and per_node > gpus:
-        p.append(f"{key}: trainer.n_gpus_per_node = {per_node}, but {gpus} GPU(s) are visible")
-    if not r.colocated:
-        p.append(
-            f"{key} with worker.rollout.colocated = false: a split engine runs on the policy's ranks (each holds "
-            "a slice of it); use colocated rollout, or tensor_parallel_size=1 for rollout actors of their own"
-        )
-    if cfg.algorithm.async_grpo.enabled:
-        p.append(
-            f"{key} with algorithm.async_grpo.enabled = true: the ranks of a split engine generate in step, which "
-            "the asynchronous producer does not keep; use tensor_parallel_size=1"
+            f"worker.rollout.tensor_parallel_size = {size}: trainer.n_gpus_per_node = {per_node}, but {gpus} "
+            "GPU(s) are visible"
         )

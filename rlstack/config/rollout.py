@@ -105,8 +105,36 @@ class RolloutConfig:
     """The multi-turn agent loop (tools); off while `tools` is empty."""
 
 
+def tensor_parallel_rules(cfg: Config, p: list[str]) -> None:
+    """A vLLM engine split over `tensor_parallel_size` ranks: the ranks of one node, colocated with the
+    policy, generating in step (whatever machine the config is checked on)."""
+    t, r = cfg.trainer, cfg.worker.rollout
+    size, per_node = r.tensor_parallel_size, t.n_gpus_per_node
+    if r.name not in ("vllm", "auto") or size <= 1:  # auto is left unresolved where it cannot pick vLLM
+        return
+    key = f"worker.rollout.tensor_parallel_size = {size}"
+    if per_node % size:
+        p.append(
+            f"{key}, but trainer.n_gpus_per_node = {per_node}: an engine is split over {size} ranks (GPUs, or "
+            f"processes on a CPU) of one node, so n_gpus_per_node must be a multiple of it (set it to {size}, "
+            "or lower tensor_parallel_size)"
+        )
+        return
+    if not r.colocated:
+        p.append(
+            f"{key} with worker.rollout.colocated = false: a split engine runs on the policy's ranks (each holds "
+            "a slice of it); use colocated rollout, or tensor_parallel_size=1 for rollout actors of their own"
+        )
+    if cfg.algorithm.async_grpo.enabled:
+        p.append(
+            f"{key} with algorithm.async_grpo.enabled = true: the ranks of a split engine generate in step, which "
+            "the asynchronous producer does not keep; use tensor_parallel_size=1"
+        )
+
+
 def rollout_rules(cfg: Config, p: list[str]) -> None:
     """Sampling settings that contradict other keys, the agent's tools and files, the engine's settings."""
+    tensor_parallel_rules(cfg, p)
     r, d = cfg.worker.rollout, cfg.data
     ag = r.agent
     if r.ignore_eos and (ag.tools or ag.feedback):

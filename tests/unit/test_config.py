@@ -651,8 +651,8 @@ def test_gpu_features_asked_for_on_the_cpu_are_all_named_at_load(monkeypatch):
         "flash_attention_2 needs a CUDA GPU",
         "pip install 'rlstack[vllm]'",
         "sleep mode exists only on CUDA GPUs",
-        "tensor_parallel_size = 2, but trainer.n_gpus_per_node = 1: an engine is split over 2 ranks (processes on "
-        "this CPU) of one node",
+        "tensor_parallel_size = 2, but trainer.n_gpus_per_node = 1: an engine is split over 2 ranks (GPUs, or "
+        "processes on a CPU) of one node",
     ):
         assert expected in text, expected
 
@@ -1173,7 +1173,7 @@ def test_auto_is_resolved_at_load_and_said_when_the_run_starts(monkeypatch):
 
 
 def test_tensor_parallel_with_auto_picking_hf_is_one_problem_with_both_ways_out():
-    (problem,) = problems_of(["worker.rollout.tensor_parallel_size=2"])
+    (problem,) = problems_of(["worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"])
     assert "needs the vLLM engine, but worker.rollout.name=auto picks hf here" in problem
     assert "pip install 'rlstack[vllm]'" in problem and "tensor_parallel_size=1" in problem
 
@@ -1220,3 +1220,20 @@ def test_secrets_are_masked_where_written_and_a_mask_loaded_again_names_the_key(
         ]
     )
     assert cfg.worker.reward.judge.api_key == "sk-again"
+
+
+def test_how_an_engine_is_split_is_checked_on_a_laptop_too():
+    """--machine-checks=warn lets a GPU node's config load here with what this machine lacks as warnings;
+    a split engine that could run on no machine (ranks that do not divide, rollout apart, async) stays an
+    error there."""
+    tp = ["worker.rollout.tensor_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    for name in ("vllm", "auto"):
+        engine = f"worker.rollout.name={name}"
+        assert load_config([engine, *tp], machine_checks="warn").worker.rollout.tensor_parallel_size == 2
+        for override, expected in {
+            "trainer.n_gpus_per_node=3": "n_gpus_per_node must be a multiple of it",
+            "worker.rollout.colocated=false": "a split engine runs on the policy's ranks",
+            "algorithm.async_grpo.enabled=true": "the asynchronous producer does not keep",
+        }.items():
+            with pytest.raises(ConfigError, match=expected):
+                load_config([engine, *tp, override], machine_checks="warn")
