@@ -40,6 +40,8 @@ class OptimConfig:
     """Learning-rate schedule after warm-up."""
     min_lr_ratio: float = field(0.0, ge=0, le=1)
     """Cosine schedule floor, as a fraction of `lr`."""
+    strategy: Literal["adamw", "adamw_bf16"] = "adamw"
+    """adamw: AdamW's two moments in float32 (8 bytes a parameter); adamw_bf16 (EasyR1's): the moments kept in bfloat16 (4 bytes), computed in float32 each step; the weights' float32 masters (or FSDP2's float32 shards) stay either way."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ group, whose ranks hold the same rows).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -137,14 +138,59 @@ class MicroBatching:
         return out[torch.argsort(order)]
 
 
-class MasterAdamW(torch.optim.AdamW):
-    """AdamW over float32 master copies of low-precision (bfloat16 / float16) parameters, as mixed-precision
-    training keeps them: each step reads the parameters' gradients into the masters, steps the masters and
-    writes them back rounded. Stepping bfloat16 weights directly loses the update: at RL learning rates
-    (~1e-6) a step is far below bfloat16's spacing (about 1e-4 for a weight of 0.02) and rounds away for
-    all but the weights nearest zero. The masters are saved with the optimizer's state (resuming gives
-    the same weights). For plain tensors; FSDP2's shards keep float32 storage instead
-    (`distributed.shard_model`).
+class BF16MomentsAdamW(torch.optim.Optimizer):
+    """AdamW whose two moments are kept in bfloat16 (EasyR1's `optim.strategy: adamw_bf16`): 4 bytes of
+    state a parameter instead of 8. Each step computes in float32 (the moments read up, updated with the
+    gradient, the parameter stepped with them) and stores the moments rounded. The parameters stay as they
+    are: float32 masters in one process (`MasterAdamW`), FSDP2's float32 shards on several ranks."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float], weight_decay: float, eps: float = 1e-8):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (b1, b2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                state["step"] += 1
+                t = float(state["step"])
+                g = p.grad.float()
+                m = state["exp_avg"].float().mul_(b1).add_(g, alpha=1 - b1)
+                v = state["exp_avg_sq"].float().mul_(b2).addcmul_(g, g, value=1 - b2)
+                state["exp_avg"], state["exp_avg_sq"] = m.to(torch.bfloat16), v.to(torch.bfloat16)
+                p.mul_(1 - lr * decay)
+                denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(eps)
+                p.addcdiv_(m.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - b1**t))
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Torch casts a loaded state to its parameter's dtype: the moments go back to bfloat16."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].to(torch.bfloat16)
+
+
+class _Masters:
+    """Low-precision (bfloat16 / float16) parameters stepped through float32 master copies, as
+    mixed-precision training keeps them: each step reads the parameters' gradients into the masters, steps
+    the masters with the optimizer it is mixed into and writes them back rounded. Stepping bfloat16 weights
+    directly loses the update: at RL learning rates (~1e-6) a step is far below bfloat16's spacing (about
+    1e-4 for a weight of 0.02) and rounds away for all but the weights nearest zero. The masters are saved
+    with the optimizer's state (resuming gives the same weights). For plain tensors; FSDP2's shards keep
+    float32 storage instead (`distributed.shard_model`).
 
     The masters (twice the bfloat16 weights' memory) are made at the first step, save or load, not before:
     a policy that only generates and scores (`rlstack eval`, a val-only run) never holds them."""
@@ -192,14 +238,26 @@ class MasterAdamW(torch.optim.AdamW):
             m.copy_(saved[i] if saved is not None else p.float())
 
 
+class MasterAdamW(_Masters, torch.optim.AdamW):
+    """torch's AdamW over float32 masters of low-precision parameters (`_Masters`)."""
+
+
+class MasterBF16MomentsAdamW(_Masters, BF16MomentsAdamW):
+    """`BF16MomentsAdamW` over float32 masters of low-precision parameters (`_Masters`)."""
+
+
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, total_steps: int):
     trainable = [p for p in model.parameters() if p.requires_grad]  # a frozen vision tower stays out
-    kwargs = dict(lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=_fusable(trainable))
-    low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in trainable)
-    if low_precision and not any(isinstance(p, DTensor) for p in trainable):
-        optimizer: torch.optim.Optimizer = MasterAdamW(trainable, **kwargs)
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    masters = any(p.dtype in (torch.bfloat16, torch.float16) for p in trainable) and not any(
+        isinstance(p, DTensor) for p in trainable
+    )
+    optimizer: torch.optim.Optimizer
+    if o.strategy == "adamw_bf16":
+        optimizer = (MasterBF16MomentsAdamW if masters else BF16MomentsAdamW)(trainable, **kwargs)
     else:
-        optimizer = torch.optim.AdamW(trainable, **kwargs)
+        kwargs["fused"] = _fusable(trainable)
+        optimizer = (MasterAdamW if masters else torch.optim.AdamW)(trainable, **kwargs)
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * total_steps)
     if o.lr_scheduler_type == "cosine":
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(

@@ -9,7 +9,7 @@ import torch
 from ranks import run_ranks
 
 from rlstack.batch import Batch
-from rlstack.config import ActorConfig, AlgorithmConfig, FSDPConfig
+from rlstack.config import ActorConfig, AlgorithmConfig, FSDPConfig, OptimConfig
 from rlstack.workers.group import gather_rows, split_mini_batches, split_rows
 
 ROWS, PROMPT, RESPONSE = 8, 6, 8
@@ -62,13 +62,14 @@ def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int
         for m in worker.model.modules()
         if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None
     )
-    fused = bool(worker.optimizer.param_groups[0]["fused"])
+    fused = bool(worker.optimizer.param_groups[0].get("fused"))
     return {
         "metrics": metrics,
         "weights": weights,
         "sharded": distributed.sharded(),
         "offloaded": offloaded,
         "fused": fused,
+        "moments": {str(s["exp_avg"].dtype) for s in worker.optimizer.state.values()},
     }
 
 
@@ -91,6 +92,8 @@ must cut its passes to rank 0's count, or FSDP2's collectives hang."""
         ("seq-mean-token-sum-norm", {}),
         ("token-mean", PACKED),
         ("token-mean", {"fsdp": FSDPConfig(offload_params=True)}),
+        # EasyR1's adamw_bf16 on the shards: its first step is AdamW's (the moments are rounded when kept)
+        ("token-mean", {"optim": OptimConfig(strategy="adamw_bf16")}),
     ],
     ids=[
         "token-mean",
@@ -98,6 +101,7 @@ must cut its passes to rank 0's count, or FSDP2's collectives hang."""
         "seq-mean-token-sum-norm",
         "padding-free-dynamic",
         "cpu-offload",
+        "adamw-bf16-moments",
     ],
 )
 @pytest.mark.timeout(180)
@@ -117,6 +121,8 @@ def test_two_rank_fsdp2_step_equals_one_process(
 
     assert all(r["sharded"] and not r["fused"] for r in ranks)
     assert all(r["offloaded"] == ("fsdp" in layout) for r in ranks)
+    moments = "torch.bfloat16" if "optim" in layout else "torch.float32"
+    assert all(r["moments"] == {moments} for r in ranks) and single["moments"] == {"torch.float32"}
     for r in ranks:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
             assert r["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-5), key

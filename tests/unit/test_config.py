@@ -820,6 +820,7 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     assert a.model.lora.target_modules == ["q_proj", "v_proj"]
     assert (r.agent.max_images, r.val_temperature, r.val_top_p, r.val_n) == (3, 0.6, 0.95, 2)
     assert cfg.algorithm.max_try_make_batch == 7
+    assert a.optim.strategy == "adamw"  # rlstack's own key, as EasyR1 writes it
     notes = [rec.getMessage() for rec in caplog.records if rec.name == "rlstack.config.compat.easyr1"]
     assert (
         f"config: worker.actor.model.freeze_vision_tower ({path}, line 17): EasyR1's key, read as "
@@ -831,8 +832,8 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     )
     assert any("disable_kl" in n and f"over algorithm.use_kl_loss=true ({path}, line 12)" in n for n in notes)
     assert (
-        len(notes) == 29
-    )  # every EasyR1 key or spelling above, each said once (ulysses_size is rlstack's own)
+        len(notes) == 28
+    )  # every EasyR1 key or spelling above, each said once (ulysses_size and optim.strategy are rlstack's own)
 
 
 @pytest.mark.parametrize(
@@ -841,10 +842,6 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
         (
             "worker.actor.ulysses_size=2",
             "worker.actor.ulysses_size=2 splits each sequence over 2 ranks, and the run has one process",
-        ),
-        (
-            "worker.actor.optim.strategy=adamw_bf16",
-            "worker.actor.optim.strategy='adamw_bf16' (command-line override 'worker.actor.optim.strategy=adamw_bf16'): rlstack's AdamW keeps its state in float32",
         ),
         ("worker.actor.fsdp.enable_full_shard=false", "replicated training is not built"),
         ("data.mini_rollout_batch_size=64", "set algorithm.oversample_factor instead"),
@@ -1237,3 +1234,10 @@ def test_how_an_engine_is_split_is_checked_on_a_laptop_too():
         }.items():
             with pytest.raises(ConfigError, match=expected):
                 load_config([engine, *tp, override], machine_checks="warn")
+
+
+def test_easyr1s_adamw_bf16_is_a_strategy_of_the_policy_and_the_critic():
+    cfg = load_config(["worker.actor.optim.strategy=adamw_bf16", "worker.critic.optim.strategy=adamw_bf16"])
+    assert cfg.worker.actor.optim.strategy == cfg.worker.critic.optim.strategy == "adamw_bf16"
+    (problem,) = problems_of(["worker.actor.optim.strategy=adam8bit"])
+    assert "expected one of adamw or adamw_bf16, got 'adam8bit'" in problem, problem

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlstack.config import OptimConfig
-from rlstack.workers.training import MasterAdamW, build_optimizer
+from rlstack.workers.training import BF16MomentsAdamW, MasterAdamW, MasterBF16MomentsAdamW, build_optimizer
 
 START = float(torch.tensor(0.02, dtype=torch.bfloat16))
 """0.02 as bfloat16 holds it (0.0200195...)."""
@@ -85,3 +85,65 @@ def test_the_masters_are_made_when_first_needed_so_a_policy_that_never_steps_hol
     fresh.load_state_dict(_steps(_layer(torch.bfloat16), 3).state_dict())  # a resume: state of the masters
     (master,) = fresh.masters
     assert fresh.state[master]["step"] == 3 and fresh.state[master]["exp_avg"].dtype == torch.float32
+
+
+def _regression_steps(optimizer_of, steps: int) -> torch.Tensor:
+    """`steps` of a least-squares fit from a fixed start: the fitted weight."""
+    g = torch.Generator().manual_seed(0)
+    x, w_true = torch.randn(64, 8, generator=g), torch.randn(8, 1, generator=g)
+    layer = torch.nn.Linear(8, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.zero_()
+    optimizer = optimizer_of(layer)
+    for _ in range(steps):
+        ((layer(x) - x @ w_true) ** 2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return layer.weight.detach().clone()
+
+
+def test_bfloat16_moments_follow_adamw_and_hold_half_its_state():
+    """EasyR1's adamw_bf16: the moments kept in bfloat16, the step computed in float32, so that 100 steps
+    of a fit land where float32 AdamW's do (to the moments' rounding), from 4 bytes of state a parameter."""
+    config = OptimConfig(lr=1e-2, weight_decay=0.01, strategy="adamw_bf16")
+    reference = _regression_steps(
+        lambda m: build_optimizer(m, OptimConfig(lr=1e-2, weight_decay=0.01), 1)[0], 100
+    )
+    got = _regression_steps(lambda m: build_optimizer(m, config, 1)[0], 100)
+    assert float(reference.abs().max()) > 0.5  # the fit moved far from its zero start
+    torch.testing.assert_close(got, reference, atol=5e-3, rtol=0)
+
+    layer = _layer(torch.float32)
+    optimizer, _ = build_optimizer(layer, config, total_steps=1)
+    assert type(optimizer) is BF16MomentsAdamW
+    layer.weight.grad = torch.ones_like(layer.weight)
+    optimizer.step()
+    (state,) = optimizer.state.values()
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+
+
+def test_bfloat16_weights_with_bfloat16_moments_resume_as_if_never_stopped():
+    config = OptimConfig(lr=1e-6, weight_decay=0.0, strategy="adamw_bf16")
+
+    def run(stop_at: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = _layer(torch.bfloat16)
+        optimizer, _ = build_optimizer(layer, config, total_steps=60)
+        assert isinstance(optimizer, MasterBF16MomentsAdamW)
+        for step in range(60):
+            if step == stop_at:  # a checkpoint, and a fresh optimizer of the saved weights loading it
+                state, weights = optimizer.state_dict(), layer.weight.detach().clone()
+                layer = _layer(torch.bfloat16)
+                with torch.no_grad():
+                    layer.weight.copy_(weights)
+                optimizer, _ = build_optimizer(layer, config, total_steps=60)
+                optimizer.load_state_dict(state)
+                (loaded,) = optimizer.state.values()
+                assert loaded["exp_avg"].dtype == torch.bfloat16  # torch casts a loaded state to float32
+            layer.weight.grad = torch.ones_like(layer.weight)
+            optimizer.step()
+            optimizer.zero_grad()
+        return optimizer.masters[0].clone(), layer.weight.detach().clone()
+
+    (master, weight), (resumed_master, resumed_weight) = run(None), run(30)
+    assert torch.allclose(master, torch.full_like(master, START - 60e-6), atol=1e-6)  # the steps were kept
+    assert torch.equal(master, resumed_master) and torch.equal(weight, resumed_weight)

@@ -86,11 +86,6 @@ FOREIGN: dict[str, Moved | Inert] = {
     ),
     "worker.actor.model.freeze_vision_tower": Moved("worker.actor.freeze_vision_tower"),
     "worker.actor.model.override_config": Inert(({},), "rlstack loads the model's config as saved"),
-    "worker.actor.optim.strategy": Inert(
-        ("adamw",),
-        "rlstack's AdamW keeps its state in float32; worker.actor.model.dtype=bfloat16 trains bfloat16 weights "
-        "with float32 master copies",
-    ),
     "worker.actor.fsdp.enable_full_shard": FULL_SHARD,
     "worker.actor.fsdp.enable_rank0_init": Inert(ANY, "every rank loads the model and FSDP2 shards it"),
     "worker.actor.fsdp.enable_cpu_offload": Moved("worker.actor.fsdp.offload_params"),
