@@ -93,9 +93,10 @@ def path_problem(key: str, path: str | None) -> str | None:
     return None
 
 
-def missing_path(key: str, path: str, reason: str | None = None) -> str:
+def missing_path(key: str, path: str, reason: str | None = None, form: str = "") -> str:
     """The message for a local path that is not there: the key, the path as given, where it was looked for
-    and the working directory relative paths start at; with `reason`, why it is not read as a Hub name."""
+    and the working directory relative paths start at; with `reason`, why it is not read as a Hub name;
+    with `form`, the form the value takes."""
     given = os.path.expanduser(path.split("@", 1)[0])
     where = f"looked for {os.path.abspath(given)}"
     if not os.path.isabs(given):
@@ -105,7 +106,11 @@ def missing_path(key: str, path: str, reason: str | None = None) -> str:
         if reason
         else ""
     )
-    return f"{key}: {path!r} does not exist ({where}){hub}: fix the path, or run from the folder it is relative to"
+    form = f" (the value's form: {form})" if form else ""
+    return (
+        f"{key}: {path!r} does not exist ({where}){hub}{form}: fix the path, or run from the folder it is "
+        "relative to"
+    )
 
 
 def path_problems(p: list[str], *keyed: tuple[str, str | None]) -> None:
@@ -118,5 +123,5 @@ def function_file_problem(key: str, fn: str) -> str | None:
     if not fn.startswith("builtin:") and ":" in fn:
         file_part = fn.rsplit(":", 1)[0]
         if file_part.endswith(".py") and not os.path.isfile(file_part):
-            return f"{key}: file {file_part!r} does not exist (expected path/to/file.py:function_name)"
+            return missing_path(key, file_part, form="path/to/file.py:function_name")
     return None

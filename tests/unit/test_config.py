@@ -1241,3 +1241,11 @@ def test_easyr1s_adamw_bf16_is_a_strategy_of_the_policy_and_the_critic():
     assert cfg.worker.actor.optim.strategy == cfg.worker.critic.optim.strategy == "adamw_bf16"
     (problem,) = problems_of(["worker.actor.optim.strategy=adam8bit"])
     assert "expected one of adamw or adamw_bf16, got 'adam8bit'" in problem, problem
+
+
+def test_a_missing_reward_file_names_where_it_was_looked_for_and_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (problem,) = problems_of(["worker.reward.reward_function=examples/reward_function/addition.py:score"])
+    assert f"looked for {tmp_path / 'examples/reward_function/addition.py'}" in problem
+    assert f"relative paths start at the working directory {tmp_path}" in problem
+    assert "path/to/file.py:function_name" in problem
