@@ -133,7 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only the keys containing this text (lr, rollout.n), or matching this glob ('worker.actor.optim.*')",
     )
     p.add_argument("--resumable", action="store_true", help="only the keys a resumed run may change")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides after an option (`--print-config trainer.max_steps=3`) are overrides too
+    extra = [a for a in rest if not a.startswith("-") and "=" in a]
+    if extra and hasattr(args, "overrides"):
+        args.overrides += extra
+        rest = [a for a in rest if a not in extra]
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from rlstack.config import ConfigError
     from rlstack.errors import RLStackError

@@ -92,6 +92,8 @@ def pass_at_ks(batch: Batch, ks: list[int]) -> dict[str, float]:
 class Evaluator:
     def __init__(self, cfg: Config, settings: EvalSettings):
         problems = settings.problems()
+        if any(not spec.strip() for spec in settings.datasets):
+            problems.append("--data '': an empty dataset spec; give a file, folder, builtin:NAME or Hub name")
         datasets = settings.datasets or ([cfg.data.val_files] if cfg.data.val_files else [])
         if not datasets:
             problems.append("nothing to evaluate: give --data SPEC (repeatable) or data.val_files=SPEC")

@@ -44,7 +44,7 @@ class Change:
     """The key may change on resume (declared `resume=True`)."""
 
     def __str__(self) -> str:
-        old, new = ("***", "***") if _secret(self.key) else (self.old, self.new)
+        old, new = (_masked(self.old), _masked(self.new)) if _secret(self.key) else (self.old, self.new)
         return f"{self.key}: {_show(old)} -> {_show(new)}"
 
 
@@ -59,6 +59,11 @@ class ResumePoint:
     def accepted(self) -> list[Change]:
         """Changes of keys that may not change on resume, accepted with `trainer.resume_mode=accept_changes`."""
         return [c for c in self.changes if not c.free]
+
+
+def _masked(value: Any) -> Any:
+    """A secret as shown: *** where it is set, its emptiness where it is not (a key given, then left out)."""
+    return "***" if value not in ("", None, {}, []) else value
 
 
 def _show(value: Any) -> str:
@@ -178,7 +183,10 @@ def record(cfg: Config, point: ResumePoint, step: int) -> None:
         "step": step,
         "checkpoint": str(point.path),
         "resume_mode": cfg.trainer.resume_mode,
-        "changes": {c.key: (["***", "***"] if _secret(c.key) else [c.old, c.new]) for c in point.changes},
+        "changes": {
+            c.key: ([_masked(c.old), _masked(c.new)] if _secret(c.key) else [c.old, c.new])
+            for c in point.changes
+        },
     }
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     with open(cfg.run_dir / HISTORY, "a") as f:

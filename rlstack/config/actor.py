@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +69,9 @@ class ActorConfig:
     """Trajectories per forward pass when computing log-probs without gradient."""
     ppo_epochs: int = field(1, ge=1)
     """Passes over the rollout batch per training step."""
-    max_grad_norm: float = field(1.0, gt=0, why="clipping to 0 stops every update; inf: no clipping")
+    max_grad_norm: float = field(
+        1.0, gt=0, also=(math.inf,), why="clipping to 0 stops every update; inf: no clipping"
+    )
     """Gradient clipping norm."""
     clip_ratio_low: float = field(0.2, ge=0)
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
@@ -81,7 +84,10 @@ class ActorConfig:
     ) = None
     """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO, veRL's sum over sequences / max length); unset: the mode the loss is defined with, seq-mean-token-mean for gspo, gspo_token and sapo, token-mean otherwise."""
     clip_ratio_dual: float = field(
-        3.0, gt=1, why="it caps the loss of a negative advantage at c times it; inf: no dual clip"
+        3.0,
+        gt=1,
+        also=(math.inf,),
+        why="it caps the loss of a negative advantage at c times it; inf: no dual clip",
     )
     """Dual-clip bound c for negative advantages (loss <= -c * A)."""
     entropy_coeff: float = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -48,7 +49,9 @@ class CriticConfig:
     """Passes over the rollout batch per critic update."""
     cliprange_value: float = field(0.5, ge=0)
     """Clip range of the value update around the values at collection time."""
-    max_grad_norm: float = field(1.0, gt=0, why="clipping to 0 stops every update; inf: no clipping")
+    max_grad_norm: float = field(
+        1.0, gt=0, also=(math.inf,), why="clipping to 0 stops every update; inf: no clipping"
+    )
     """Gradient clipping norm of the critic."""
     padding_free: bool = False
     """Pack each micro-batch's rows into one sequence without their padding (as worker.actor.padding_free)."""

@@ -7,6 +7,7 @@ Choices need no metadata: a `Literal[...]` type is the list of them, checked whe
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class Range:
     def holds(self, value: float) -> bool:
         if value in self.also:
             return True
+        if isinstance(value, float) and not math.isfinite(value):  # inf or nan, unless `also` names it
+            return False
         return (
             (self.ge is None or value >= self.ge)
             and (self.gt is None or value > self.gt)
@@ -105,8 +108,16 @@ def range_problems(section: Any, prefix: str = "") -> list[str]:
             [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
         )
         optional = type(None) in typing.get_args(hints[f.name])
-        problems += [f"{k} = {v}: {rng.rule(optional)}" for k, v in items if not rng.holds(v)]
+        problems += [
+            f"{k} = {v}: {'' if _finite(v) else 'not a finite number; '}{rng.rule(optional)}"
+            for k, v in items
+            if not rng.holds(v)
+        ]
     return problems
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def choices(tp: Any) -> tuple:

@@ -196,6 +196,11 @@ def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | 
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 key = f"{prefix}{k.value}"
+                if key in where and isinstance(k, yaml.ScalarNode):  # YAML keeps the last one, silently
+                    problems.append(
+                        f"config file {path}, line {k.start_mark.line + 1}: {key} is set twice (first at "
+                        f"{where[key].rsplit(', ', 1)[-1]}); keep one"
+                    )
                 where[key] = f"{path}, line {k.start_mark.line + 1}"
                 walk(v, key + ".")
 

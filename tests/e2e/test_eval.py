@@ -129,3 +129,13 @@ def test_eval_options_are_checked_before_anything_loads(tiny_model_dir: Path, tm
     assert "--k [4]" in err and "between 1 and --n (2)" in err
     assert main(["eval", *_args(tiny_model_dir, tmp_path), "--checkpoint", str(tmp_path)]) == 2
     assert "not an rlstack checkpoint" in capsys.readouterr().err
+    assert main(["eval", *_args(tiny_model_dir, tmp_path), "--data", ""]) == 2
+    assert "--data '': an empty dataset spec" in capsys.readouterr().err
+    # key=value overrides after the options are overrides too
+    assert (
+        main(
+            ["eval", "--n", "2", *_args(tiny_model_dir, tmp_path), "--print-config", "data.val_max_samples=3"]
+        )
+        == 0
+    )
+    assert "val_max_samples: 3" in capsys.readouterr().out

@@ -112,6 +112,10 @@ def test_changes_compare_leaves_skip_keys_an_older_config_lacks_and_hide_secrets
     assert set(found) == {"worker.actor.optim.lr", "trainer.max_steps"}
     assert not found["worker.actor.optim.lr"].free and found["trainer.max_steps"].free
     assert str(Change("worker.reward.judge.api_key", "sk-old", "sk-new", True)).count("***") == 2
+    assert (
+        str(Change("worker.reward.judge.api_key", "***", "", True))
+        == 'worker.reward.judge.api_key: "***" -> ""'
+    )
     assert str(Change("trainer.env_vars", {"A": "x"}, {"A": "y"}, True)) == 'trainer.env_vars: "***" -> "***"'
     assert str(Change("a.b", [1, 2], None, False)) == "a.b: [1, 2] -> null"
 

@@ -1031,7 +1031,7 @@ def test_every_value_out_of_its_range_is_reported_at_once():
         "worker.actor.optim.betas[1] = 1.0: must be in [0, 1)",
         "worker.actor.optim.weight_decay = -0.1: must be at least 0",
         "worker.actor.optim.lr_warmup_steps = -1: must be at least 0, or null",
-        "worker.actor.max_grad_norm = 0.0: must be positive (clipping to 0 stops every update; inf: no clipping)",
+        "worker.actor.max_grad_norm = 0.0: must be positive, or inf (clipping to 0 stops every update; inf: no clipping)",
         "worker.actor.clip_ratio_low = -0.2: must be at least 0",
         "worker.actor.clip_ratio_high = -0.1: must be at least 0",
         "worker.rollout.top_k = -2: must be at least -1 (-1 or 0: all tokens)",
@@ -1046,10 +1046,15 @@ def test_numbers_yaml_reads_as_text_are_numbers(tmp_path: Path):
     path.write_text("worker:\n  actor:\n    optim:\n      lr: 1e-5\ntrainer:\n  max_steps: 1e3\n")
     cfg = load_config([f"config={path}", "worker.actor.max_grad_norm=inf"])
     assert cfg.worker.actor.optim.lr == 1e-5 and cfg.trainer.max_steps == 1000
-    assert cfg.worker.actor.max_grad_norm == float("inf")
+    assert cfg.worker.actor.max_grad_norm == float("inf")  # its range names inf: no clipping
+    assert problems_of(["worker.rollout.temperature=inf", "worker.actor.optim.lr=.inf"]) == [
+        "worker.actor.optim.lr = inf: not a finite number; must be at least 0",
+        "worker.rollout.temperature = inf: not a finite number; must be positive (greedy decoding is for "
+        "validation only: worker.rollout.val_temperature=0)",
+    ]
     assert problems_of(["worker.actor.optim.lr=nan", "trainer.max_steps=2.5", "trainer.seed=-1"]) == [
         "trainer.max_steps (command-line override 'trainer.max_steps=2.5'): expected int | None, got 2.5 (float)",
-        "worker.actor.optim.lr = nan: must be at least 0",
+        "worker.actor.optim.lr = nan: not a finite number; must be at least 0",
         "trainer.seed = -1: must be in [0, 4294967296) (numpy takes seeds of 32 bits)",
     ]
 
@@ -1249,3 +1254,14 @@ def test_a_missing_reward_file_names_where_it_was_looked_for_and_the_working_dir
     assert f"looked for {tmp_path / 'examples/reward_function/addition.py'}" in problem
     assert f"relative paths start at the working directory {tmp_path}" in problem
     assert "path/to/file.py:function_name" in problem
+
+
+def test_a_key_set_twice_in_a_yaml_file_is_a_problem_naming_both_lines(tmp_path: Path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  max_steps: 1\n  save_freq: 2\n  max_steps: 2\nworker:\n  rollout: {n: 4}\n")
+    (problem,) = problems_of([f"config={path}"])
+    assert (
+        problem == f"config file {path}, line 4: trainer.max_steps is set twice (first at line 2); keep one"
+    )
+    path.write_text("trainer:\n  max_steps: 1\ndata:\n  max_steps: 1\n")  # the same name in two sections
+    assert not any("is set twice" in p for p in problems_of([f"config={path}"]))

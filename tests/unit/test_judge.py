@@ -484,7 +484,7 @@ def test_the_template_and_parser_keys_are_checked_at_load(tmp_path, monkeypatch)
         "worker.reward.judge.template='likert': neither a built-in (consistency, verifier, rubric) nor a file"
         in problems
     )
-    assert "worker.reward.judge.parser: file 'missing.py' does not exist" in problems
+    assert "worker.reward.judge.parser: 'missing.py' does not exist (looked for" in problems
     with pytest.raises(ConfigError, match="is a file: name how the judge's reply is read as a score"):
         load_config([f"worker.reward.judge.template={template}"])
     cfg = load_config(
