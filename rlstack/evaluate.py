@@ -6,13 +6,14 @@ format, the rewards, tools, the engine and the ranks are read from it as `rlstac
 
 Writes a run directory of its own (`<experiment_name>_eval`): `eval.json` (every metric, per dataset and
 mode), `config.yaml`, `metrics.jsonl` (one row, step 0, the board's curves), `generations/` (every
-trajectory, the board's rollout browser), and prints a table.
+trajectory, the board's rollout browser), and prints a table. Another evaluation there replaces it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ class Evaluator:
         """Evaluate every dataset; returns what `eval.json` holds."""
         cfg, s = self.cfg, self.settings
         run_dir = cfg.run_dir
+        replace_earlier_eval(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         tracker = Tracker.of_run(cfg, 0, 0)
@@ -171,6 +173,25 @@ class Evaluator:
         print(table(result))
         print(f"[rlstack] eval written to {run_dir / 'eval.json'} (rlstack board {run_dir})")
         return result
+
+
+EVAL_OUTPUTS = ("eval.json", "metrics.jsonl", "generations", "tensorboard")
+"""What an evaluation writes in its run directory besides config.yaml (the trackers' own folders aside)."""
+
+
+def replace_earlier_eval(run_dir: Path) -> None:
+    """An evaluation replaces the one before it in the same run directory, whole (not its eval.json alone,
+    with a second step-0 row in metrics.jsonl and generations mixed), and says so."""
+    earlier = [run_dir / name for name in EVAL_OUTPUTS if (run_dir / name).exists()]
+    if not earlier:
+        return
+    print(
+        f"[rlstack] replacing the earlier evaluation in {run_dir} (a trainer.experiment_name of its own keeps "
+        "both)",
+        flush=True,
+    )
+    for path in earlier:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _strip(metrics: dict[str, float]) -> dict[str, float]:

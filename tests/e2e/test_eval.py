@@ -122,6 +122,13 @@ def test_eval_of_a_checkpoint_evaluates_its_weights(tiny_model_dir: Path, tmp_pa
         "checkpoint"
     ] == str(ckpt)
 
+    # another evaluation in the same run directory replaces this one whole, and says so
+    assert main(["eval", *_args(tiny_model_dir, tmp_path), "--data", data]) == 0
+    run_eval = tmp_path / "out" / "rlstack" / "run_eval"
+    assert json.loads((run_eval / "eval.json").read_text())["checkpoint"] is None
+    assert len((run_eval / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (run_eval / "generations" / "val_step_0.jsonl").read_text() == base
+
 
 def test_eval_options_are_checked_before_anything_loads(tiny_model_dir: Path, tmp_path: Path, capsys):
     assert main(["eval", *_args(tiny_model_dir, tmp_path), "--n", "2", "--k", "4"]) == 2
