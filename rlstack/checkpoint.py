@@ -33,6 +33,19 @@ def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def say_later_checkpoints(ckpt_root: Path, step: int) -> None:
+    """A run that goes on from an earlier checkpoint than the run directory's last (trainer.load_checkpoint_path)
+    says which later checkpoints it will replace."""
+    later = [p.name for s, p in checkpoints(ckpt_root) if s > step]
+    if later:
+        print(
+            f"[rlstack] note: {ckpt_root} also holds {', '.join(later)}, from after step {step}: this run goes "
+            f"on from step {step} and replaces them, and metrics.jsonl's later rows, as it reaches their steps "
+            "(a new trainer.experiment_name keeps them)",
+            flush=True,
+        )
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     found = checkpoints(ckpt_root)
     return found[-1][1] if found else None

@@ -218,6 +218,7 @@ class SFTTrainer:
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         print(f"resumed from {path} at step {self.step}")
+        checkpoint.say_later_checkpoints(self.run_dir / "checkpoints", self.step)
 
 
 # ------------------------------------------------------------------------ the built-in warm start

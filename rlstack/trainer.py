@@ -303,3 +303,4 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.weight_sync.sync(self.step)
         print(f"resumed from {path} at step {self.step}")
+        checkpoint.say_later_checkpoints(self.ckpt_root, self.step)

@@ -153,3 +153,24 @@ def test_a_one_process_checkpoint_is_refused_on_several_ranks_at_load(tiny_model
     )
     with pytest.raises(ConfigError, match=r"which a one-process run wrote \(no actor_dcp/\)"):
         Trainer(cfg)
+
+
+def test_going_on_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+):
+    first = _run(tiny_model_dir, tmp_path, "trainer.max_steps=2", "trainer.save_freq=1")
+    early = first.run_dir / "checkpoints" / "global_step_1"
+    capsys.readouterr()
+    _run(
+        tiny_model_dir,
+        tmp_path,
+        "trainer.max_steps=2",
+        "trainer.save_freq=1",
+        f"trainer.load_checkpoint_path={early}",
+    )
+    out = capsys.readouterr().out
+    assert (
+        "also holds global_step_2, from after step 1: this run goes on from step 1 and replaces them" in out
+    )
+    steps = [json.loads(line)["step"] for line in (first.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps.count(2) == 1  # the step-2 row of the first run replaced, not doubled
