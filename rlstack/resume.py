@@ -72,6 +72,13 @@ def _show(value: Any) -> str:
     )
 
 
+def _new_run(cfg: Config) -> str:
+    """The first way out of a refused resume: a run of its own (without the checkpoint it was pointed at)."""
+    if cfg.trainer.load_checkpoint_path:
+        return "start a new run: drop trainer.load_checkpoint_path and give it a trainer.experiment_name of its own"
+    return "start a new run (trainer.experiment_name=<a new name>)"
+
+
 def checkpoint_to_resume(cfg: Config) -> Path | None:
     """`trainer.load_checkpoint_path`, else (`trainer.find_last_checkpoint`) the newest complete checkpoint
     of the run directory, else None."""
@@ -140,8 +147,7 @@ def check_resume(cfg: Config, kind: str = "train") -> ResumePoint | None:
         raise ConfigError(
             [
                 f"the run resumes from {path}, which `rlstack {written_by}` wrote, and this is `rlstack {kind}`: "
-                f"give this run its own trainer.experiment_name, or start it from that model "
-                f"(worker.actor.model.model_path={path / 'model'})"
+                f"{_new_run(cfg)}, or start it from that model (worker.actor.model.model_path={path / 'model'})"
             ]
         )
     t = cfg.trainer
@@ -163,7 +169,7 @@ def check_resume(cfg: Config, kind: str = "train") -> ResumePoint | None:
             [
                 f"the run resumes from {path}, which was trained with other settings than this command's "
                 f"({len(fixed)} that a resume may not change):\n      {listed}\n"
-                f"    Start a new run instead (trainer.experiment_name=<a new name>), or go on from this "
+                f"    {_new_run(cfg).capitalize()} instead, or go on from this "
                 f"checkpoint with the new settings: trainer.resume_mode=accept_changes (recorded in "
                 f"{cfg.run_dir / HISTORY})"
             ]

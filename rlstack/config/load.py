@@ -172,6 +172,13 @@ def _config_file(
 
 def _load_yaml(path: str, problems: list[str]) -> tuple[dict, dict[str, str]] | None:
     p = Path(path)
+    if p.is_dir():
+        found = sorted(x.name for x in p.glob("*.y*ml"))[:5]
+        problems.append(
+            f"config={path} is a directory: name a YAML file in it (config=path/to/file.yaml)"
+            + (f"; it holds {', '.join(found)}" if found else "")
+        )
+        return None
     if not p.is_file():
         problems.append(f"config file {path!r} does not exist (pass config=path/to/file.yaml)")
         return None

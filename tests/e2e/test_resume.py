@@ -174,3 +174,18 @@ def test_going_on_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(
     )
     steps = [json.loads(line)["step"] for line in (first.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(2) == 1  # the step-2 row of the first run replaced, not doubled
+    # a refused resume from a named checkpoint: a new experiment name alone would resume from it again
+    with pytest.raises(
+        ConfigError, match="drop trainer.load_checkpoint_path and give it a trainer.experiment_name"
+    ):
+        Trainer(
+            load_config(
+                _overrides(
+                    tiny_model_dir,
+                    tmp_path,
+                    *SHORT,
+                    "worker.actor.optim.lr=1e-3",
+                    f"trainer.load_checkpoint_path={early}",
+                )
+            )
+        )

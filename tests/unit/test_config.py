@@ -1265,3 +1265,12 @@ def test_a_key_set_twice_in_a_yaml_file_is_a_problem_naming_both_lines(tmp_path:
     )
     path.write_text("trainer:\n  max_steps: 1\ndata:\n  max_steps: 1\n")  # the same name in two sections
     assert not any("is set twice" in p for p in problems_of([f"config={path}"]))
+
+
+def test_a_config_that_is_a_directory_says_so_and_lists_its_yaml_files(tmp_path: Path):
+    (tmp_path / "run.yaml").write_text("trainer: {max_steps: 1}\n")
+    (problem,) = problems_of([f"config={tmp_path}"])
+    assert (
+        problem
+        == f"config={tmp_path} is a directory: name a YAML file in it (config=path/to/file.yaml); it holds run.yaml"
+    )
