@@ -159,7 +159,7 @@ def test_grpo_with_an_environment_that_asks_again(tiny_model_dir: Path, tmp_path
 
 def test_a_feedback_file_that_does_not_exist_is_named_at_load(tmp_path: Path):
     with pytest.raises(
-        ConfigError, match=r"worker.rollout.agent.feedback: file .*nowhere.py' does not exist"
+        ConfigError, match=r"worker.rollout.agent.feedback: .*nowhere.py' does not exist \(looked for"
     ):
         load_config([f"worker.rollout.agent.feedback={tmp_path / 'nowhere.py'}:reply"])
 
