@@ -20,7 +20,7 @@ import yaml
 from rlstack import checkpoint
 from rlstack.config import Config, ConfigError, describe, to_yaml
 from rlstack.config.fields import resumable_keys
-from rlstack.config.schema import hide_secrets, is_secret
+from rlstack.config.schema import MASK, hide_secrets, is_secret
 
 HISTORY = "config_history.jsonl"
 """The run directory's record of each resume that changed a setting."""
@@ -63,7 +63,7 @@ class ResumePoint:
 
 def _masked(value: Any) -> Any:
     """A secret as shown: *** where it is set, its emptiness where it is not (a key given, then left out)."""
-    return "***" if value not in ("", None, {}, []) else value
+    return MASK if value not in ("", None, {}, []) else value
 
 
 def _show(value: Any) -> str:
@@ -169,7 +169,7 @@ def check_resume(cfg: Config, kind: str = "train") -> ResumePoint | None:
             [
                 f"the run resumes from {path}, which was trained with other settings than this command's "
                 f"({len(fixed)} that a resume may not change):\n      {listed}\n"
-                f"    {_new_run(cfg).capitalize()} instead, or go on from this "
+                f"    {_new_run(cfg)[:1].upper()}{_new_run(cfg)[1:]} instead, or go on from this "
                 f"checkpoint with the new settings: trainer.resume_mode=accept_changes (recorded in "
                 f"{cfg.run_dir / HISTORY})"
             ]
