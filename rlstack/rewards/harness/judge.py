@@ -38,7 +38,7 @@ if __name__ == "__main__":  # in the sandbox: the script's first lines made thes
 else:
     from rlstack.rewards.harness import answers, plain
 
-_NOT_DUMPABLE = 4  # PR_SET_DUMPABLE
+_GET_DUMPABLE, _SET_DUMPABLE = 3, 4  # prctl's PR_GET_DUMPABLE, PR_SET_DUMPABLE
 
 
 class Failed(BaseException):
@@ -329,13 +329,21 @@ def run(job: dict, program: Program) -> tuple[str, str]:
     return "passed", ""
 
 
-def main() -> None:
-    import ctypes
+def _not_dumpable() -> bool:
+    """`prctl(PR_SET_DUMPABLE, 0)`, through `_ctypes` (what `ctypes` wraps; `ctypes` itself costs ~1 ms more)."""
+    import _ctypes
 
+    prctl = _ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl")
+    return _ctypes.call_function(prctl, (_SET_DUMPABLE, 0, 0, 0, 0)) == 0 and not _ctypes.call_function(
+        prctl, (_GET_DUMPABLE, 0, 0, 0, 0)
+    )
+
+
+def main() -> None:
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     sys.set_int_max_str_digits(0)
     program = Program()  # before the job is read: nothing of the test is ever in the program's process
-    if ctypes.CDLL(None, use_errno=True).prctl(_NOT_DUMPABLE, 0, 0, 0, 0) != 0:
+    if not _not_dumpable():
         os.write(2, b"rlstack judge: prctl(PR_SET_DUMPABLE, 0) failed\n")
         os._exit(3)
     chunks = []
