@@ -690,3 +690,52 @@ def test_the_program_cannot_reach_the_tests_process_when_not_root():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "'overall': 1.0" in out.stdout and "'status': 'passed'" in out.stdout, out.stdout
+
+
+def test_arguments_come_back_as_the_program_left_them():
+    """A test that looks at an argument after the call sees what the program did to it (copied back
+    into the test's own objects as plain data, nested lists and dicts included)."""
+    program = (
+        "def sort_in_place(xs):\n    xs.sort()\n"
+        "def fill(grid, value):\n    for row in grid:\n        row[:] = [value] * len(row)\n"
+        "def count_into(counts, word):\n    counts[word] = counts.get(word, 0) + 1\n    counts.pop('gone', None)\n"
+        "def add_all(s, items=()):\n    s.update(items)\n"
+    )
+    tests = {
+        "asserts": [
+            "a = [3, 1, 2]\nassert sort_in_place(a) is None and a == [1, 2, 3]",
+            "g = [[0, 0], [0]]\nrow = g[0]\nfill(g, 7)\nassert g == [[7, 7], [7]] and row is g[0] and row == [7, 7]",
+            "c = {'gone': 1}\ncount_into(c, 'x')\ncount_into(c, 'x')\nassert c == {'x': 2}",
+            "s = {1}\nadd_all(s, items=[2, 3])\nassert s == {1, 2, 3}",
+        ]
+    }
+    assert score_code(_fence(program), tests)["overall"] == 1.0
+    lazy = program.replace("    xs.sort()", "    return sorted(xs)")
+    out = score_code(_fence(lazy), tests)
+    assert (out["passed"], out["status"]) == (3, "wrong_answer"), out
+
+
+def test_exceptions_cross_as_their_type_and_message():
+    """What the program raises is raised again in the test, with its type and message, so a test may
+    expect it; one it does not catch fails the test as `runtime_error`. StopIteration comes back as
+    an exception of its own name that does not end the test's loops (`all(map(...))` of nothing)."""
+    program = (
+        "class Negative(Exception):\n    pass\n"
+        "def root(x):\n    if x < 0:\n        raise ValueError(f'negative: {x}')\n    if x == 1:\n        raise Negative('one')\n"
+        "    return x ** 0.5\n"
+        "def is_even(x):\n    raise StopIteration\n"
+    )
+    expects = {
+        "asserts": [
+            "try:\n    root(-4)\nexcept ValueError as e:\n    assert str(e) == 'negative: -4'\nelse:\n    assert False",
+            "try:\n    root(1)\nexcept Exception as e:\n    assert type(e).__name__ == 'Negative' and str(e) == 'one'",
+        ]
+    }
+    assert score_code(_fence(program), expects)["overall"] == 1.0
+    out = score_code(_fence(program), {"asserts": ["assert root(-1) == 1"]})
+    assert (
+        out["status"] == "runtime_error"
+        and "ValueError: negative: -1 (raised by the program" in out["reason"]
+    ), out
+    out = score_code(_fence(program), {"asserts": ["assert all(map(is_even, [2, 4]))"]})
+    assert (out["overall"], out["status"]) == (0.0, "runtime_error"), out
