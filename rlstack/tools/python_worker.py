@@ -5,20 +5,28 @@ Never imported by the trainer: `PythonTool` writes this file into the sandbox's 
 nothing but the standard library until the init message tells it where Pillow, NumPy and Matplotlib
 live.
 
-Protocol: frames of a 4-byte big-endian length and a UTF-8 JSON object. The trainer's requests
-arrive on the process's original stdin, replies leave on its original stdout. Before any user code
-runs, both are moved to new file descriptors that forked children close (`os.register_at_fork`),
-fd 0 becomes /dev/null and fd 1 joins fd 2 (the console pipe the trainer reads as the cell's
-output), so `print`, `os.write(1, ...)` or a subprocess writing to the terminal cannot corrupt a
-reply. A spare handle on the console puts fds 1 and 2 back before every cell, whatever the
-previous one did to them. Code that deliberately writes to or closes the protocol's descriptors
-only breaks its own interpreter: the trainer treats a reply it cannot parse as a crash.
+Protocol: frames of a 4-byte big-endian length and a body: an ASCII JSON object, or a PNG file. The
+trainer's requests arrive on the process's original stdin, replies leave on its original stdout.
+Before any user code runs, both are moved to new file descriptors that forked children close
+(`os.register_at_fork`), fd 0 becomes /dev/null and fd 1 joins fd 2 (the console pipe the trainer
+reads as the cell's output), so `print`, `os.write(1, ...)` or a subprocess writing to the terminal
+cannot corrupt a reply by accident. A spare handle on the console puts fds 1 and 2 back before every
+cell, whatever the previous one did to them.
+
+This file is not a security boundary: a cell runs in this process and can do anything it does (write
+frames of its own on the reply descriptor, read the requests, replace `send_reply`). The trainer
+(`tools/python_channel.py`) therefore trusts nothing it reads here: it reads at most its limits,
+takes a frame's content as no more than what the cell produced, and stops the interpreter on a reply
+it cannot parse. The cuts made here (`max_value_chars`, `max_images`, `max_pixels`) only keep honest
+replies small and inside those limits.
 
 1. init `{"paths": [...], "images": ["image_1.png", ...], "variables": {name: str}, "max_pixels": int,
    "max_images": int, "max_value_chars": int}` (each image is loaded as the variable its file is named
    after; `variables` are set as they are) -> `{"ready": true}` or `{"ready": false, "error": str, "python": str}`.
 2. `{"id": int, "code": str}` -> `{"id": int, "ok": bool, "error": str | None, "traceback": str |
-   None, "value": str | None, "images": [base64 PNG], "dropped_images": int, "notes": [str]}`.
+   None, "value": str | None, "images": int, "dropped_images": int, "notes": [str]}`, then `images`
+   frames, each one PNG (RGB, at most `max_pixels`; at most `max_images` of them). Each text is at
+   most `max_value_chars` characters and a note (an image that could not be encoded) about 500.
 
 A cell runs like a notebook cell: statements in one namespace that persists across requests, the
 value of a final expression echoed (its repr, or the image itself when it is a PIL image or a
@@ -26,7 +34,6 @@ Matplotlib figure), `plt.show()`, `Figure.show()` and `Image.show()` captured as
 """
 
 import ast
-import base64
 import builtins
 import contextlib
 import io
@@ -68,7 +75,18 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 def write_frame(fd: int, message: dict) -> None:
-    body = json.dumps(message).encode()
+    """`message` as a JSON frame (ASCII: every character at most 12 bytes, which the trainer's limit counts on)."""
+    _write_all(fd, json.dumps(message).encode())
+
+
+def send_reply(fd: int, request_id: int, reply: dict, pngs: list) -> None:
+    """A cell's reply: its JSON (`images`: how many frames follow), then each PNG as a frame of its own."""
+    write_frame(fd, {"id": request_id, **reply, "images": len(pngs)})
+    for png in pngs:
+        _write_all(fd, png)
+
+
+def _write_all(fd: int, body: bytes) -> None:
     view = memoryview(_HEADER.pack(len(body)) + body)
     while view:
         view = view[os.write(fd, view) :]
@@ -171,8 +189,10 @@ class Session:
     def _shown_types(self) -> tuple[type, ...]:
         return (self.Image.Image,) if self.Figure is None else (self.Image.Image, self.Figure)
 
-    def run(self, code: str) -> dict:
-        """Run one cell; the reply without its id."""
+    def run(self, code: str) -> tuple[dict, list]:
+        """Run one cell; the reply without its id, and the PNGs of the images it showed.
+
+        Every text is cut here to `max_value_chars` (the trainer cuts again, trusting nothing of this)."""
         _reap_children()  # processes of earlier cells, killed by the trainer: zombies count against RLIMIT_NPROC
         self.cells += 1
         self.shown.clear()
@@ -183,8 +203,8 @@ class Session:
         try:
             value = self._execute(code, filename)
         except BaseException as e:  # SystemExit and KeyboardInterrupt are the cell's errors too
-            error = traceback.format_exception_only(type(e), e)[-1].strip()
-            reply.update(ok=False, error=error, traceback=_cell_traceback(e))
+            error = _cut(traceback.format_exception_only(type(e), e)[-1].strip(), self.max_value_chars)
+            reply.update(ok=False, error=error, traceback=_short_traceback(e, self.max_value_chars))
             value = None
         for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
             with contextlib.suppress(Exception):
@@ -193,8 +213,9 @@ class Session:
             self.shown.append(value)
         elif value is not None:
             reply["value"] = _short_repr(value, self.max_value_chars)
-        reply.update(self._encode_shown())
-        return reply
+        pngs, notes = self._encode_shown()
+        reply.update(notes=notes, dropped_images=max(0, len(self.shown) - self.max_images))
+        return reply, pngs
 
     def _restore_console(self) -> None:
         """fds 1 and 2, sys.stdout and sys.stderr back on the console pipe, whatever earlier cells did to them."""
@@ -215,16 +236,16 @@ class Session:
             return None
         return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
 
-    def _encode_shown(self) -> dict:
-        images, notes = [], []
+    def _encode_shown(self) -> tuple[list, list]:
+        pngs, notes = [], []
         for item in self.shown[: self.max_images]:
             try:
-                images.append(self._png(item))
+                pngs.append(self._png(item))
             except Exception as e:
-                notes.append(f"an image could not be returned: {type(e).__name__}: {e}")
-        return {"images": images, "dropped_images": max(0, len(self.shown) - self.max_images), "notes": notes}
+                notes.append(_cut(f"an image could not be returned: {type(e).__name__}: {e}", 500))
+        return pngs, notes
 
-    def _png(self, item) -> str:
+    def _png(self, item) -> bytes:
         if self.Figure is not None and isinstance(item, self.Figure):
             buf = io.BytesIO()
             item.savefig(buf, format="png")
@@ -232,12 +253,15 @@ class Session:
             item = self.Image.open(buf)
         image = item.convert("RGB")
         width, height = image.size
-        if width * height > self.max_pixels:  # shrink here to keep the reply small; the trainer fits exactly
+        if width * height > self.max_pixels:  # the trainer refuses more; it fits the size exactly
             scale = (self.max_pixels / (width * height)) ** 0.5
-            image = image.resize((max(1, int(width * scale)), max(1, int(height * scale))))
+            w = min(max(1, int(width * scale)), self.max_pixels)  # a thin image keeps a side of 1
+            h = max(1, min(int(height * scale), self.max_pixels // w))  # and rounding errs down
+            image = image.resize((w, h))
+        image.info.clear()  # no ICC profile or text chunks: an RGB PNG of at most 4 bytes a pixel
         out = io.BytesIO()
         image.save(out, format="PNG")
-        return base64.b64encode(out.getvalue()).decode()
+        return out.getvalue()
 
 
 def _console_stream(fd: int) -> io.TextIOWrapper:
@@ -265,12 +289,24 @@ def _cell_traceback(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, tb))
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def _short_traceback(e: BaseException, limit: int) -> str:
+    """The cell's traceback, each line cut to a quarter of `limit` or 200 characters (a message can
+    be megabytes long), then its last `limit` characters."""
+    lines = [_cut(line, max(limit // 4, 200)) for line in _cell_traceback(e).splitlines()]
+    text = "\n".join(lines)
+    return text if len(text) <= limit else "..." + text[len(text) - max(1, limit - 3) :]
+
+
 def _short_repr(value, limit: int) -> str:
     try:
         text = repr(value)
     except Exception as e:
-        return f"<repr failed: {type(e).__name__}: {e}>"
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+        return _cut(f"<repr failed: {type(e).__name__}: {e}>", limit)
+    return _cut(text, limit)
 
 
 def _start(init: dict, console: int):
@@ -283,7 +319,7 @@ def _start(init: dict, console: int):
 
         return Session(init, console), None
     except Exception as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, _cut(f"{type(e).__name__}: {e}", 1000)
 
 
 def main() -> None:
@@ -304,10 +340,10 @@ def main() -> None:
         request = read_frame(requests)
         if request is None:
             return
-        reply = session.run(request["code"])
+        reply, pngs = session.run(request["code"])
         if os.getpid() != worker:  # a child the cell forked that returned here: it has no protocol
             os._exit(0)
-        write_frame(replies, {"id": request["id"], **reply})
+        send_reply(replies, request["id"], reply, pngs)
 
 
 if __name__ == "__main__":

@@ -167,10 +167,10 @@ def test_shown_images_come_back_resized(make_tool):
 
 
 def test_output_truncation_errors_and_state_kept(make_tool):
-    tool = make_tool(max_output_chars=100)
+    tool = make_tool(max_output_chars=300)  # printed output, value and traceback share the 300 characters
     obs = run(tool, "y = 5\nprint('a' * 1000)")
     assert obs.ok and obs.text.startswith(
-        "a" * 100 + "\n[output truncated to 100 characters; 1001 bytes in all]"
+        "a" * 300 + "\n[output truncated to 300 characters; 1001 bytes in all]"
     )
     obs = run(tool, "def f():\n    return 1 / 0\nf()")
     assert not obs.ok and obs.error == "ZeroDivisionError: division by zero"
@@ -373,7 +373,7 @@ def test_unreadable_package_directory_is_reported():
 def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, monkeypatch):
     """A venv under a 0700 folder (a checkout in `mktemp -d`): the sandbox imports a copy instead."""
     monkeypatch.setattr(python_packages, "_not_world_readable", lambda path: f"{path} is blocked (test)")
-    python_packages._package_dirs.cache_clear()
+    python_packages._packages.cache_clear()
     try:
         tool = make_tool()
         (copy,) = tool.package_dirs
@@ -386,7 +386,7 @@ def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, mon
         obs = run(tool, "plt.plot([1, 2]); plt.show()")
         assert obs.ok and len(obs.images) == 1
     finally:
-        python_packages._package_dirs.cache_clear()
+        python_packages._packages.cache_clear()
 
 
 @needs_root
