@@ -27,11 +27,32 @@ What the program sees (set up by `_child_setup` in the forked child before `exec
   POSIX shared memory is files in its `/dev/shm`, inside `disk_mb`.
 - **No network.** A new, empty network namespace: no interface but a loopback that is down, so even
   127.0.0.1 is unreachable. A new UTS namespace hides the host name.
-- **Limits.** `setrlimit` of CPU time (SIGXCPU at `cpu_s`, SIGKILL a second later), address space,
-  file size (SIGXFSZ), process count, POSIX message-queue bytes (0), and no core files.
-- **No namespaces of its own.** A seccomp filter refuses `unshare`, `setns` and a `clone` that
-  asks for a new namespace (threads and forks are fine): without it, a program could become root
-  of a new user namespace and mount a tmpfs, or make shared memory, past its budget.
+- **Limits.** `setrlimit` of CPU time (SIGXCPU at `cpu_s`, SIGKILL a second later), address space
+  per process (`memory_mb`: a big allocation is a clean MemoryError), file size (SIGXFSZ), process
+  count, POSIX message-queue bytes (0), and no core files.
+- **Memory for the whole run.** A memory cgroup of its own (`cgroups.py`; cgroup v2, else v1's
+  memory hierarchy, under the launcher's own cgroup), limited to `memory_mb` and joined by the
+  run's first process before anything else: every process of the run, and every page it makes the
+  kernel hold (memfd, POSIX shared memory, the files of its tmpfs root, kernel memory) counts
+  there, and swap does not add to it. Past it the kernel OOM-kills a process of the run (never one
+  outside it); the run is then `memory_limit`, whichever of its processes was killed and however
+  the program itself ended. The cgroup is removed after the run (every process gone), failures
+  included. **Where the machine gives none** (not root and nothing delegated; cgroup v2 whose
+  cgroup has processes of its own; no memory controller), the first probe says so once (a
+  logged warning): `memfd_create` is then refused, and memory is bounded per process (RLIMIT_AS)
+  and by the process count and `disk_mb`, so a run may hold up to `max_processes` x `memory_mb`
+  plus `disk_mb`.
+- **The OOM killer's first choice.** Every process of the run has oom_score_adj 1000 (set in its
+  first process, inherited), and its /proc is read-only, so none can lower it: under the
+  machine's own memory pressure the kernel kills a sandboxed program before the trainer.
+- **A stdin it cannot write.** For `run_python`, a memfd of the launcher holding the input, sealed
+  against writing, growing and shrinking (F_SEAL_WRITE|GROW|SHRINK|SEAL); for `SandboxProcess`, a
+  pipe. Never a file on the machine's disk.
+- **No namespaces or keyrings of its own.** A seccomp filter refuses `unshare`, `setns` and a
+  `clone` that asks for a new namespace (threads and forks are fine): without it, a program could
+  become root of a new user namespace and mount a tmpfs, or make shared memory, past its budget.
+  It also refuses the kernel keyrings (`add_key`, `request_key`, `keyctl`: EPERM), which belong to
+  the uid and would outlive the run (uids are drawn again, so a later run could read them).
 - **An unprivileged uid of its own** (as root: `_UID_BASE` + random, no passwd entry; supplementary
   groups cleared): no capabilities, the process limit applies (RLIMIT_NPROC counts the real uid's
   processes), and every process of the run is marked, so that after the run all processes of that
@@ -51,8 +72,9 @@ Where each part lives:
   root, the limits).
 - `kernel.py`: the system calls made through libc: mounts, namespaces, the seccomp filter, capabilities.
 - `processes.py`: finding and killing a run's processes, and reserving its uid.
-- `probe.py`: `isolation_problem` (there is no weaker fallback), and the interpreter the sandbox uid
-  can run.
+- `cgroups.py`: the run's memory cgroup: where it is made, its limit, its OOM kills, its removal.
+- `probe.py`: `isolation_problem` (there is no weaker fallback for isolation), `weaker_limits` (what
+  the machine cannot give, said once), and the interpreter the sandbox uid can run.
 - `serve.py`: the launcher process's loop (`rlstack/rewards/launcher.py` is the caller's side).
 """
 

@@ -12,9 +12,9 @@ to enforce.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
-import tempfile
 import time
 import weakref
 from typing import Any
@@ -63,16 +63,35 @@ def run_python_here(
     if python is None:
         return _failed("no Python interpreter the sandbox uid can execute", start)
     try:
-        with tempfile.TemporaryFile() as stdin_file:
-            stdin_file.write(stdin.encode())
-            stdin_file.seek(0)
-            proc, run = _start(python, code, files or {}, limits, (), stdin_file)
+        stdin_fd = _sealed(stdin.encode())
+        try:
+            proc, run = _start(python, code, files or {}, limits, (), stdin_fd)
+        finally:
+            os.close(stdin_fd)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return _failed(f"{type(e).__name__}: {e}", start)
     try:
         return _run(proc, run, limits, start)
     finally:
         run.release(gone=True)
+
+
+def _sealed(data: bytes) -> int:
+    """A read-only file holding `data`, at offset 0: the program's stdin. A memfd of this process (not
+    a file on the machine's disk), sealed against writing, growing and shrinking, so that the program
+    can neither write into it nor store anything there (it could reopen /proc/self/fd/0 for writing)."""
+    fd = os.memfd_create("rlstack-stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class SandboxProcess:

@@ -46,6 +46,7 @@ from rlstack.rewards.sandbox.kernel import (
     _map_ids,
     _mount,
     _no_new_namespaces,
+    _oom_first,
     _read_only,
     _unshare,
 )
@@ -85,12 +86,17 @@ class _Jail:
     gid are mapped to `uid` there."""
     launcher: int
     """The pid of the process starting the run (P dies with it)."""
+    cgroup: str | None = None
+    """The file by which P joins the run's memory cgroup, first thing (`cgroups._Cgroup.join`) (so every process and page
+    of the run counts there: `cgroups.py`); None where the machine gives none (then `memfd_create` is
+    refused)."""
 
 
 def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     """Runs in the forked child (P) before exec; see the module docstring for the three processes.
 
-    P: new namespaces (mount, network, IPC, PID, host name) and the run's root built on its tmpfs,
+    P: joins the run's memory cgroup (where there is one) and takes oom_score_adj 1000 (both inherited
+    by every process of the run), new namespaces (mount, network, IPC, PID, host name) and the run's root built on its tmpfs,
     then P forks X, the first process of the new PID namespace, and only waits. X moves into the
     root (`pivot_root`, the machine's tree detached), mounts the namespace's own /proc, turns System
     V IPC off, and forks Y. X waits too: when Y ends, X passes Y's wait status to P and exits, which
@@ -100,6 +106,9 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     so every process of the run) is gone.
     """
     _die_with_parent(jail.launcher)
+    if jail.cgroup is not None:
+        _join_cgroup(jail.cgroup)
+    _oom_first()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.umask(0o022)
     outer_uid, outer_gid = os.geteuid(), os.getegid()
@@ -140,7 +149,17 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
         os.setgid(jail.uid)
         os.setuid(jail.uid)
     os.chdir(jail.root)
-    _no_new_namespaces()
+    _no_new_namespaces(refuse_memfd=jail.cgroup is None)
+
+
+def _join_cgroup(path: str) -> None:
+    """Move this process (P, before it makes anything; it has one thread) into the run's cgroup, by
+    writing "0" (this thread) to `path` (`cgroups._Cgroup.join`): its children are born there."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -183,7 +202,7 @@ def _build_root(jail: _Jail) -> None:
 
 def _enter_root(root: str) -> None:
     """In X, the first process of the new PID namespace: make `root` the file system's root (the
-    machine's detached), mount this namespace's /proc, turn System V IPC off. /proc is mounted while
+    machine's detached), mount this namespace's /proc (read-only once IPC is off), turn System V IPC off. /proc is mounted while
     the machine's is still in view: in a user namespace the kernel only allows it then."""
     _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     old = root + "/.old-root"
@@ -207,6 +226,9 @@ def _enter_root(root: str) -> None:
     # kernel lets write those limits back (it checks the uid, not a capability)
     _mount("/proc/sys", "/proc/sys", None, _MS_BIND | _MS_REC)
     _mount(None, "/proc/sys", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    # and /proc read-only as a whole: no process of the run can lower its oom_score_adj (1000, see
+    # `_oom_first`) or write any other file of its /proc (its fds, pipes, are not files of /proc)
+    _mount(None, "/proc", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _LIBC.sethostname(b"sandbox", 7)
 
 

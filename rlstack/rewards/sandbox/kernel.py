@@ -1,7 +1,7 @@
 """The sandbox's system calls through libc (`ctypes`): the namespace and mount flags, the system call
 numbers of each supported machine, `mount` / `unshare` / read-only bind mounts, the user namespace's
-id map, and what leaves the program no privilege of its own (the seccomp filter that refuses new
-namespaces, the dropped capabilities). All of it is plain system calls, safe in the forked child."""
+id map, what leaves the program no privilege of its own (the seccomp filter that refuses new
+namespaces and the keyrings, the dropped capabilities), and its OOM score. All of it is plain system calls, safe in the forked child."""
 
 from __future__ import annotations
 
@@ -33,12 +33,34 @@ class _Machine(NamedTuple):
     clone3: int
     unshare: int
     setns: int
+    keyring: tuple[int, ...]
+    """add_key, request_key, keyctl."""
+    memfd: tuple[int, ...]
+    """memfd_create, memfd_secret."""
     mount_setattr: int = 442
 
 
 _MACHINES = {
-    "x86_64": _Machine(0xC000003E, pivot_root=155, clone=56, clone3=435, unshare=272, setns=308),
-    "aarch64": _Machine(0xC00000B7, pivot_root=41, clone=220, clone3=435, unshare=97, setns=268),
+    "x86_64": _Machine(
+        0xC000003E,
+        pivot_root=155,
+        clone=56,
+        clone3=435,
+        unshare=272,
+        setns=308,
+        keyring=(248, 249, 250),
+        memfd=(319, 447),
+    ),
+    "aarch64": _Machine(
+        0xC00000B7,
+        pivot_root=41,
+        clone=220,
+        clone3=435,
+        unshare=97,
+        setns=268,
+        keyring=(217, 218, 219),
+        memfd=(279, 447),
+    ),
 }
 _MACHINE = _MACHINES.get(os.uname().machine)
 _NEW_NAMESPACES = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x02000000
@@ -48,8 +70,9 @@ _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _LIBC.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
-def _seccomp_program() -> ctypes.Array:
-    """A seccomp filter (classic BPF) that lets the program make no namespace of its own.
+def _seccomp_program(refuse_memfd: bool) -> ctypes.Array:
+    """A seccomp filter (classic BPF) that lets the program make no namespace of its own, and use no
+    kernel keyring (nor, with `refuse_memfd`, make memory-backed files outside its disk budget).
 
     Without it, an unprivileged program can still `unshare(CLONE_NEWUSER)` where the kernel allows
     user namespaces, become root there, and mount a tmpfs or make System V shared memory of any size
@@ -57,10 +80,17 @@ def _seccomp_program() -> ctypes.Array:
     a new namespace (a thread or a fork is fine), `clone3` (whose flags a filter cannot read) says
     ENOSYS so that the C library falls back to `clone`, x32 system calls fail, and a system call of
     another architecture kills the process.
+
+    The kernel keyrings (`add_key`, `request_key`, `keyctl`: EPERM) are the uid's, not the run's: a
+    key added there would outlive the run and be read by a later run given the same uid. And where
+    the run has no memory cgroup (`cgroups.problem()`), `memfd_create` and `memfd_secret` fail
+    (EPERM): their pages are in no process's address space and on no disk budget, so nothing else
+    would bound them.
     """
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     kill, errno, allow = 0x80000000, 0x00050000, 0x7FFF0000
     m = _MACHINE
+    refused = (m.unshare, m.setns, *m.keyring, *(m.memfd if refuse_memfd else ()))
     program = [
         (ld, 0, 0, 4),  # the architecture
         (jeq, 1, 0, m.audit_arch),
@@ -70,9 +100,10 @@ def _seccomp_program() -> ctypes.Array:
         (ret, 0, 0, errno | 1),
         (jeq, 0, 1, m.clone3),
         (ret, 0, 0, errno | 38),  # ENOSYS
-        (jeq, 1, 0, m.unshare),
-        (jeq, 0, 1, m.setns),
-        (ret, 0, 0, errno | 1),  # EPERM
+    ]
+    for number in refused:
+        program += [(jeq, 0, 1, number), (ret, 0, 0, errno | 1)]  # EPERM
+    program += [
         (jeq, 0, 3, m.clone),
         (ld, 0, 0, 16),  # clone's flags (the low half of its first argument)
         (jset, 0, 1, _NEW_NAMESPACES),
@@ -87,17 +118,34 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-_SECCOMP = _seccomp_program() if _MACHINE is not None else None
-_SECCOMP_FPROG = _SockFprog(len(_SECCOMP) // 8, ctypes.addressof(_SECCOMP)) if _SECCOMP is not None else None
+def _fprog(refuse_memfd: bool) -> tuple[ctypes.Array, _SockFprog]:
+    program = _seccomp_program(refuse_memfd)
+    return program, _SockFprog(len(program) // 8, ctypes.addressof(program))
 
 
-def _no_new_namespaces() -> None:
+_SECCOMP = {refuse: _fprog(refuse) for refuse in (False, True)} if _MACHINE is not None else {}
+"""refuse_memfd -> (the program, its sock_fprog): made at import, so the forked child builds nothing."""
+
+
+def _no_new_namespaces(refuse_memfd: bool = True) -> None:
     """In Y, last thing before exec: no new privileges, and the seccomp filter (`_seccomp_program`)."""
     pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
     if _LIBC.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if _LIBC.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(_SECCOMP_FPROG), 0, 0) != 0:
+    _, fprog = _SECCOMP[refuse_memfd]
+    if _LIBC.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _oom_first() -> None:
+    """In P, first: oom_score_adj 1000 (inherited by every process of the run), so that the kernel's
+    OOM killer takes a process of a run before anything else of the machine (the trainer). No process
+    of the run can lower it again: its /proc is read-only (`child._enter_root`)."""
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+    try:
+        os.write(fd, b"1000")
+    finally:
+        os.close(fd)
 
 
 def _drop_capabilities() -> None:

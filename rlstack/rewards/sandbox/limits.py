@@ -19,17 +19,25 @@ class SandboxLimits(NamedTuple):
     cpu_s: float = 10.0
     """CPU seconds (RLIMIT_CPU, rounded up to whole seconds) before SIGXCPU (status `time_limit`)."""
     memory_mb: int = 1024
-    """Address space (RLIMIT_AS) in MiB; allocating past it raises MemoryError (status `memory_limit`)."""
+    """MiB of memory, in two ways. For the whole run: its memory cgroup's limit, covering every process
+    of it and every page it makes the kernel hold (memfd, POSIX shared memory, its files on the tmpfs
+    root: so files count in both `disk_mb` and here), the interpreter included (~5 MiB bare); past it the
+    kernel OOM-kills a process of the run and the run is `memory_limit`, even if the program exits 0.
+    And per process: its address space (RLIMIT_AS), so that a big allocation raises MemoryError
+    (status `memory_limit`). Where the machine gives no cgroup (see module docstring; said once),
+    only the per-process limit holds, and `memfd_create` is refused."""
     file_size_mb: int = 64
     """Largest file the program may write (RLIMIT_FSIZE) in MiB; past it the program gets SIGXFSZ."""
     max_processes: int = 32
     """Processes and threads the program may have at once (RLIMIT_NPROC: counted for its own uid, or in
-    its own user namespace when the caller is not root; see module)."""
+    its own user namespace when the caller is not root; see module). No pids cgroup on top: the uid
+    or the user namespace is the run's alone, so this already bounds the run."""
     max_output_bytes: int = 1 << 20
     """Cap on each of stdout and stderr; past it the run is killed (status `output_limit`)."""
     disk_mb: int = 128
     """Total MiB (and at most 16384 files) of everything the program writes: its root is one tmpfs holding
-    the work dir, /tmp, /var/tmp and /dev/shm; past it writes fail with ENOSPC (status `disk_limit`)."""
+    the work dir, /tmp, /var/tmp and /dev/shm; past it writes fail with ENOSPC (status `disk_limit`).
+    Those pages are memory, so they count in the run's `memory_mb` too (where it has a cgroup)."""
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -55,12 +63,23 @@ class SandboxResult:
     """Where its files were: `private` (its own tmpfs of `disk_mb`) or `remote` (SandboxFusion)."""
 
 
-def _classify(returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits) -> tuple[str, str]:
-    """(status, error line) of a finished run; ENOSPC means the run's own disk budget."""
+def _classify(
+    returncode: int, stderr: str, killed_for: str | None, limits: SandboxLimits, out_of_memory: bool = False
+) -> tuple[str, str]:
+    """(status, error line) of a finished run; ENOSPC means the run's own disk budget. `out_of_memory`:
+    the run's memory cgroup OOM-killed one of its processes or refused it memory (whichever process
+    it was, and however the program itself ended)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
     if returncode == _SETUP_EXIT and stderr.startswith(_SETUP_FAILED):
         return "sandbox_error", stderr.strip()
+    if out_of_memory:
+        why = last if last.startswith("MemoryError") or "Cannot allocate memory" in last else ""
+        return "memory_limit", (
+            f"memory limit of {limits.memory_mb} MiB for the whole run exceeded (every process, memfd, "
+            f"shared memory and file of the run counts): a process of the run was killed or refused memory"
+            + (f" ({why})" if why else "")
+        )
     if killed_for == "time_limit":
         return "time_limit", f"wall-clock limit of {limits.wall_s:g}s exceeded"
     if killed_for == "output_limit":

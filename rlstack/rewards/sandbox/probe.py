@@ -13,6 +13,7 @@ its prefix down is world-searchable, else the first `python3` on the sandbox PAT
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import stat
@@ -20,11 +21,13 @@ import subprocess
 import sys
 
 from rlstack.rewards import launcher
+from rlstack.rewards.sandbox import cgroups
 from rlstack.rewards.sandbox.kernel import _MACHINE
 from rlstack.rewards.sandbox.limits import DEFAULT_LIMITS
 from rlstack.rewards.sandbox.processes import _kill_group
 from rlstack.rewards.sandbox.runs import _SANDBOX_PATH, _start
 
+_log = logging.getLogger("rlstack.rewards.sandbox")
 _ISOLATION_FIX = (
     "The local sandbox gives each run new network, IPC, PID and mount namespaces (a root of its own "
     "holding only the interpreter, its libraries and the run's scratch space) and a uid of its own "
@@ -51,7 +54,30 @@ def isolation_problem() -> str | None:
 
 @functools.cache
 def _isolation_problem() -> str | None:
-    return _probe() if launcher.IN_LAUNCHER else launcher.pool().ask(("probe",))
+    if launcher.IN_LAUNCHER:
+        return _probe()
+    problem, weaker = launcher.pool().ask(("probe",))
+    if problem is None and weaker:
+        _log.warning("%s", weaker)
+    return problem
+
+
+def weaker_limits() -> str | None:
+    """What this machine cannot give a run (said once, when a caller first probes the sandbox), or None.
+
+    Without a memory cgroup (`cgroups.problem()`): `memory_mb` bounds each process (RLIMIT_AS), not
+    the run; a run's processes together may hold up to `max_processes` x `memory_mb`, plus `disk_mb`
+    of files; `memfd_create` is refused.
+    """
+    said = []
+    why = cgroups.problem()
+    if why is not None:
+        said.append(
+            f"no memory cgroup for sandbox runs ({why}): memory_mb limits each process of a run (RLIMIT_AS) "
+            "but not the run as a whole, so a run's processes together may hold up to max_processes x "
+            "memory_mb, plus disk_mb of files; memfd_create is refused in runs"
+        )
+    return "rlstack sandbox: " + "; ".join(said) + "." if said else None
 
 
 def _probe() -> str | None:

@@ -3,7 +3,8 @@ description of its root (`_jail`), starting P (`_spawn`), watching it to its end
 and cleaning up after it.
 
 The wall-clock limit kills the whole process group (SIGKILL, so ignoring SIGTERM does not help),
-then every process of the uid. stdout/stderr are read incrementally and the run is killed once
+then every process of the run (its PID namespace, its uid, its cgroup). A run whose memory cgroup
+OOM-killed one of its processes is `memory_limit`; the cgroup is removed with the run. stdout/stderr are read incrementally and the run is killed once
 either passes `max_output_bytes`.
 """
 
@@ -19,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from rlstack.rewards.sandbox import cgroups
 from rlstack.rewards.sandbox.child import _DONE, _child_setup, _Jail
 from rlstack.rewards.sandbox.limits import SandboxLimits, SandboxResult, _classify
 from rlstack.rewards.sandbox.processes import (
@@ -54,6 +56,7 @@ def _start(
     `OSError`, `subprocess.SubprocessError` or `ValueError` (bad files) with the run released."""
     run = _Run.new()
     try:
+        run.cgroup = cgroups.new(limits.memory_mb)
         jail = _jail(run, {**files, "main.py": script.encode()}, limits, python, read_only)
         return _spawn(python, stdin, limits, jail, run), run
     except BaseException:
@@ -63,8 +66,8 @@ def _start(
 
 @dataclass
 class _Run:
-    """One run's handles: its uid, the mount point of its root, its PID namespace, and the read end
-    of the pipe on which P says the run has ended."""
+    """One run's handles: its uid, the mount point of its root, its PID namespace, its memory cgroup,
+    and the read end of the pipe on which P says the run has ended."""
 
     uid: int | None
     """The run's own uid (root only); None: the program runs under the caller's uid, mapped into a
@@ -75,6 +78,8 @@ class _Run:
     started; `namespace_fd` keeps the namespace, and so the inode, from being reused meanwhile)."""
     namespace_fd: int | None = None
     done: int | None = None
+    cgroup: cgroups._Cgroup | None = None
+    """The run's memory cgroup (`cgroups.py`), None where the machine gives none."""
 
     @classmethod
     def new(cls) -> _Run:
@@ -98,6 +103,8 @@ class _Run:
             _kill_all(lambda: processes_in_namespace(self.namespace))
         elif self.uid is not None:
             _kill_all(lambda: processes_of_uid(self.uid))
+        if self.cgroup is not None:
+            _kill_all(self.cgroup.processes)
 
     def ended(self, proc: subprocess.Popen) -> bool:
         """Reap P; whether the run is known to be over: P said so on its pipe (it does once it has
@@ -113,13 +120,17 @@ class _Run:
 
     def release(self, gone: bool = False) -> None:
         """After the run: kill what is left of it (unless it is known to be `gone`), free its uid,
-        remove the (empty) mount point of its root. Its files went away with its mount namespace."""
+        remove its cgroup and the (empty) mount point of its root. Its files went away with its mount
+        namespace."""
         if not gone:
             self.kill()
         for fd in (self.done, self.namespace_fd):
             if fd is not None:
                 os.close(fd)
         self.done = self.namespace_fd = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         if self.uid is not None:
             _release_uid(self.uid)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -139,7 +150,8 @@ def _run(proc: subprocess.Popen, run: _Run, limits: SandboxLimits, start: float)
     wall_s = time.monotonic() - start
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
-    status, error_line = _classify(proc.returncode, err, killed_for, limits)
+    out_of_memory = run.cgroup is not None and run.cgroup.out_of_memory()
+    status, error_line = _classify(proc.returncode, err, killed_for, limits, out_of_memory)
     return SandboxResult(
         status, proc.returncode, out, err, error_line, wall_s, "namespace", run.uid, "private"
     )
@@ -176,7 +188,15 @@ def _jail(
         if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
             shown.append(real)
     return _Jail(
-        root, payload, limits.disk_mb, tuple(shown), links, run.program_uid, run.uid is None, os.getpid()
+        root,
+        payload,
+        limits.disk_mb,
+        tuple(shown),
+        links,
+        run.program_uid,
+        run.uid is None,
+        os.getpid(),
+        None if run.cgroup is None else run.cgroup.join,
     )
 
 

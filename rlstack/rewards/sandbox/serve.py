@@ -1,6 +1,6 @@
 """The launcher process: `python -m rlstack.rewards.sandbox.serve FD`, started by a `Launcher`
 (`rlstack/rewards/launcher.py`, which is the caller's side: the pool and the protocol). It answers
-the caller's requests on the socket FD (`run`, `start`, `probe`, `poll`, `kill_strays`, `close`) by
+the caller's requests on the socket FD (`run`, `start`, `probe` (with `weaker_limits`), `poll`, `kill_strays`, `close`) by
 running them here, in this small process, and exits when the socket closes, ending the program it holds."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from rlstack.rewards import launcher
 from rlstack.rewards.launcher import _receive, _send
 from rlstack.rewards.sandbox.api import LocalProcess, run_python_here
-from rlstack.rewards.sandbox.probe import isolation_problem
+from rlstack.rewards.sandbox.probe import isolation_problem, weaker_limits
 
 
 def _serve(fd: int) -> None:
@@ -39,8 +39,8 @@ def _serve(fd: int) -> None:
                 else:
                     fds = (process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno())
                     reply = ("started", process.pid, process.uid, process.workdir)
-            elif kind == "probe":
-                reply = isolation_problem()
+            elif kind == "probe":  # and what the machine cannot give (said once, by the caller)
+                reply = (isolation_problem(), weaker_limits())
             elif kind == "poll":
                 reply = process.poll()
             elif kind == "kill_strays":
