@@ -36,8 +36,10 @@ Where the code runs: never in the trainer, and never in a fork of it. Each inter
 `tools/python_worker.py` in a `SandboxProcess` (`rewards/sandbox/`), started by a launcher
 process of its own that passes back its pipes: own uid, own root with only the interpreter, its
 libraries and the packages below (read-only) and its scratch space; own PID namespace and /proc,
-own IPC namespace, no network; rlimits on address space (`memory_mb`), file size
-(`file_size_mb`), processes (`max_processes`) and CPU; a scrubbed environment.
+own IPC namespace, no network; `memory_mb` for the whole interpreter (its memory cgroup: every
+process it starts and every memfd, shm or file page it holds; and an address-space rlimit per
+process), rlimits on file size (`file_size_mb`), processes (`max_processes`) and CPU; a scrubbed
+environment. An interpreter killed by its cgroup for memory is restarted like one that crashed.
 
 What a cell sees: the sandbox's root (`rewards/sandbox/`: the system's program and library
 directories, the interpreter's prefix, its scratch space) and, of the trainer's environment, only
