@@ -147,9 +147,7 @@ class CodeRewardConfig:
     total_time_s: float = field(60.0, gt=0)
     """Seconds allowed for all the tests of one response; tests not started by then count as failed."""
     memory_mb: int = field(1024, ge=1)
-    """Memory of each run, in MiB: its cgroup's limit over every process (the program's and the test's)
-    and every memfd, shm and file page they hold, where the machine gives a cgroup; and each process's
-    address-space limit."""
+    """Memory of one test's run in MiB: all its processes and memfd/shm/file pages (a cgroup), and each process's address space."""
     sandbox: Literal["local", "fusion"] = "local"
     """Where programs run: the local sandbox (own uid, no network, rlimits) or a SandboxFusion server."""
     sandbox_url: str = ""
