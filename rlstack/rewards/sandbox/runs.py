@@ -11,11 +11,14 @@ either passes `max_output_bytes`.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import selectors
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,6 +43,8 @@ _PAGE = 4096
 _SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/fonts")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_PACKAGE_DIRS = ("site-packages", "dist-packages")
+"""What a directory of installed packages is called: every one in a tree a run sees is hidden from it."""
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _READ_CHUNK = 1 << 16
 
@@ -169,7 +174,11 @@ def _jail(
     python: str,
     read_only: tuple[str, ...],
 ) -> _Jail:
-    """Check the run's files and describe its file system.
+    """Check the run's files and describe its file system: the system's trees, the interpreter's
+    prefixes and the caller's `read_only` paths bound read-only (a path inside one bound already is
+    not bound again), the package directories among them hidden (`_hidden_dirs`), and those of the
+    caller's paths that lie inside a hidden directory bound again on top of its mask (a hidden
+    directory the caller names itself is not hidden).
 
     Raises ValueError for a file outside the work dir or files larger than the disk budget.
     """
@@ -183,9 +192,20 @@ def _jail(
         )
     system, links = _system_paths()
     shown = [*system]
-    for path in (*_prefixes(python), *read_only):
+    for path in _prefixes(python):
         real = os.path.realpath(path)
-        if os.path.exists(real) and not any(real == p or real.startswith(p + os.sep) for p in shown):
+        if os.path.exists(real) and not _inside(real, shown):
+            shown.append(real)
+    reals = [real for real in map(os.path.realpath, read_only) if os.path.exists(real)]
+    # a hidden directory the caller names itself is shown whole (it lies in a shown tree already)
+    hidden = [h for h in _hidden_dirs(python) if h not in reals]
+    masks: dict[str, list[str]] = {h: [] for h in hidden}
+    for real in sorted(reals, key=len):  # a parent before what lies in it
+        mask = next((h for h in hidden if real.startswith(h + os.sep)), None)
+        if mask is not None:  # bound on top of its mask: covered by nothing shown before it
+            if not _inside(real, masks[mask]):
+                masks[mask].append(real)
+        elif not _inside(real, shown):
             shown.append(real)
     return _Jail(
         root,
@@ -197,7 +217,13 @@ def _jail(
         run.uid is None,
         os.getpid(),
         None if run.cgroup is None else run.cgroup.join,
+        tuple((h, tuple(inside)) for h, inside in masks.items()),
     )
+
+
+def _inside(path: str, parents: list[str] | tuple[str, ...]) -> bool:
+    """Whether `path` is one of `parents` or lies in one of them."""
+    return any(path == p or path.startswith(p + os.sep) for p in parents)
 
 
 @functools.cache
@@ -219,6 +245,43 @@ def _system_paths() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
         elif os.path.exists(path):
             shown.append(path)
     return tuple(shown), tuple(links)
+
+
+@functools.cache
+def _hidden_dirs(python: str) -> tuple[str, ...]:
+    """The package directories of the trees every run of `python` sees (`_system_paths`, `_prefixes`),
+    which the run sees empty (`child._build_root`): each `site-packages` / `dist-packages` under
+    `<tree>/lib*/python*`, `<tree>/local/lib*/python*` and `<tree>/python*` (Debian's
+    `/usr/lib/python3/dist-packages`, pyenv's or a `--copies` venv's `lib/python3.X/site-packages`,
+    ...), those `site` and `sysconfig` name for this interpreter and its base, and a conda prefix's
+    `pkgs` and `envs`. Real paths, none inside another, none holding a tree (an interpreter installed
+    inside one of them keeps its prefix)."""
+    system, _ = _system_paths()
+    trees = list(
+        dict.fromkeys(os.path.realpath(p) for p in (*system, *_prefixes(python)) if os.path.isdir(p))
+    )
+    found = [
+        path
+        for tree in trees
+        for pattern in ("lib*/python*/*-packages", "local/lib*/python*/*-packages", "python*/*-packages")
+        for path in glob.glob(os.path.join(glob.escape(tree), pattern))
+    ]
+    found += site.getsitepackages([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix])
+    for base in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+        found += [sysconfig.get_path(name, vars=base) for name in ("purelib", "platlib")]
+    found = [p for p in found if os.path.basename(p) in _PACKAGE_DIRS]
+    for prefix in _prefixes(python):  # a conda installation's package cache and other environments
+        if os.path.isdir(os.path.join(prefix, "conda-meta")):
+            found += [os.path.join(prefix, "pkgs"), os.path.join(prefix, "envs")]
+    hidden: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in found if os.path.isdir(p)}, key=len):
+        if (
+            _inside(path, trees)
+            and not _inside(path, hidden)
+            and not any(_inside(tree, [path]) for tree in trees)
+        ):
+            hidden.append(path)
+    return tuple(hidden)
 
 
 def _spawn(python: str, stdin, limits: SandboxLimits, jail: _Jail, run: _Run) -> subprocess.Popen:
