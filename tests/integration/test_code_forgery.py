@@ -850,3 +850,106 @@ def test_the_right_formula_still_passes():
 )
 def test_integer_tokens_exact_decimal_tokens_within_tolerance(got, expected, same):
     assert outputs_match(got, expected) is same
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. the channel between the two processes (found by review of the design that closed 1-4)
+
+NAMES_NOT_ASKED_FOR = r"""
+import sys
+plain = sys.modules["plain"]
+keep = sys._getframe(1).f_locals["keep"]  # the serving loop's own helper, one frame up
+fake = {"abs": keep(lambda *a, **k: 0, "object"), "sorted": keep(lambda *a, **k: [], "object")}
+_pack = plain.pack
+def pack(kind, *parts):
+    if kind == "ok" and len(parts) == 1 and type(parts[0]) is list and parts[0][:1] == ["d"]:
+        extra = []
+        for name, ident in fake.items():
+            extra += [name, ["t", "callable", ident]]
+        parts = (parts[0] + extra,)
+        plain.pack = _pack
+    return _pack(kind, *parts)
+plain.pack = pack
+"""
+A_MODULE_OF_ITS_OWN = (
+    "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n    sqrt = staticmethod(lambda x: 4)\n"
+)
+A_FUNCTION_NAMED_LIKE_A_MODULE = "def math():\n    pass\nmath.isclose = lambda *a, **k: True\n"
+RELABELLED_VALUE = r"""
+import sys
+plain = sys.modules["plain"]
+_pack = plain.pack
+def pack(kind, *parts):
+    if kind == "ok" and len(parts) == 1 and parts[0] == ["t", "value", False]:
+        parts = (["t", "callable", 1],)  # "valid" is False: said to be a function instead
+    return _pack(kind, *parts)
+plain.pack = pack
+class Account:
+    def __init__(self):
+        self.valid = False
+"""
+MALFORMED_ANSWER = r"""
+import sys
+plain = sys.modules["plain"]
+_pack = plain.pack
+def pack(kind, *parts):
+    if kind == "ok" and len(parts) == 3:
+        parts = (parts[0], ["l"], ["d", "sneaky", 1])
+    return _pack(kind, *parts)
+plain.pack = pack
+"""
+
+CHANNEL = {
+    "names_the_test_did_not_ask_for": (
+        NAMES_NOT_ASKED_FOR + "def truncate_number(x):\n    return 123.0\n",
+        {
+            "asserts": [
+                "assert abs(truncate_number(3.5) - 0.5) < 1e-6",
+                "assert sorted(truncate_number(1)) == [1, 2]",
+            ]
+        },
+    ),
+    "a_class_named_like_a_module": (
+        A_MODULE_OF_ITS_OWN + "def area(r):\n    return 0\n",
+        {"asserts": ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)", "assert math.sqrt(area(4)) == 4"]},
+    ),
+    "a_function_named_like_a_module": (
+        A_FUNCTION_NAMED_LIKE_A_MODULE + "def area(r):\n    return 0\n",
+        {"asserts": ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)"]},
+    ),
+    "a_module_in_a_humaneval_check": (
+        A_MODULE_OF_ITS_OWN + "def area(r):\n    return 0\n",
+        {
+            "prompt": 'def area(r):\n    """The area of a circle of radius r."""\n',
+            "test": "def check(candidate):\n    assert math.isclose(candidate(2), 12.566, rel_tol=1e-3)\n",
+            "entry_point": "area",
+        },
+    ),
+    "a_value_relabelled_as_a_function": (RELABELLED_VALUE, {"asserts": ["a = Account()\nassert a.valid"]}),
+    "a_handle_used_as_a_value": (
+        "class Flag:\n    def __call__(self):\n        return False\nclass Account:\n    def __init__(self):\n"
+        "        self.valid = Flag()\n",
+        {"asserts": ["a = Account()\nassert a.valid", "a = Account()\nassert a.valid != 0"]},
+    ),
+    "an_answer_with_arguments_the_test_did_not_pass": (
+        MALFORMED_ANSWER + "def area(r):\n    return 0\n",
+        {"asserts": ["try:\n    area(2)\nexcept Exception:\n    pass"]},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL))
+def test_the_channel_carries_nothing_but_answers(name):
+    """The program's process controls what it sends: names the test did not ask for (a builtin's), a
+    description that makes a value a function, a class or function standing for a module the test
+    reads (`math.isclose`), an answer shaped unlike the call: none of it reaches the test."""
+    program, tests = CHANNEL[name]
+    out = score_code(_fence(program), tests, test_time_s=5.0)
+    assert (out["overall"], out["passed"]) == (0.0, 0), out
+
+
+def test_a_function_named_like_a_module_is_still_the_programs_when_called():
+    """A program's `def copy(x)` that the test calls (not `copy.deepcopy`) is the program's."""
+    program = "def copy(xs):\n    return list(xs)\n"
+    out = score_code(_fence(program), {"asserts": ["assert copy((1, 2)) == [1, 2]"]})
+    assert out["overall"] == 1.0, out

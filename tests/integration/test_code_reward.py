@@ -582,16 +582,20 @@ def test_humaneval_helpers_in_the_prompt_cannot_be_replaced():
 
 def test_subclasses_of_plain_types_cross_as_their_values_and_other_objects_fail_on_their_own():
     """A namedtuple, Counter, OrderedDict, defaultdict or IntEnum crosses as the plain value it holds
-    (compared for real in the test's process); an object of the program's own class, a Fraction or a
-    generator does not cross, and the test fails with `not_plain_data` saying so. A class of the
-    program gives the test a handle: its methods answer with plain data."""
+    (compared for real in the test's process). Any other object (of the program's own class, a
+    Fraction) stays in the program's process: the test gets a handle it may call, read attributes of
+    and iterate over (plain data again), and a handle used as a value fails with `not_plain_data`."""
     program = (
         "import collections, enum\nfrom dataclasses import dataclass\nfrom fractions import Fraction\n"
         "P = collections.namedtuple('P', 'x y')\n"
         "class Color(enum.IntEnum):\n    RED = 1\n"
         "@dataclass\nclass Point:\n    x: int\n    y: int\n"
         "class Stack:\n    def __init__(self):\n        self.items = []\n"
-        "    def push(self, x):\n        self.items.append(x)\n    def top(self):\n        return self.items[-1]\n"
+        "    def push(self, x):\n        self.items.append(x)\n        return self\n    def top(self):\n        return self.items[-1]\n"
+        "class Node:\n    def __init__(self, val, next=None):\n        self.val, self.next = val, next\n"
+        "def build(xs):\n    head = None\n    for x in reversed(xs):\n        head = Node(x, head)\n    return head\n"
+        "def reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n    return prev\n"
+        "def to_list(head):\n    out = []\n    while head:\n        out.append(head.val)\n        head = head.next\n    return out\n"
         "def pair(a, b):\n    return P(a, b)\n"
         "def count(s):\n    return collections.Counter(s)\n"
         "def ordered(s):\n    return collections.OrderedDict((c, i) for i, c in enumerate(s))\n"
@@ -599,7 +603,7 @@ def test_subclasses_of_plain_types_cross_as_their_values_and_other_objects_fail_
         "def red():\n    return Color.RED\n"
         "def mid(a, b):\n    return Point((a + b) // 2, 0)\n"
         "def half(n):\n    return Fraction(n, 2)\n"
-        "def gen(n):\n    return (i for i in range(n))\n"
+        "def gen(n):\n    return (i * i for i in range(n))\n"
     )
     passing = [
         "assert pair(1, 2) == (1, 2) and type(pair(1, 2)) is tuple",
@@ -609,18 +613,33 @@ def test_subclasses_of_plain_types_cross_as_their_values_and_other_objects_fail_
         "assert grouped([1, 2, 3]) == {1: [1, 3], 0: [2]}",
         "assert red() == 1 and type(red()) is int",
         "s = Stack()\ns.push(3)\ns.push(4)\nassert s.top() == 4 and s.items == [3, 4]",
+        "assert Stack().push(1).push(2).top() == 2",
+        "assert to_list(reverse(build([1, 2, 3]))) == [3, 2, 1] and reverse(build([])) is None",
+        "assert build([5]).val == 5 and build([5]).next is None",
+        "assert list(gen(3)) == [0, 1, 4] and sorted(gen(3), reverse=True) == [4, 1, 0] and mid(0, 2).x == 1",
     ]
     out = score_code(_fence(program), {"asserts": passing}, test_time_s=5.0)
     assert out["overall"] == 1.0, out
     for test, kind in (
         ("assert mid(0, 2) == mid(0, 2)", "Point"),
         ("assert half(3) == 1.5", "Fraction"),
-        ("assert list(gen(2)) == [0, 1]", "generator"),
-        ("assert Stack() == Stack()", "Stack"),
+        ("assert [half(3)] == [1.5]", "Fraction"),
+        ("assert Stack()", "Stack"),
+        ("assert build([1]) != build([1])", "Node"),
     ):
         out = score_code(_fence(program), {"asserts": [test]}, test_time_s=5.0)
         assert (out["overall"], out["status"]) == (0.0, "not_plain_data"), (test, out)
-        assert kind in out["reason"] or "object of the program" in out["reason"], (test, out)
+        assert kind in out["reason"] and "not plain data" in out["reason"], (test, out)
+
+
+def test_an_exception_of_the_programs_class_is_caught_by_its_builtin_base():
+    program = "class Empty(ValueError):\n    pass\ndef first(xs):\n    if not xs:\n        raise Empty('empty')\n    return xs[0]\n"
+    tests = {
+        "asserts": [
+            "try:\n    first([])\nexcept ValueError as e:\n    assert type(e).__name__ == 'Empty'\nelse:\n    assert False"
+        ]
+    }
+    assert score_code(_fence(program), tests)["overall"] == 1.0
 
 
 FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
@@ -647,31 +666,35 @@ import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 def reach():
     test = os.getppid()  # the test's process forked this one
-    got = []
+    errors = {}
     for request, name in ((16, "ptrace_attach"), (0x4206, "ptrace_seize")):
-        if libc.ptrace(request, test, 0, 0) == 0:
-            got.append(name)
+        errors[name] = 0 if libc.ptrace(request, test, 0, 0) == 0 else ctypes.get_errno()
     for what in ("mem", "environ", "maps", "fd/0", "fd/1", "fd/3", "fd/4", "fd/5"):
         try:
-            fd = os.open(f"/proc/{test}/{what}", os.O_RDONLY | os.O_NONBLOCK)
-            got.append(what)
-            os.close(fd)
-        except OSError:
-            pass
+            os.close(os.open(f"/proc/{test}/{what}", os.O_RDONLY | os.O_NONBLOCK))
+            errors[what] = 0
+        except OSError as e:
+            errors[what] = e.errno
     pidfd = os.pidfd_open(test)
-    for fd in range(8):
+    for fd in range(6):
         taken = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
-        if taken >= 0:
-            got.append(f"pidfd_getfd {fd}")
-    return got
+        errors[f"pidfd_getfd {fd}"] = 0 if taken >= 0 else ctypes.get_errno()
+    return errors
 """
+REACHED_NOTHING = (
+    "errors = reach()\n"
+    "assert len(errors) == 16 and 0 not in errors.values(), errors\n"  # nothing succeeded
+    "assert {errors[k] for k in ('ptrace_attach', 'ptrace_seize', 'pidfd_getfd 0')} == {1}, errors\n"  # EPERM
+    "assert {errors[k] for k in ('mem', 'environ', 'maps')} <= {1, 13}, errors\n"  # EPERM or EACCES
+    "assert set(errors.values()) <= {1, 2, 13}, errors\n"  # or ENOENT for a descriptor it lacks
+)
 
 
 def test_the_program_cannot_reach_the_tests_process():
     """The test's process is non-dumpable and the program's has no capability: no ptrace, no
     /proc/<pid>/mem, environ, maps or descriptors of it, no pidfd_getfd. The program reports what it
-    reached, and the test asserts it reached nothing."""
-    out = score_code(_fence(REACH_THE_TEST), {"asserts": ["assert reach() == []"]}, test_time_s=5.0)
+    reached (each attempt's errno, 0 for one that worked), and the test asserts every attempt was refused."""
+    out = score_code(_fence(REACH_THE_TEST), {"asserts": [REACHED_NOTHING]}, test_time_s=5.0)
     assert (out["overall"], out["status"]) == (1.0, "passed"), out
 
 
@@ -686,7 +709,7 @@ def test_the_program_cannot_reach_the_tests_process_when_not_root():
         pytest.skip(f"no user namespaces for nobody here: {check.stdout[-300:]}{check.stderr[-300:]}")
     out = as_nobody(
         "from rlstack.rewards.code import score_code\n"
-        f"print(score_code({_fence(REACH_THE_TEST)!r}, {{'asserts': ['assert reach() == []']}}, test_time_s=5.0))"
+        f"print(score_code({_fence(REACH_THE_TEST)!r}, {{'asserts': [{REACHED_NOTHING!r}]}}, test_time_s=5.0))"
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "'overall': 1.0" in out.stdout and "'status': 'passed'" in out.stdout, out.stdout

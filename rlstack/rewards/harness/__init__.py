@@ -114,13 +114,20 @@ def program_names(test: str, keep: str = "") -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def used_module_names(code: str) -> tuple[str, ...]:
-    """Standard-library module names `code` reads as plain names (`math.isclose(...)` without an
-    import: the program's `import math` is relied on). The test gets its own modules under them."""
+    """Standard-library module names `code` reads attributes of (`math.isclose(...)`, with or without
+    an import: a test may rely on the program's `import math`). The test gets its own modules under
+    them, never the program's object of that name (a `class math` with an `isclose` that says True);
+    a name only called (`copy(x)`) stays the program's."""
     tree = _parse(code)
     if tree is None:
         return ()
+    bases = {
+        node.value.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
     return tuple(
-        sorted(name for name in _loaded(tree) if name in sys.stdlib_module_names and not name.startswith("_"))
+        sorted(name for name in bases if name in sys.stdlib_module_names and not name.startswith("_"))
     )
 
 

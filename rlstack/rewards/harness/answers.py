@@ -12,11 +12,12 @@ Requests (`plain.py` messages) and their answers:
   defines, `("value", v)` for plain data or `(kind, id)` for a function, class or other object that
   stays here (`callable`, `class`, `object`).
 - `call` (id, args, kwargs): call it; answer `ok` (result, the list and dict arguments afterwards,
-  the same for keyword arguments), where the result is plain data, or a handle when a class was
-  called and gave an instance of itself.
-- `attribute` (id, name): `ok` (`("value", v)` or `(kind, id)`).
-Any request may be answered `raised` (type name, message, whether it is an Exception) or `not_plain`
-(what could not cross).
+  the same for keyword arguments), where the result is plain data in which anything else (an object
+  of the program's class, a generator) is a handle;
+- `attribute` (id, name): `ok` (`("value", v)` or `(kind, id)`);
+- `items` (id): `ok` (a list of what iterating over the object gives, plain data or handles).
+Any request may be answered `raised` (type name, message, whether it is an Exception, the first
+builtin class of its ancestry) or `not_plain` (what could not cross).
 """
 
 import builtins
@@ -58,12 +59,14 @@ def serve(requests: int, answers: int) -> None:
             message = str(error)[:2000]
         except BaseException:  # noqa: BLE001 - its own __str__ may fail
             message = ""
-        answer(
-            "raised",
-            type.__getattribute__(kind, "__name__"),
-            str.__str__(message),
-            issubclass(kind, Exception),
-        )
+        base = next(k for k in kind.__mro__ if type.__getattribute__(k, "__module__") == "builtins")
+        name = type.__getattribute__(kind, "__name__")
+        answer("raised", name, str.__str__(message), issubclass(kind, Exception), base.__name__)
+
+    def handle(value) -> list:
+        """The wire form of a handle to `value`, which stays here."""
+        kind = kind_of(value)
+        return ["h", keep(value, "class" if issubclass(kind, type) else "object"), plain.type_name(kind)]
 
     kind, parts = plain.unpack(plain.receive(requests))
     program, names = parts[0], plain.from_wire(parts[1])
@@ -83,7 +86,9 @@ def serve(requests: int, answers: int) -> None:
             return
         try:
             if kind == "call":
-                _call(parts, objects, kind_of, keep, answer)
+                _call(parts, objects, kind_of, handle, answer)
+            elif kind == "items":
+                answer("ok", plain.to_wire(list(objects[parts[0]][0]), handle))
             else:  # "attribute"
                 target, name = objects[parts[0]][0], parts[1]
                 answer("ok", describe(getattr(target, name)))
@@ -102,17 +107,14 @@ def _manifest(namespace: dict, names: list, describe, Module) -> list:
     return out
 
 
-def _call(parts: list, objects: dict, kind_of, keep, answer) -> None:
-    target, kind = objects[parts[0]]
-    handles = lambda ident: objects[ident][0]  # noqa: E731 - the test hands back a handle of ours
+def _call(parts: list, objects: dict, kind_of, handle, answer) -> None:
+    target = objects[parts[0]][0]
+    handles = lambda ident, _: objects[ident][0]  # noqa: E731 - the test hands back a handle of ours
     args = plain.from_wire(parts[1], handles)
     kwargs = plain.from_wire(parts[2], handles)
     result = target(*args, **kwargs)
     name = getattr(target, "__name__", "the function")
-    if kind == "class" and kind_of(result) is target:
-        wire = ["h", keep(result, "object")]
-    else:
-        wire = plain.to_wire(result, None, f"what {name} returned")
+    wire = plain.to_wire(result, handle, f"what {name} returned")
     after = [a if kind_of(a) in _MUTABLE else None for a in args]
     after_kw = {k: (v if kind_of(v) in _MUTABLE else None) for k, v in kwargs.items()}
     where = f"an argument of {name} after the call"

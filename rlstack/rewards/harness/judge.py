@@ -39,7 +39,11 @@ else:
     from rlstack.rewards.harness import answers, plain
 
 _DEVNULL = "/dev/null"
-_GET_DUMPABLE, _SET_DUMPABLE = 3, 4  # prctl's PR_GET_DUMPABLE, PR_SET_DUMPABLE
+_GET_DUMPABLE, _SET_DUMPABLE, _NO_NEW_PRIVS = (
+    3,
+    4,
+    38,
+)  # prctl's PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS
 
 
 class Failed(BaseException):
@@ -69,29 +73,29 @@ class Remote:
     def __repr__(self) -> str:
         return f"<{self._rlstack_kind} {self.__name__} of the program>"
 
-    # A handle is not a value: the test may call it and read its attributes, but an object of the
-    # program's (not a function or class) used as a value (truth, equality) fails the test.
+    def __iter__(self):
+        return iter(self._rlstack_program.items(self))
+
+    # A handle is not a value: the test may call it, read its attributes and iterate over it (each
+    # answer plain data again), but one used as a value (truth, equality) fails the test: only the
+    # program's object could say what it equals.
     def __bool__(self) -> bool:
-        self._rlstack_not_a_value()
-        return True
+        raise self._rlstack_not_a_value()
 
     def __eq__(self, other) -> bool:
-        self._rlstack_not_a_value()
-        return self is other
+        raise self._rlstack_not_a_value()
 
     def __ne__(self, other) -> bool:
-        self._rlstack_not_a_value()
-        return self is not other
+        raise self._rlstack_not_a_value()
 
     __hash__ = object.__hash__
 
-    def _rlstack_not_a_value(self) -> None:
-        if self._rlstack_kind == "object":
-            raise self._rlstack_program.fail(
-                "not_plain_data",
-                f"{self.__name__} is an object of the program's, which the test used as a value: only plain data "
-                "crosses to the test (no credit)",
-            )
+    def _rlstack_not_a_value(self) -> "Failed":
+        return self._rlstack_program.fail(
+            "not_plain_data",
+            f"{self.__name__} is not plain data but an object of the program's, which the test used as a value: "
+            "only plain data crosses to the test (no credit)",
+        )
 
 
 class Program:
@@ -110,7 +114,10 @@ class Program:
                 for fd in (null, requests_write, answers_read):
                     os.close(fd)
                 _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-                answers.serve(requests_read, answers_write)
+                if _no_privileges():
+                    answers.serve(requests_read, answers_write)
+                else:
+                    os.write(2, b"rlstack judge: the program's process could not drop its privileges\n")
             finally:
                 os._exit(0)
         for fd in (requests_read, answers_write):
@@ -153,32 +160,50 @@ class Program:
         )
 
     def load(self, program: str, names: list) -> dict:
-        """Run the program in its process: the stand-ins (or plain values) for the `names` it defines."""
+        """Run the program in its process: the stand-ins (or plain values) for the `names` it defines,
+        and none but those (a name the test did not ask for, such as a builtin's, is refused)."""
         kind, parts = self.ask("load", program, plain.to_wire(names))
-        self.answered(kind, parts)
-        bound = {}
-        for name, (what, value) in self.decode(parts[0], None, "its names").items():
-            if what == "value":
-                bound[name] = value
-            else:
-                bound[name] = self.remote(value, what, name)
-        return bound
+        self.answered(kind, parts, 1)
+        described = self.decode(parts[0], None, "its names")
+        if type(described) is not dict or not set(described) <= set(names):
+            raise self.fail(
+                "not_plain_data", "the program's process named what the test did not ask for (no credit)"
+            )
+        return {name: self.described(value, name) for name, value in described.items()}
 
-    def remote(self, ident: int, kind: str, name: str) -> Remote:
-        return Remote(self, ident, kind, name)
+    def described(self, description, name: str):
+        """A plain value, or the stand-in for a handle, from ("value", v) or (kind, id)."""
+        if type(description) is tuple and len(description) == 2:
+            what, value = description
+            if what == "value":
+                return value
+            if what in _KINDS and type(value) is int:
+                return Remote(self, value, what, name)
+        raise self.fail("not_plain_data", f"the program's process described {name} wrongly (no credit)")
+
+    def handles(self, what: str):
+        """What makes the stand-ins for the handles in an answer (`what`: how the test names them)."""
+        return lambda ident, kind: Remote(self, ident, "object", f"{what} (a {kind})")
 
     def call(self, target: Remote, args: tuple, kwargs: dict):
         where = f"an argument the test passes to {target.__name__}"
         wire = [plain.to_wire(list(args), _handle_of, where), plain.to_wire(kwargs, _handle_of, where)]
         kind, parts = self.ask("call", target._rlstack_id, *wire)
-        self.answered(kind, parts)
-        handle = None
-        if target._rlstack_kind == "class":
-            handle = lambda ident: self.remote(ident, "object", f"{target.__name__}()")  # noqa: E731
-        result = self.decode(parts[0], handle, f"what {target.__name__} returned")
+        self.answered(kind, parts, 3)
+        what = f"what {target.__name__} returned"
+        result = self.decode(parts[0], self.handles(what), what)
         after_args, after_kwargs = (
-            self.decode(part, None, "an argument after the call") for part in parts[1:3]
+            self.decode(part, None, "an argument after the call") for part in parts[1:]
         )
+        if not (
+            type(after_args) is list
+            and len(after_args) == len(args)
+            and type(after_kwargs) is dict
+            and set(after_kwargs) <= set(kwargs)
+        ):
+            raise self.fail(
+                "not_plain_data", "the program's process answered with arguments the test did not pass"
+            )
         for before, after in zip(args, after_args):
             _copy_back(before, after)
         for key, after in after_kwargs.items():
@@ -187,19 +212,32 @@ class Program:
 
     def attribute(self, target: Remote, name: str):
         kind, parts = self.ask("attribute", target._rlstack_id, name)
-        self.answered(kind, parts)
-        what, value = self.decode(parts[0], None, f"{target.__name__}.{name}")
-        return value if what == "value" else self.remote(value, what, f"{target.__name__}.{name}")
+        self.answered(kind, parts, 1)
+        return self.described(
+            self.decode(parts[0], None, f"{target.__name__}.{name}"), f"{target.__name__}.{name}"
+        )
 
-    def answered(self, kind: str, parts: list) -> None:
-        """Raise what an answer other than `ok` means: the program's exception, or a failure."""
-        if kind == "ok" and parts:
+    def items(self, target: Remote) -> list:
+        """What iterating over the program's object gives, all at once (plain values or handles)."""
+        kind, parts = self.ask("items", target._rlstack_id)
+        self.answered(kind, parts, 1)
+        items = self.decode(
+            parts[0], self.handles(f"an item of {target.__name__}"), f"the items of {target.__name__}"
+        )
+        if type(items) is not list:
+            raise self.fail("not_plain_data", "the program's process answered an iteration with no list")
+        return items
+
+    def answered(self, kind: str, parts: list, count: int) -> None:
+        """Raise what an answer other than `ok` (with `count` parts) means: the program's exception, or a
+        failure."""
+        if kind == "ok" and len(parts) == count:
             return
-        if kind == "raised" and len(parts) == 3 and all(type(p) in (str, bool) for p in parts):
-            name, message, is_exception = parts
+        if kind == "raised" and len(parts) == 4 and [type(p) for p in parts] == [str, str, bool, str]:
+            name, message, is_exception, base = parts
             if not is_exception:
                 raise self.fail("early_exit", f"the program raised {name} during the test: no credit")
-            raise _exception(name, message)
+            raise _exception(name, message, base)
         if kind == "not_plain" and len(parts) == 1 and type(parts[0]) is str:
             raise self.fail("not_plain_data", parts[0] + ": only plain data crosses to the test (no credit)")
         raise self.fail("not_plain_data", f"the program's process sent a malformed answer ({kind!r})")
@@ -221,7 +259,7 @@ class Program:
 
 def _handle_of(value) -> list:
     if type(value) is Remote:
-        return ["h", value._rlstack_id]
+        return ["h", value._rlstack_id, ""]
     raise plain.NotPlain(f"a {type(value).__name__}, which is not plain data")
 
 
@@ -258,23 +296,32 @@ def _copy_back(before, after) -> None:
 
 
 _made: dict = {}
+_KINDS = ("callable", "class", "object")
 _CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
 """Raised as themselves they would end the test's iteration (`all(map(candidate, ...))` of nothing is
 True): the program's are raised as exceptions of their own that only share the name."""
 
 
-def _exception(name: str, message: str) -> BaseException:
-    """The program's exception as this process raises it: the builtin exception of that name, or a new
-    Exception subclass with it; marked as the program's."""
+def _exception(name: str, message: str, base: str) -> BaseException:
+    """The program's exception as this process raises it: the builtin exception of that name, else a new
+    class of that name under `base`, the first builtin exception of its class's ancestry (so a test's
+    `except ValueError` catches the program's `class Empty(ValueError)`); marked as the program's."""
     import builtins
 
-    kind = getattr(builtins, name, None)
-    if not (isinstance(kind, type) and issubclass(kind, Exception)) or name in _CONTROL_FLOW:
-        kind = _made.setdefault(name, type(name, (Exception,), {}))
+    def builtin(name: str):
+        kind = getattr(builtins, name, None)
+        if isinstance(kind, type) and issubclass(kind, Exception) and name not in _CONTROL_FLOW:
+            return kind
+        return None
+
+    kind = builtin(name)
+    if kind is None:
+        parent = builtin(base) or Exception
+        kind = _made.setdefault((name, parent), type(name, (parent,), {}))
     try:
         error = kind(message)
     except Exception:  # an exception class that needs other arguments (UnicodeDecodeError, ...)
-        error = _made.setdefault(name, type(name, (Exception,), {}))(message)
+        error = _made.setdefault((name, Exception), type(name, (Exception,), {}))(message)
     error._rlstack_raised_by_program = True
     return error
 
@@ -305,8 +352,8 @@ def run(job: dict, program: Program) -> tuple[str, str]:
     try:
         bound = program.load(job["program"], job["names"])
         namespace.update(bound)
-        for name in job["modules"]:
-            if type(bound.get(name)) is not Remote or bound[name]._rlstack_kind == "object":
+        for name in job["modules"]:  # read as modules (`math.isclose`): the test's own, not the program's
+            if name != job["keep"]:
                 try:  # noqa: SIM105 - contextlib's import would cost every run
                     namespace[name] = __import__(name)
                 except ImportError:
@@ -330,14 +377,25 @@ def run(job: dict, program: Program) -> tuple[str, str]:
     return "passed", ""
 
 
-def _not_dumpable() -> bool:
-    """`prctl(PR_SET_DUMPABLE, 0)`, through `_ctypes` (what `ctypes` wraps; `ctypes` itself costs ~1 ms more)."""
+def _libc(name: str):
     import _ctypes
 
-    prctl = _ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl")
-    return _ctypes.call_function(prctl, (_SET_DUMPABLE, 0, 0, 0, 0)) == 0 and not _ctypes.call_function(
-        prctl, (_GET_DUMPABLE, 0, 0, 0, 0)
-    )
+    return lambda *args: _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), name), args)
+
+
+def _no_privileges() -> bool:
+    """In the program's process: no capability at all (`capset` to nothing) and no way to gain one
+    (`PR_SET_NO_NEW_PRIVS`). The local sandbox gives it none already; a SandboxFusion server may run
+    programs as root, whose CAP_SYS_PTRACE would reach the test's process despite its being
+    non-dumpable."""
+    version_3 = (0x20080522).to_bytes(4, "little") + bytes(4)  # _LINUX_CAPABILITY_VERSION_3, this process
+    return _libc("prctl")(_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 and _libc("capset")(version_3, bytes(24)) == 0
+
+
+def _not_dumpable() -> bool:
+    """`prctl(PR_SET_DUMPABLE, 0)`, through `_ctypes` (what `ctypes` wraps; `ctypes` itself costs ~1 ms more)."""
+    prctl = _libc("prctl")
+    return prctl(_SET_DUMPABLE, 0, 0, 0, 0) == 0 and not prctl(_GET_DUMPABLE, 0, 0, 0, 0)
 
 
 def main() -> None:

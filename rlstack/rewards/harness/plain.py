@@ -12,8 +12,8 @@ not cross either.
 The wire form is JSON: scalars as themselves (floats keep nan, inf and -0.0), containers as arrays
 tagged by their first element (`["l", ...]` list, `["t", ...]` tuple, `["s", ...]` set, `["f", ...]`
 frozenset, `["d", k1, v1, ...]` dict, `["b", hex]` bytes, `["a", hex]` bytearray, `["c", re, im]`
-complex) and `["h", id]` a handle: a reference to an object that stays in the program's process,
-allowed only where the receiver says so (`from_wire(..., handle=...)`).
+complex) and `["h", id, type name]` a handle: a reference to an object that stays in the program's
+process, allowed only where the receiver says so (`from_wire(..., handle=...)`).
 
 A message is a JSON array: its kind (a string), then its parts in wire form (`pack`, `unpack`), sent
 as a frame: a 4-byte big-endian length, then that many bytes; a frame longer than the receiver's
@@ -71,7 +71,7 @@ def _to_wire(value: object, other, where: str) -> object:
     base = _container(kind)
     if base is None:
         if other is None:
-            raise NotPlain(f"{where}: a {_name(kind)}, which is not plain data")
+            raise NotPlain(f"{where}: a {type_name(kind)}, which is not plain data")
         return other(value)
     if base is bool or kind is type(None):
         return value
@@ -92,7 +92,7 @@ def _to_wire(value: object, other, where: str) -> object:
     return [_TAGS[base], *(_to_wire(item, other, where) for item in items)]
 
 
-def _name(kind: type) -> str:
+def type_name(kind: type) -> str:
     module = type.__getattribute__(kind, "__module__")
     name = type.__getattribute__(kind, "__qualname__")
     return name if module == "builtins" else f"{module}.{name}"
@@ -114,7 +114,7 @@ def _from_wire(data: object, handle) -> object:
     if kind is not list:
         if kind in _SCALARS:
             return data
-        raise NotPlain(f"a malformed value ({_name(kind)})")
+        raise NotPlain(f"a malformed value ({type_name(kind)})")
     tag, items = data[0], data[1:]
     if tag == "l":
         return [_from_wire(item, handle) for item in items]
@@ -134,10 +134,10 @@ def _from_wire(data: object, handle) -> object:
         return raw if tag == "b" else bytearray(raw)
     if tag == "c" and len(items) == 2 and all(type(x) in (int, float) for x in items):
         return complex(items[0], items[1])
-    if tag == "h" and len(items) == 1 and type(items[0]) is int:
+    if tag == "h" and len(items) == 2 and type(items[0]) is int and type(items[1]) is str:
         if handle is None:
-            raise NotPlain("an object of the program's where only plain data may be")
-        return handle(items[0])
+            raise NotPlain(f"a {items[1][:200]}, an object of the program's where only plain data may be")
+        return handle(items[0], items[1][:200])
     raise NotPlain(f"a malformed value (tag {tag!r})")
 
 
