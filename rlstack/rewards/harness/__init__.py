@@ -10,7 +10,8 @@ expects). So one sandboxed run (`rewards/sandbox/`) holds two processes:
 - the program's process (`answers.py`, forked by the test's process before that has read its job,
   so before anything of the test is in memory): it runs the program and answers calls, with arguments, results and raised exceptions
   crossing as plain data only (`plain.py`: None, bool, int, float, complex, str, bytes, list, tuple,
-  dict, set, recursively; anything else fails the test with status `not_plain_data`).
+  dict, set, recursively; anything else stays there as a handle the test may call, read and iterate
+  over, and one used as a value fails the test with status `not_plain_data`).
 
 The program never holds the test's text, the verdict's descriptor, or a way into the test's
 process: it was forked before the test was read, the test's process is non-dumpable (no

@@ -1,17 +1,19 @@
 """The test's process: runs one test against a program that lives in another process.
 
-It runs as `main.py` in the sandbox (its script is `plain.py` then this file, put together by
-`harness/__init__.py`), and does, in order:
+It runs as `main.py` in the sandbox (its script is `plain.py`, `answers.py` and this file, put
+together by `harness/__init__.py`), and does, in order:
 
-1. Forks the program's process (3 below), then reads its job from stdin (the program, the test, the
-   row's fixed code and which names the test reads), then points stdin at /dev/null.
-2. Makes itself non-dumpable (before the program is sent to the other process) (`prctl(PR_SET_DUMPABLE, 0)`): a process of the same uid without
-   CAP_SYS_PTRACE, as the program's is, can then neither ptrace it nor open its `/proc/<pid>/mem`,
-   `fd/`, `maps` or `environ`. SIGINT is ignored (no KeyboardInterrupt can be sent into the test).
-3. Before any of that, as its very first step, it forks the program's process (`answers.py`): a
-   child that has never held the job (it is read after the fork), keeps only two pipes (calls go
-   out on one, answers come back on the other) and has the run's stderr as its stdout and stderr;
-   the verdict goes to this process's own stdout, which the program's process never holds.
+1. Forks the program's process (`answers.py`) as its very first step, before it has read its job:
+   nothing of the test was ever in that child's memory. The child drops every capability, points
+   stdin at /dev/null and its stdout (the verdict's pipe) at the run's stderr, and keeps two pipes:
+   calls come in on one, answers go out on the other.
+2. Makes itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`) before the program exists anywhere: a
+   process without CAP_SYS_PTRACE, as the program's is, can then neither ptrace it nor open its
+   `/proc/<pid>/mem`, `fd/`, `maps` or `environ`. SIGINT is ignored (no KeyboardInterrupt can be
+   sent into the test).
+3. Reads its job from stdin (the program, the test, the row's fixed code, which names the test
+   reads), then points stdin at /dev/null; its own stdout, where the verdict goes, is kept apart
+   and the test's prints go to stderr.
 4. Runs the row's fixed code (a HumanEval prompt's helpers) here, asks the program's process to load
    the program, and binds, for each name of the program the test reads, a stand-in (`Remote`): a
    call sends the arguments over as plain data (`plain.py`) and gets back a plain value, the
@@ -23,9 +25,12 @@ It runs as `main.py` in the sandbox (its script is `plain.py` then this file, pu
 
 A failure of the program's process (it exited or was killed during the test, it sent something that
 is not plain data) is remembered: the test fails with it even if the test's code caught the
-exception it raised. Calling one of the program's classes gives a handle to the instance, which
-stays in the program's process: its methods can be called and its attributes read (plain values
-again), and it equals only itself.
+exception it raised. A result that is not plain data (an object of the program's class, a
+generator) stays in the program's process and the test gets a handle (`Remote`): it can be called,
+its attributes read and iterated over (each answer plain data again), but a handle used as a value
+(truth, `==`, `!=`) fails the test (`not_plain_data`): only the program's object could say what it
+equals. The program's process may name only what the test asked for (never a builtin), and a
+standard-library module the test reads attributes of is always this process's own.
 """
 
 import _signal  # not `signal`, whose import of `enum` costs each run ~3 ms
