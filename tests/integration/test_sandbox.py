@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 
 import pytest
+from nobody import CAN_BECOME_NOBODY, NOBODY, as_nobody
 
 from rlstack.rewards import sandbox
 from rlstack.rewards.code import score_code
@@ -408,32 +408,13 @@ def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
         sandbox.LocalProcess("print(1)", {}, SMALL)
 
 
-NOBODY = 65534
-
-
-def _as_nobody(code: str) -> subprocess.CompletedProcess:
-    """`code` run by the system's python3 as `nobody`, importing this checkout (the sandbox and its
-    launcher need only the standard library)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    return subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": root},
-    )
-
-
 @pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("python3", path="/usr/bin:/bin"),
-    reason="needs root (to become another user), setpriv and a system python3",
+    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
 )
 def test_a_caller_that_is_not_root_gets_a_user_namespace():
     """Not root: each run gets a user namespace of its own (the caller's uid is 0 there, without any
     capability) with the same namespaces and root as before, and the same holes closed."""
-    check = _as_nobody("import rlstack.rewards.sandbox as s; print(s.isolation_problem())")
+    check = as_nobody("import rlstack.rewards.sandbox as s; print(s.isolation_problem())")
     if check.returncode != 0 or check.stdout.strip() != "None":
         pytest.skip(
             f"this machine gives no user namespaces to uid {NOBODY}: {check.stdout[-300:]}{check.stderr[-300:]}"
@@ -449,7 +430,7 @@ def test_a_caller_that_is_not_root_gets_a_user_namespace():
         "try:\n    open('/usr/planted', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
         "try:\n    open('/proc/sys/kernel/shmmni', 'w').write('4096')\nexcept OSError as e:\n    print(e.errno)"
     )
-    out = _as_nobody(
+    out = as_nobody(
         "from rlstack.rewards.sandbox import run_python, SandboxLimits, SandboxProcess\n"
         f"r = run_python({program!r}, limits=SandboxLimits(wall_s=10))\n"
         "print(r.status, r.uid)\nprint(r.stdout, end='')\n"

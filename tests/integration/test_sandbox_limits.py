@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 
 import pytest
+from nobody import CAN_BECOME_NOBODY, NOBODY, as_nobody
 
 from rlstack.rewards import launcher, sandbox
 from rlstack.rewards.sandbox import SandboxLimits, cgroups, probe, processes, run_python, runs
@@ -214,17 +213,12 @@ def test_what_the_machine_cannot_give_is_said_once(monkeypatch, caplog):
     assert Pool.asked == 1 and [r.getMessage() for r in caplog.records] == [said]
 
 
-NOBODY = 65534
-
-
 @pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("python3", path="/usr/bin:/bin"),
-    reason="needs root (to become another user), setpriv and a system python3",
+    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
 )
 def test_not_root_the_limits_fall_back_and_say_so():
     """Not root (no cgroup it may write here): one warning at the probe, memfd_create and the keyrings
     refused, oom_score_adj 1000; the run itself is fine."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     program = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "keyctl = 250 if os.uname().machine == 'x86_64' else 219\n"
@@ -238,22 +232,7 @@ def test_not_root_the_limits_fall_back_and_say_so():
         "if problem is None:\n"
         f"    print(s.isolation_problem())\n    print(s.run_python({program!r}).stdout, end='')\n"
     )
-    out = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            shutil.which("python3", path="/usr/bin:/bin"),
-            "-c",
-            code,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": root},
-    )
+    out = as_nobody(code)
     if out.returncode != 0 or out.stdout.splitlines()[:1] != ["None"]:
         pytest.skip(
             f"this machine gives no user namespaces to uid {NOBODY}: {out.stdout[-300:]}{out.stderr[-300:]}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from python_cells import making_tools, run
 
 from rlstack.rewards.sandbox import processes, processes_of_uid
 from rlstack.tools import python as python_tool
@@ -70,21 +71,8 @@ def _files_owned_by(uids: set[int]) -> list[str]:
 
 @pytest.fixture
 def make_tool(spawned):
-    tools = []
-
-    def make(images=(), **kwargs):
-        tool = PythonTool(**{**SMALL, **kwargs})
-        tool.reset(list(images), {})
-        tools.append(tool)
-        return tool
-
-    yield make
-    for tool in tools:
-        tool.close()
-
-
-def run(tool: PythonTool, code: str):
-    return tool.execute(ToolCall("python", {"code": code}, ""))
+    with making_tools(**SMALL) as make:
+        yield make
 
 
 def _only_worker_left(tool: PythonTool) -> bool:

@@ -18,10 +18,10 @@ import zlib
 
 import pytest
 from PIL import Image, ImageFile
+from python_cells import making_tools, run
 
 import rlstack
 from rlstack.tools import python_packages
-from rlstack.tools.base import ToolCall
 from rlstack.tools.python import PythonTool
 
 SMALL = dict(
@@ -50,22 +50,15 @@ def forge(id=None, ok=True, value=None, error=None, traceback=None, notes=(), dr
 
 @pytest.fixture
 def make_tool():
-    tools = []
+    """Tools whose cells can forge replies (`FORGE` already run in each)."""
+    with making_tools(**SMALL) as make:
 
-    def make(**kwargs):
-        tool = PythonTool(**{**SMALL, **kwargs})
-        tool.reset([], {})
-        tools.append(tool)
-        assert run(tool, FORGE).ok
-        return tool
+        def make_forger(**kwargs):
+            tool = make(**kwargs)
+            assert run(tool, FORGE).ok
+            return tool
 
-    yield make
-    for tool in tools:
-        tool.close()
-
-
-def run(tool: PythonTool, code: str):
-    return tool.execute(ToolCall("python", {"code": code}, ""))
+        yield make_forger
 
 
 @pytest.fixture
