@@ -108,7 +108,9 @@ def test_handles_only_where_the_receiver_allows_them():
     wire = plain.to_wire([1, "x"], other=lambda value: ["h", 7, "P"])
     assert plain.from_wire(plain.to_wire(["a"])) == ["a"]
     with_handle = ["l", 1, ["h", 7, "Point"]]
-    with pytest.raises(plain.NotPlain, match="a Point, an object of the program's where only plain data may be"):
+    with pytest.raises(
+        plain.NotPlain, match="a Point, an object of the program's where only plain data may be"
+    ):
         plain.from_wire(with_handle)
     assert plain.from_wire(with_handle, handle=lambda ident, kind: (kind, ident)) == [1, ("Point", 7)]
     assert wire == ["l", 1, "x"]
