@@ -314,6 +314,7 @@ class PythonTool:
         """An image of the reply, fitted to the pixel limits, or why it was refused. Its size is read
         from its header first: pixels are decoded only for a PNG of at most `max_pixels`."""
         try:
+            png = _critical_chunks(png)
             image = Image.open(io.BytesIO(png), formats=["PNG"])
             width, height = image.size
             if not 0 < width * height <= self.max_pixels:
@@ -321,9 +322,32 @@ class PythonTool:
                     f"an image was refused: {width}x{height} pixels, more than the {self.max_pixels} allowed"
                 )
             image.load()
+            image.info = {}
             return fit_image(image, self.min_pixels, self.max_pixels)
         except Exception as e:  # anything a hostile PNG makes Pillow raise
             return f"an image could not be decoded: {type(e).__name__}"
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_CRITICAL = (b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND")
+
+
+def _critical_chunks(png: bytes) -> bytes:
+    """`png` with only the chunks that make its pixels (IHDR, PLTE, tRNS, IDAT, IEND): text, ICC and
+    other ancillary chunks, which Pillow would inflate into `image.info` (64 MiB of zTXt from a
+    few KB), are dropped before Pillow reads anything. ValueError for what is not a PNG."""
+    if not png.startswith(_PNG_SIGNATURE):
+        raise ValueError("not a PNG")
+    kept, at = [_PNG_SIGNATURE], len(_PNG_SIGNATURE)
+    while at + 8 <= len(png):
+        size = int.from_bytes(png[at : at + 4], "big")
+        end = at + 12 + size
+        if end > len(png):
+            raise ValueError("a truncated PNG chunk")
+        if png[at + 4 : at + 8] in _CRITICAL:
+            kept.append(png[at:end])
+        at = end
+    return b"".join(kept)
 
 
 def _cell_text(console: _Console, pieces: list[str | None], budget: int) -> str:

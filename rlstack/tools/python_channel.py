@@ -40,7 +40,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from rlstack.rewards.sandbox import SandboxProcess
+from rlstack.rewards.sandbox import SandboxProcess, signal_name
 
 _HEADER = struct.Struct(">I")
 _READ_CHUNK = 1 << 16
@@ -312,12 +312,12 @@ def _unread(fd: int) -> int:
 def _exit_reason(returncode: int) -> str:
     if returncode >= 0:
         return f"exited with status {returncode} (did the code call os._exit or close the tool's pipes?)"
-    sig = signal.Signals(-returncode)
+    sig = -returncode
     if sig == signal.SIGXCPU:
         return "used up its CPU time budget (SIGXCPU)"
     if sig == signal.SIGKILL:
         return "was killed (SIGKILL: out of memory or past its CPU time budget)"
-    return f"crashed ({sig.name})"
+    return f"crashed ({signal_name(sig)})"
 
 
 class _Console:

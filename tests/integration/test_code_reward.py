@@ -762,3 +762,11 @@ def test_exceptions_cross_as_their_type_and_message():
     ), out
     out = score_code(_fence(program), {"asserts": ["assert all(map(is_even, [2, 4]))"]})
     assert (out["overall"], out["status"]) == (0.0, "runtime_error"), out
+
+
+def test_a_program_killed_by_a_signal_python_does_not_name_gets_no_credit():
+    program = "import os, signal\ndef gcd(a, b):\n    os.kill(os.getpid(), signal.SIGRTMIN + 6)\n"
+    out = score_code(_fence(program), ASSERT_TESTS)
+    assert (out["overall"], out["status"]) == (0.0, "early_exit") and "killed by signal " in out["reason"], (
+        out
+    )

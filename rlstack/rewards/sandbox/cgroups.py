@@ -185,8 +185,13 @@ class _Cgroup:
 
     @classmethod
     def new(cls, hierarchy: _Hierarchy, memory_mb: int) -> _Cgroup:
-        path = os.path.join(hierarchy.parent, f"{_PREFIX}{os.getpid()}-{next(_counter)}")
-        os.mkdir(path, 0o755)
+        while True:  # the token: a cgroup a dead launcher of the same pid left behind is not this one's
+            path = os.path.join(hierarchy.parent, f"{_PREFIX}{os.getpid()}-{_token()}-{next(_counter)}")
+            try:
+                os.mkdir(path, 0o755)
+                break
+            except FileExistsError:
+                continue
         cgroup = cls(path, hierarchy.version)
         limit = str(memory_mb << 20)
         try:
@@ -233,8 +238,8 @@ class _Cgroup:
         removed is kept for a later try (at the next run's end)."""
         with _leftovers_lock:
             pending, _leftovers[:] = [*_leftovers, self.path], []
-        for path in pending:
-            if not _remove(path, self):
+        for path in pending:  # an older leftover gets one try, so that none slows every run's end down
+            if not _remove(path, self, 20 if path == self.path else 1):
                 with _leftovers_lock:
                     _leftovers.append(path)
 
@@ -243,9 +248,9 @@ class _Cgroup:
             f.write(value)
 
 
-def _remove(path: str, cgroup: _Cgroup) -> bool:
-    """rmdir `path`; when busy, kill what is in it and try again a few times. Whether it is gone."""
-    for attempt in range(20):
+def _remove(path: str, cgroup: _Cgroup, attempts: int) -> bool:
+    """rmdir `path`; when busy, kill what is in it and try again, `attempts` times in all. Whether it is gone."""
+    for attempt in range(attempts):
         try:
             os.rmdir(path)
             return True
@@ -257,5 +262,12 @@ def _remove(path: str, cgroup: _Cgroup) -> bool:
         if attempt == 0:
             other = _Cgroup(path, cgroup.version)
             _kill_all(other.processes)
-        time.sleep(0.001 * (attempt + 1))
+        if attempt + 1 < attempts:
+            time.sleep(0.001 * (attempt + 1))
     return False
+
+
+@functools.cache
+def _token() -> str:
+    """A random token of this process (a launcher), in its runs' cgroup names."""
+    return os.urandom(4).hex()

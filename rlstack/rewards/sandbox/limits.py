@@ -87,17 +87,26 @@ def _classify(
     if returncode == 0:
         return "ok", ""
     if returncode < 0:
-        sig = signal.Signals(-returncode)
+        sig = -returncode
         if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return "time_limit", f"CPU limit of {math.ceil(limits.cpu_s)}s exceeded ({sig.name})"
+            return "time_limit", f"CPU limit of {math.ceil(limits.cpu_s)}s exceeded ({signal_name(sig)})"
         if sig == signal.SIGXFSZ:
             return "runtime_error", f"file size limit of {limits.file_size_mb} MiB exceeded (SIGXFSZ)"
-        return "runtime_error", f"killed by signal {sig.name}"
+        return "runtime_error", f"killed by {signal_name(sig)}"
     if last.startswith("MemoryError") or "Cannot allocate memory" in last:
         return "memory_limit", last
     if is_disk_full(last):
         return "disk_limit", f"disk budget of {limits.disk_mb} MiB exceeded ({last})"
     return "runtime_error", last or f"exit status {returncode}"
+
+
+def signal_name(number: int) -> str:
+    """A signal's name (`SIGKILL`), or `signal 40` for one Python's enum does not name (a real-time
+    signal: a program may kill itself with any)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def is_disk_full(error: str) -> bool:

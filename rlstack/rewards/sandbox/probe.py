@@ -67,7 +67,7 @@ def weaker_limits() -> str | None:
 
     Without a memory cgroup (`cgroups.problem()`): `memory_mb` bounds each process (RLIMIT_AS), not
     the run; a run's processes together may hold up to `max_processes` x `memory_mb`, plus `disk_mb`
-    of files; `memfd_create` is refused.
+    of files, plus the buffers of 256 descriptors a process (RLIMIT_NOFILE); `memfd_create` is refused.
     """
     said = []
     why = cgroups.problem()
@@ -75,7 +75,8 @@ def weaker_limits() -> str | None:
         said.append(
             f"no memory cgroup for sandbox runs ({why}): memory_mb limits each process of a run (RLIMIT_AS) "
             "but not the run as a whole, so a run's processes together may hold up to max_processes x "
-            "memory_mb, plus disk_mb of files; memfd_create is refused in runs"
+            "memory_mb, plus disk_mb of files, plus the kernel buffers of up to 256 pipes or sockets a "
+            "process; memfd_create is refused in runs"
         )
     return "rlstack sandbox: " + "; ".join(said) + "." if said else None
 

@@ -253,8 +253,10 @@ def _hidden_dirs(python: str) -> tuple[str, ...]:
     which the run sees empty (`child._build_root`): each `site-packages` / `dist-packages` under
     `<tree>/lib*/python*`, `<tree>/local/lib*/python*` and `<tree>/python*` (Debian's
     `/usr/lib/python3/dist-packages`, pyenv's or a `--copies` venv's `lib/python3.X/site-packages`,
-    ...), those `site` and `sysconfig` name for this interpreter and its base, and a conda prefix's
-    `pkgs` and `envs`. Real paths, none inside another, none holding a tree (an interpreter installed
+    ...), those `site` and `sysconfig` name for this interpreter and its base, a conda prefix's
+    `pkgs` and `envs`, and the wheels a program could import from (`share/python-wheels`, ensurepip's
+    `_bundled`). Python code a machine keeps elsewhere in its system directories (a vendor's SDK under
+    `/usr/lib`) stays visible. Real paths, none inside another, none holding a tree (an interpreter installed
     inside one of them keeps its prefix)."""
     system, _ = _system_paths()
     trees = list(
@@ -273,6 +275,15 @@ def _hidden_dirs(python: str) -> tuple[str, ...]:
     for prefix in _prefixes(python):  # a conda installation's package cache and other environments
         if os.path.isdir(os.path.join(prefix, "conda-meta")):
             found += [os.path.join(prefix, "pkgs"), os.path.join(prefix, "envs")]
+    # wheels a program could import from directly: Debian's for its venvs, and ensurepip's own
+    found += [
+        path for tree in trees for path in glob.glob(os.path.join(glob.escape(tree), "share/python-wheels"))
+    ]
+    found += [
+        path
+        for tree in trees
+        for path in glob.glob(os.path.join(glob.escape(tree), "lib*/python*/ensurepip/_bundled"))
+    ]
     hidden: list[str] = []
     for path in sorted({os.path.realpath(p) for p in found if os.path.isdir(p)}, key=len):
         if (
