@@ -8,6 +8,7 @@ ground truth, score, end reason), with their images where the tracker takes imag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rlstack.batch import Batch
-from rlstack.config import Config, to_dict
+from rlstack.config import Config, TrainerConfig, to_dict
 from rlstack.errors import RLStackError
 
 CONSOLE_KEYS = {
@@ -192,10 +193,20 @@ def _require(package: str, logger: str, extra: str):
 
 
 class WandbTracker:
-    """Weights & Biases (`WANDB_MODE=offline` writes under the run directory only)."""
+    """Weights & Biases (`WANDB_MODE=offline` writes under the run directory only).
+
+    The W&B project and run name are `trainer.project_name` and `trainer.experiment_name`, passed to
+    `wandb.init` as veRL and EasyR1 pass theirs; an argument of `wandb.init` wins over W&B's environment
+    variables, so a project the config names wins over `WANDB_PROJECT`. Where the config leaves them at
+    rlstack's defaults (`rlstack`, `default`), `WANDB_PROJECT` and `WANDB_NAME` name them when set (the run
+    directory keeps the config's names; `trainer.project_name: ${oc.env:WANDB_PROJECT,rlstack}` gives both
+    the variable's). The other `WANDB_*` variables (`WANDB_ENTITY`, `WANDB_RUN_GROUP`, `WANDB_TAGS`,
+    `WANDB_NOTES`, `WANDB_MODE`, `WANDB_API_KEY`, ...) are W&B's own, read by `wandb.init`; W&B's files go in
+    the run directory (`dir=`), not `WANDB_DIR`."""
 
     def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
         self.wandb = _require("wandb", "wandb", "wandb")
+        project, experiment = wandb_names(project, experiment)
         self.run = self.wandb.init(
             project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"
         )
@@ -216,6 +227,22 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def wandb_names(project: str, experiment: str) -> tuple[str, str]:
+    """The W&B project and run name: the config's (`trainer.project_name`, `trainer.experiment_name`), or
+    `WANDB_PROJECT` / `WANDB_NAME` where the config's is rlstack's default (said on stderr)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
+    names = {"project_name": project, "experiment_name": experiment}
+    for key, variable in (("project_name", "WANDB_PROJECT"), ("experiment_name", "WANDB_NAME")):
+        if names[key] == defaults[key] and os.environ.get(variable):
+            names[key] = os.environ[variable]
+            print(
+                f"[rlstack] W&B {'project' if key == 'project_name' else 'run name'}: {names[key]} "
+                f"({variable}; trainer.{key} is at its default, {defaults[key]})",
+                file=sys.stderr,
+            )
+    return names["project_name"], names["experiment_name"]
 
 
 class SwanlabTracker:

@@ -261,3 +261,31 @@ def test_mlflow_takes_metric_names_it_would_refuse(tmp_path: Path, monkeypatch):
     client = mlflow_client(tmp_path)
     (mlrun,) = client.search_runs([client.get_experiment_by_name("project").experiment_id])
     assert mlrun.data.metrics == {"val/humaneval/pass_at_4": 0.25, "val/x/accuracy": 0.5, "weird_name_": 1.0}
+
+
+def test_wandb_takes_its_project_and_name_from_the_environment_where_the_config_leaves_the_defaults(
+    tmp_path: Path, monkeypatch
+):
+    """As veRL and EasyR1 (and `wandb.init`'s own precedence): a project the config names wins over
+    WANDB_PROJECT; at rlstack's default the variable names it. WANDB_RUN_GROUP is W&B's own, read too."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb_data"))
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    monkeypatch.setenv("WANDB_NAME", "run-from-env")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "group-from-env")
+    import wandb
+
+    wandb.teardown()  # W&B reads its variables once a process: again, as a run started with them would
+    for name, project, experiment in (("defaults", "rlstack", "default"), ("named", "mine", "my-run")):
+        tracker = WandbTracker(tmp_path / name, {"a": 1}, project, experiment)
+        tracker.log({"x": 1.0}, 1)
+        tracker.close()
+    wandb.teardown()  # and not for the tests after this one
+    runs = {
+        name: next(r.run for r in wandb_records(tmp_path / name) if r.WhichOneof("record_type") == "run")
+        for name in ("defaults", "named")
+    }
+    assert (runs["defaults"].project, runs["defaults"].display_name) == ("from-env", "run-from-env")
+    assert (runs["named"].project, runs["named"].display_name) == ("mine", "my-run")
+    assert runs["defaults"].run_group == runs["named"].run_group == "group-from-env"

@@ -1,0 +1,233 @@
+"""OmegaConf interpolations in configs (EasyR1's and NeMo RL's files use them): `${oc.env:VAR}`,
+`${oc.env:VAR,default}` and `${section.key}` resolved at load, after the file and the command line are
+merged and before the values are converted and validated, with problems that name the key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlstack.config import ConfigError, load_config, to_yaml
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def problems_of(args: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(args)
+    return info.value.problems
+
+
+def test_an_environment_variable_with_and_without_a_default(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RLSTACK_TEST_OUT", str(tmp_path))
+    monkeypatch.delenv("RLSTACK_TEST_PROJECT", raising=False)
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        trainer:
+          output_dir: ${oc.env:RLSTACK_TEST_OUT}/runs
+          project_name: ${oc.env:RLSTACK_TEST_PROJECT,easy}
+          experiment_name: ${oc.env:RLSTACK_TEST_PROJECT,null}-cost $5 and $HOME
+        """,
+    )
+    cfg = load_config([f"config={path}"])
+    assert cfg.trainer.output_dir == f"{tmp_path}/runs"
+    assert cfg.trainer.project_name == "easy"  # the default, the variable being unset
+    assert cfg.trainer.experiment_name == "None-cost $5 and $HOME"  # a `$` without `{` stays as it is
+    monkeypatch.setenv("RLSTACK_TEST_PROJECT", "from_env")
+    assert load_config([f"config={path}"]).trainer.project_name == "from_env"
+
+
+def test_an_unset_environment_variable_without_a_default_names_the_key_and_the_line(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.delenv("RLSTACK_TEST_DIR", raising=False)
+    path = write_yaml(
+        tmp_path / "run.yaml", "trainer:\n  max_steps: 1\n  output_dir: ${oc.env:RLSTACK_TEST_DIR}\n"
+    )
+    (problem,) = problems_of([f"config={path}"])
+    assert problem == (
+        f"trainer.output_dir ({path}, line 3): ${{oc.env:RLSTACK_TEST_DIR}}: the environment variable "
+        "RLSTACK_TEST_DIR is not set; set it or give a default ${oc.env:RLSTACK_TEST_DIR,default}"
+    )
+
+
+def test_a_reference_to_another_section_gives_its_value_with_its_type(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        data:
+          max_prompt_length: 300
+        worker:
+          rollout:
+            max_num_batched_tokens: ${data.max_prompt_length}
+            max_model_len: ${data.max_response_length}
+        trainer:
+          project_name: easy
+          experiment_name: ${trainer.project_name}_${data.max_prompt_length}
+          max_steps: ${.save_freq}
+          save_freq: 3
+        """,
+    )
+    cfg = load_config([f"config={path}"])
+    assert cfg.worker.rollout.max_num_batched_tokens == 300
+    assert type(cfg.worker.rollout.max_num_batched_tokens) is int  # an int field filled by reference
+    assert (
+        cfg.worker.rollout.max_model_len == cfg.data.max_response_length == 16
+    )  # a default, unset in the file
+    assert cfg.trainer.experiment_name == "easy_300"
+    assert cfg.trainer.max_steps == 3  # relative: the same section
+    saved = yaml.safe_load(to_yaml(cfg))  # config.yaml (and what a resume compares) holds the values
+    assert saved["worker"]["rollout"]["max_num_batched_tokens"] == 300
+    assert saved["trainer"]["experiment_name"] == "easy_300"
+
+
+def test_a_command_line_override_changes_what_a_reference_gives(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        data:
+          max_prompt_length: 300
+        worker:
+          rollout:
+            max_num_batched_tokens: ${data.max_prompt_length}
+        """,
+    )
+    cfg = load_config([f"config={path}", "data.max_prompt_length=500"])
+    assert cfg.worker.rollout.max_num_batched_tokens == 500
+
+
+def test_an_interpolation_on_the_command_line(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RLSTACK_TEST_STEPS", "7")
+    cfg = load_config(
+        [
+            "data.max_prompt_length=128",
+            "worker.rollout.max_num_batched_tokens=${data.max_prompt_length}",
+            "trainer.max_steps=${oc.env:RLSTACK_TEST_STEPS}",  # text from the environment, read as an int
+            r"trainer.experiment_name=\${literal}",  # escaped: the text itself
+        ]
+    )
+    assert cfg.worker.rollout.max_num_batched_tokens == 128
+    assert cfg.trainer.max_steps == 7 and type(cfg.trainer.max_steps) is int
+    assert cfg.trainer.experiment_name == "${literal}"
+    monkeypatch.setenv("RLSTACK_TEST_STEPS", "many")
+    (problem,) = problems_of(["trainer.max_steps=${oc.env:RLSTACK_TEST_STEPS}"])
+    assert problem == (
+        "trainer.max_steps (command-line override 'trainer.max_steps=${oc.env:RLSTACK_TEST_STEPS}'): expected "
+        "int | None, got 'many' (str) from ${oc.env:RLSTACK_TEST_STEPS}"
+    )
+
+
+def test_an_unknown_reference_names_the_key_and_the_closest_one(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        worker:
+          rollout:
+            max_num_batched_tokens: ${data.max_promt_length}
+            max_model_len: ${max_response_length}
+        """,
+    )
+    first, second = problems_of([f"config={path}"])  # said once each, not again as a wrong type
+    assert first == (
+        f"worker.rollout.max_num_batched_tokens ({path}, line 3): ${{data.max_promt_length}}: "
+        "data.max_promt_length is not a key of the config; did you mean ${data.max_prompt_length}?"
+    )
+    assert second.startswith(f"worker.rollout.max_model_len ({path}, line 4): ${{max_response_length}}: ")
+    assert second.endswith("did you mean ${data.max_response_length}?")
+
+
+def test_a_cycle_of_references_is_named(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        "trainer:\n  project_name: ${trainer.experiment_name}\n  experiment_name: ${trainer.project_name}\n",
+    )
+    first, second = problems_of([f"config={path}"])
+    assert first == (
+        f"trainer.project_name ({path}, line 2): ${{trainer.experiment_name}}: the interpolations refer to "
+        "each other in a cycle (trainer.project_name -> trainer.experiment_name -> trainer.project_name); "
+        "give one of them a value"
+    )
+    assert second.startswith(f"trainer.experiment_name ({path}, line 3)")
+
+
+def test_a_broken_interpolation_and_an_unknown_resolver_are_problems(tmp_path: Path):
+    path = write_yaml(tmp_path / "run.yaml", "trainer:\n  project_name: a${b\n")
+    on_line, in_file, unknown = problems_of(  # the command line is read first
+        [f"config={path}", "trainer.experiment_name=a${b", "trainer.output_dir=${foo:1}"]
+    )
+    assert in_file.startswith(f"trainer.project_name ({path}, line 2): 'a${{b' is not a valid interpolation")
+    assert on_line.startswith("could not parse the override 'trainer.experiment_name=a${b'")
+    assert all(r"\${ for a literal ${" in p for p in (in_file, on_line))
+    assert unknown.startswith(
+        "trainer.output_dir (command-line override 'trainer.output_dir=${foo:1}'): ${foo:1}: there is no "
+        "resolver foo"
+    )
+
+
+def test_an_api_key_from_the_environment_is_masked_where_written(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        worker:
+          reward:
+            judge:
+              api_key: ${oc.env:OPENAI_API_KEY}
+        trainer:
+          env_vars:
+            HF_TOKEN: ${worker.reward.judge.api_key}
+        """,
+    )
+    cfg = load_config([f"config={path}"])
+    assert cfg.worker.reward.judge.api_key == "sk-from-the-environment"  # the run has it
+    written = to_yaml(cfg)
+    assert "sk-from-the-environment" not in written
+    saved = yaml.safe_load(written)
+    assert saved["worker"]["reward"]["judge"]["api_key"] == "***"
+    assert saved["trainer"]["env_vars"] == {"HF_TOKEN": "***"}
+
+
+def test_a_secret_from_the_environment_under_a_key_that_is_not_masked_is_refused(tmp_path: Path, monkeypatch):
+    """config.yaml masks by the key's name: a secret interpolated (even through another key) under a name
+    that does not mark one would be written in clear."""
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-from-the-environment")
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        """
+        trainer:
+          env_vars:
+            SERVICE_AUTH_TOKEN: ${oc.env:MY_SERVICE_TOKEN}
+            SERVICE_HEADER: Bearer ${.SERVICE_AUTH_TOKEN}
+        """,
+    )
+    (problem,) = problems_of([f"config={path}"])
+    assert problem.startswith(
+        f"trainer.env_vars.SERVICE_HEADER ({path}, line 4): Bearer ${{.SERVICE_AUTH_TOKEN}} puts the value "
+        "of MY_SERVICE_TOKEN (a secret) under a key whose name does not mark a secret"
+    )
+    assert "tok-from-the-environment" not in problem
+    (problem,) = problems_of(
+        [
+            "worker.reward.judge.api_key=sk-in-the-file",
+            "trainer.env_vars.AUTH=Key ${worker.reward.judge.api_key}",
+        ]
+    )
+    assert "puts the value of worker.reward.judge.api_key (a secret) under a key" in problem
+
+
+def test_a_nemo_rl_multiplication_resolves(tmp_path: Path):
+    """NeMo RL's configs use its `${mul:a,b}` resolver (dynamic batching's token budgets)."""
+    cfg = load_config(
+        [
+            "data.max_prompt_length=32",
+            "worker.rollout.max_num_batched_tokens=${mul:${data.max_prompt_length},4}",
+        ]
+    )
+    assert cfg.worker.rollout.max_num_batched_tokens == 128
