@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import textwrap
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from config_files import problems_of, write_yaml
 
 from rlstack import config as config_module
 from rlstack.cli import main
 from rlstack.config import Config, ConfigError, describe, field_docs, load_config, machine, to_yaml
-
-
-def write_yaml(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
-
-
-def problems_of(args: list[str]) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(args)
-    return info.value.problems
-
 
 # --------------------------------------------------------------------------------------- loading
 

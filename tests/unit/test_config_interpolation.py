@@ -4,24 +4,12 @@ merged and before the values are converted and validated, with problems that nam
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-import pytest
 import yaml
+from config_files import problems_of, write_yaml
 
-from rlstack.config import ConfigError, load_config, to_yaml
-
-
-def write_yaml(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
-
-
-def problems_of(args: list[str]) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(args)
-    return info.value.problems
+from rlstack.config import load_config, to_yaml
 
 
 def test_an_environment_variable_with_and_without_a_default(tmp_path: Path, monkeypatch):
