@@ -42,3 +42,17 @@ def where_set(sources: dict[str, str], key: str) -> str:
     """` (file, line N)` where `key` (or a key under it) was set, for messages; empty if nowhere known."""
     where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")
     return f" ({where})" if where else ""
+
+
+def merge(into: dict, new: dict) -> None:
+    """Merge `new` into `into`, dicts key by key, anything else replaced."""
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def at(where: str) -> str:
+    """` (where)` for a message, or nothing."""
+    return f"({where})" if where else ""
