@@ -112,7 +112,7 @@ class Collector:
         num_kept = tries = 0
         while num_kept < want:
             tries += 1
-            if tries > a.max_try_make_batch:
+            if not a.unlimited_tries and tries > a.max_try_make_batch:
                 raise RLStackError(
                     f"online filtering kept {num_kept} of {want} prompt groups after algorithm.max_try_make_batch="
                     f"{a.max_try_make_batch} rounds: nearly every group is all-correct or all-wrong on "

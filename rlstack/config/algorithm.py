@@ -74,8 +74,14 @@ class AlgorithmConfig:
     """Keep a group only if its mean filter_key is below this."""
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
     """Asynchronous GRPO: rollouts overlap training, with bounded staleness."""
-    max_try_make_batch: int = field(20, ge=1)
-    """Generation rounds allowed to fill one batch with online filtering before the run stops with an error."""
+    max_try_make_batch: int = field(20, ge=1, also=(-1,), why="-1: no limit, as in EasyR1")
+    """Generation rounds allowed to fill one batch with online filtering before the run stops with an error (-1: no limit, EasyR1's value: rounds go on until the batch is full)."""
+
+    @property
+    def unlimited_tries(self) -> bool:
+        """`max_try_make_batch = -1`: online filtering draws rounds until the batch is full."""
+        return self.max_try_make_batch == -1
+
     oversample_factor: int = field(1, ge=1)
     """With online filtering, draw this many batches of prompts per generation round (PyVision oversampling)."""
     rank_groups_by_std: bool = False

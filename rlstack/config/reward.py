@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import ipaddress
 import os
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from rlstack.config.fields import field
-from rlstack.config.paths import function_file_problem, path_problems
+from rlstack.config.paths import function_file_problem, missing_path, path_problems
 
 if TYPE_CHECKING:
     from rlstack.config.schema import Config
@@ -189,7 +190,7 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`)."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`). A `path/to/file.py` without `:fn` means `path/to/file.py:compute_score`, the name EasyR1's reward files define (EasyR1's own code falls back to `main`, which those files lack); the config check stops when the file does not define it."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
     reward_function_by_source: dict[str, str] = field(default_factory=dict)
@@ -220,6 +221,54 @@ class RewardConfig:
     """The LLM judge: `builtin:judge`, the built-ins' judge_fallback, and reward functions that take a `judge` parameter."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Settings of `builtin:reward_model` (a reward model scoring in the trainer's process)."""
+
+
+DEFAULT_FUNCTION = "compute_score"
+"""The function a reward file named without `:function` is read for (EasyR1's reward files define it;
+`RewardConfig.reward_function`; `rewards/loader.py` reads it)."""
+
+
+def with_default_function(ref: str) -> str:
+    """`ref`, with `:compute_score` appended where it names a `.py` file without its function."""
+    if not ref.startswith("builtin:") and ":" not in ref and ref.endswith(".py"):
+        return f"{ref}:{DEFAULT_FUNCTION}"
+    return ref
+
+
+def no_default_function(key: str, file: str, functions: list[str]) -> str:
+    """The message for a reward file named without `:function` that defines no `compute_score`."""
+    there = f"functions there: {', '.join(functions)}" if functions else "it defines no function"
+    return (
+        f"{key}={file!r} names a file without its function, so rlstack calls {DEFAULT_FUNCTION} (the name "
+        f"EasyR1's reward files use), which {file} does not define ({there}): write {key}={file}:function_name"
+    )
+
+
+def default_function_problem(key: str, ref: str) -> str | None:
+    """A reward file named without `:function` that is not there, or whose source defines no top-level
+    `compute_score` (a def, an assignment or an import of that name); read, not imported."""
+    if with_default_function(ref) == ref:
+        return None
+    if not os.path.isfile(ref):
+        return missing_path(key, ref, form="path/to/file.py:function_name")
+    try:
+        with open(ref, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), ref)
+    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+        return f"{key}={ref!r}: the file cannot be read as Python ({e})"
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+    if DEFAULT_FUNCTION in names:
+        return None
+    defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return no_default_function(key, ref, [n for n in defs if not n.startswith("_")])
 
 
 def functions_in_use(rw: RewardConfig) -> list[str]:
@@ -275,5 +324,5 @@ def reward_rules(cfg: Config, p: list[str]) -> None:
             for s, f in rw.reward_function_by_source.items()
         ]
     ):
-        if problem := function_file_problem(key, fn):
+        if problem := function_file_problem(key, fn) or default_function_problem(key, fn):
             p.append(problem)

@@ -189,9 +189,13 @@ def test_bad_reward_type(tmp_path):
 
 
 def test_reference_without_function_name():
+    """A module without a function is refused; a file without one means its `compute_score` (VPPO's
+    `examples/reward_function/math.py`), so a missing file is named."""
     with pytest.raises(
         RewardLoadError, match="must be path/to/file.py:function_name or package.module:function_name"
     ):
+        load_reward_function("my_reward")
+    with pytest.raises(RewardLoadError, match="file 'my_reward.py' does not exist"):
         load_reward_function("my_reward.py")
 
 

@@ -9,7 +9,9 @@ are handled here, before the config is built, each one way:
   which FSDP2 always does; a note says why. At another value it is a problem saying what rlstack does
   instead.
 - a few keys with their own rule (`disable_kl`, `limit_images`, `val_override_config`), and rlstack keys
-  whose EasyR1 values are spelled differently (`VALUE_ALIASES`, LoRA's comma-separated module list).
+  whose EasyR1 values are spelled differently (`VALUE_ALIASES`, LoRA's comma-separated module list, the
+  forks' `adv_estimator: gspo` / `cispo`, read as grpo with that `worker.actor.loss_type` in a config that
+  holds EasyR1's own keys; elsewhere they stay a wrong choice naming worker.actor.loss_type).
 
 Notes are logged as warnings; problems join the config's other problems.
 """
@@ -102,6 +104,11 @@ FOREIGN: dict[str, Moved | Inert] = {
     "worker.actor.offload.offload_optimizer": OFFLOAD,
     "worker.ref.strategy": FSDP2,
     **{f"worker.ref.fsdp.{k}": REF_FOLLOWS for k in EASYR1_FSDP_KEYS},
+    # EasyR1 copies these from worker.actor to worker.ref; rlstack's reference follows the actor's the same way
+    **{
+        f"worker.ref.{k}": Inert(ANY, f"the reference model follows worker.actor.{k}, as EasyR1 sets it")
+        for k in ("dynamic_batching", "padding_free", "ulysses_size")
+    },
     "worker.ref.offload.offload_params": REF_FOLLOWS,
     "worker.ref.offload.offload_optimizer": REF_FOLLOWS,
     "worker.rollout.enable_chunked_prefill": Inert(
@@ -130,6 +137,11 @@ VALUE_ALIASES: dict[str, dict] = {
     "worker.actor.loss_type": {"default": "vanilla"},
 }
 """rlstack's keys whose EasyR1 values are spelled differently (EasyR1's -> rlstack's)."""
+
+ESTIMATOR_LOSSES = {"gspo": "gspo", "gspo_token": "gspo_token", "cispo": "cispo"}
+"""`algorithm.adv_estimator` values of EasyR1 forks that name a policy loss: read as adv_estimator=grpo with
+worker.actor.loss_type set to the loss (rlstack's GSPO and CISPO use GRPO's group advantages)."""
+LOSS_TYPE = "worker.actor.loss_type"
 
 VAL_OVERRIDES = {"temperature": "val_temperature", "top_p": "val_top_p", "top_k": "val_top_k", "n": "val_n"}
 """EasyR1's worker.rollout.val_override_config keys -> rlstack's worker.rollout keys."""
@@ -162,10 +174,12 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             key, value, move, problems, at
         ),
     }
+    easyr1 = False  # the config holds keys only EasyR1 has: it is read as EasyR1's
     for key in [*FOREIGN, *handlers]:
         value = tree.pop(values, key)
         if value is tree.MISSING:
             continue
+        easyr1 = True
         if key in handlers:
             handlers[key](key, value)
             continue
@@ -184,6 +198,8 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         if isinstance(value, str) and value in spellings:
             tree.set(values, key, spellings[value])
             notes.append(f"{key}={value}{at(key)}: EasyR1's spelling, read as {spellings[value]}")
+    if easyr1:
+        _estimator_loss(values, notes, problems, at)
     modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
         tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
@@ -206,6 +222,25 @@ def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callab
     over = f", over {' and '.join(overridden)} (as EasyR1 does)" if overridden else ""
     notes.append(
         f"{key}{at(key)}=true: EasyR1's key, read as algorithm.use_kl_loss=false, use_kl_in_reward=false{over}"
+    )
+
+
+def _estimator_loss(values: dict, notes: list[str], problems: list[str], at: Callable[[str], str]) -> None:
+    key = "algorithm.adv_estimator"
+    estimator = tree.get(values, key)
+    if not isinstance(estimator, str) or estimator not in ESTIMATOR_LOSSES:
+        return
+    loss, given = ESTIMATOR_LOSSES[estimator], tree.get(values, LOSS_TYPE)
+    if given not in (tree.MISSING, None, "vanilla", loss):
+        problems.append(
+            f"{key}={estimator}{at(key)} selects the {loss} loss (EasyR1 forks' spelling), but "
+            f"{LOSS_TYPE}={given}{at(LOSS_TYPE)}: keep one (adv_estimator=grpo with {LOSS_TYPE}={loss})"
+        )
+        return
+    tree.set(values, key, "grpo")
+    tree.set(values, LOSS_TYPE, loss)
+    notes.append(
+        f"{key}={estimator}{at(key)}: EasyR1 forks' spelling, read as {key}=grpo, {LOSS_TYPE}={loss}"
     )
 
 
