@@ -28,8 +28,6 @@ if __name__ in ("__main__", "answers"):  # in the sandbox: the script's first li
 else:
     from rlstack.rewards.harness import plain
 
-_MUTABLE = (list, dict, set, bytearray)
-
 
 def serve(requests: int, answers: int) -> None:
     """Answer the test's requests (on descriptor `requests`, answers on `answers`) until it hangs up."""
@@ -115,7 +113,7 @@ def _call(parts: list, objects: dict, kind_of, handle, answer) -> None:
     result = target(*args, **kwargs)
     name = getattr(target, "__name__", "the function")
     wire = plain.to_wire(result, handle, f"what {name} returned")
-    after = [a if kind_of(a) in _MUTABLE else None for a in args]
-    after_kw = {k: (v if kind_of(v) in _MUTABLE else None) for k, v in kwargs.items()}
+    after = [a if kind_of(a) in plain.MUTABLE else None for a in args]
+    after_kw = {k: (v if kind_of(v) in plain.MUTABLE else None) for k, v in kwargs.items()}
     where = f"an argument of {name} after the call"
     answer("ok", wire, plain.to_wire(after, None, where), plain.to_wire(after_kw, None, where))

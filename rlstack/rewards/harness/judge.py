@@ -157,7 +157,10 @@ class Program:
         self.pid = None
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:  # a real-time signal has no name there
+                name = f"signal {sig}"
             if sig == signal.SIGXCPU:
                 return "time_limit", f"the program's process ran out of CPU time ({name})"
             return "early_exit", f"the program's process was killed by {name} during the test: no credit"
@@ -271,34 +274,33 @@ def _handle_of(value) -> list:
 
 def _copy_back(before, after) -> None:
     """Make the test's own mutable argument hold what the program left in its copy."""
-    kind = type(before)
-    if after is None or type(after) is not plain._container(kind) or kind in (tuple, frozenset):
+    if after is None or type(after) is not plain.plain_type(type(before)):
         return
     if isinstance(before, list):
         for i, item in enumerate(after[: len(before)]):
-            if type(before[i]) in (list, dict, set, bytearray) and type(before[i]) is type(item):
-                _copy_back(before[i], item)
-            else:
-                before[i] = item
+            _put(before, i, item)
         del before[len(after) :]
         before.extend(after[len(before) :])
     elif isinstance(before, dict):
         for key in [k for k in before if k not in after]:
             del before[key]
         for key, item in after.items():
-            if (
-                key in before
-                and type(before[key]) in (list, dict, set, bytearray)
-                and type(before[key]) is type(item)
-            ):
-                _copy_back(before[key], item)
-            else:
-                before[key] = item
+            _put(before, key, item)
     elif isinstance(before, set):
         before.clear()
         before.update(after)
     elif isinstance(before, bytearray):
         before[:] = after
+
+
+def _put(container, key, item) -> None:
+    """`container[key] = item`, but a list, dict, set or bytearray already there is kept and made to
+    hold `item` (a test may hold a reference to it)."""
+    old = container[key] if isinstance(container, list) or key in container else None
+    if type(old) in plain.MUTABLE and type(old) is type(item):
+        _copy_back(old, item)
+    else:
+        container[key] = item
 
 
 _made: dict = {}
@@ -424,7 +426,7 @@ def main() -> None:
         status, reason = run(job, program)
     finally:
         program.end()
-    os.write(verdict, ("".join(plain._write({"status": status, "reason": reason[:2000]}, 0)) + "\n").encode())
+    os.write(verdict, (plain.json_text({"status": status, "reason": reason[:2000]}) + "\n").encode())
     os._exit(0)
 
 

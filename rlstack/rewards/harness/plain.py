@@ -37,7 +37,7 @@ class NotPlain(Exception):
     """A value that cannot cross the border (its reason says which and where)."""
 
 
-def _container(kind: type) -> type | None:
+def plain_type(kind: type) -> type | None:
     """The plain type a value of type `kind` crosses as (its own, or the plain base of a subclass), else None."""
     if kind in _TAGS or kind in _SCALARS:
         return kind
@@ -48,6 +48,8 @@ def _container(kind: type) -> type | None:
 
 
 _SCALARS = (type(None), bool, int, float, str)
+MUTABLE = (list, dict, set, bytearray)
+"""The plain types an argument the program changes comes back in (copied into the test's own object)."""
 _TAGS = {list: "l", tuple: "t", set: "s", frozenset: "f", dict: "d", bytes: "b", bytearray: "a", complex: "c"}
 _BASES = (bool, int, float, str, bytes, bytearray, complex, list, tuple, dict, set, frozenset)
 _READ = {
@@ -68,7 +70,7 @@ def to_wire(value: object, other=None, where: str = "the value") -> object:
 
 def _to_wire(value: object, other, where: str) -> object:
     kind = type(value)
-    base = _container(kind)
+    base = plain_type(kind)
     if base is None:
         if other is None:
             raise NotPlain(f"{where}: a {type_name(kind)}, which is not plain data")
@@ -166,9 +168,14 @@ def parse_json(text: str) -> object:
     return value
 
 
+def json_text(data: object) -> str:
+    """JSON-ready `data` (wire form, or a dict of plain scalars) as compact JSON text."""
+    return "".join(_write(data, 0))
+
+
 def pack(kind: str, *parts: object) -> bytes:
     """A message's bytes: its kind and its parts, each already in wire form (`to_wire`)."""
-    return "".join(_write([kind, *parts], 0)).encode()
+    return json_text([kind, *parts]).encode()
 
 
 def unpack(raw: bytes) -> tuple[str, list]:

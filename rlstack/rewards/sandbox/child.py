@@ -59,7 +59,7 @@ _IPC_OFF = ("kernel/shmmni", "kernel/shmall", "kernel/msgmni", "fs/mqueue/queues
 """Per-IPC-namespace limits set to 0 in the run's namespace: no System V shared memory or message
 queues, no POSIX message queues (POSIX shared memory is files in /dev/shm, inside `disk_mb`)."""
 _DONE = b"\x01"
-_MAX_FILES = 256
+MAX_FILES = 256
 """Open descriptors a process of a run may hold (RLIMIT_NOFILE)."""
 _MASK_OPTIONS = "size=4k,nr_inodes=4096,mode=0755"
 """The empty tmpfs over each hidden package directory (`_Jail.masks`): read-only once the mount points
@@ -154,7 +154,7 @@ def _child_setup(limits: SandboxLimits, jail: _Jail, done: int) -> None:
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
     # pipes' and sockets' buffers are no process's address space: without a cgroup, few descriptors
     # is what bounds them
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_MAX_FILES, _MAX_FILES))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))
     if jail.user_namespace:  # one uid is mapped: the program keeps it, without any capability
         _drop_capabilities()
     else:

@@ -22,6 +22,7 @@ import sys
 
 from rlstack.rewards import launcher
 from rlstack.rewards.sandbox import cgroups
+from rlstack.rewards.sandbox.child import MAX_FILES
 from rlstack.rewards.sandbox.kernel import _MACHINE
 from rlstack.rewards.sandbox.limits import DEFAULT_LIMITS
 from rlstack.rewards.sandbox.processes import _kill_group
@@ -67,7 +68,7 @@ def weaker_limits() -> str | None:
 
     Without a memory cgroup (`cgroups.problem()`): `memory_mb` bounds each process (RLIMIT_AS), not
     the run; a run's processes together may hold up to `max_processes` x `memory_mb`, plus `disk_mb`
-    of files, plus the buffers of 256 descriptors a process (RLIMIT_NOFILE); `memfd_create` is refused.
+    of files, plus the buffers of `MAX_FILES` descriptors a process (RLIMIT_NOFILE); `memfd_create` is refused.
     """
     said = []
     why = cgroups.problem()
@@ -75,8 +76,8 @@ def weaker_limits() -> str | None:
         said.append(
             f"no memory cgroup for sandbox runs ({why}): memory_mb limits each process of a run (RLIMIT_AS) "
             "but not the run as a whole, so a run's processes together may hold up to max_processes x "
-            "memory_mb, plus disk_mb of files, plus the kernel buffers of up to 256 pipes or sockets a "
-            "process; memfd_create is refused in runs"
+            f"memory_mb, plus disk_mb of files, plus the kernel buffers of up to {MAX_FILES} pipes or sockets "
+            "a process; memfd_create is refused in runs"
         )
     return "rlstack sandbox: " + "; ".join(said) + "." if said else None
 
