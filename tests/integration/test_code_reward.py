@@ -699,7 +699,8 @@ def test_the_program_cannot_reach_the_tests_process():
 
 
 @pytest.mark.skipif(
-    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
+    not CAN_BECOME_NOBODY,
+    reason="needs root (to become another user), setpriv, a system python3 and a checkout nobody can enter",
 )
 def test_the_program_cannot_reach_the_tests_process_when_not_root():
     """Not root, the run's processes share one uid (0 in the run's user namespace, without any

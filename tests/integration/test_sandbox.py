@@ -409,7 +409,8 @@ def test_a_machine_without_isolation_is_refused_at_load(monkeypatch):
 
 
 @pytest.mark.skipif(
-    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
+    not CAN_BECOME_NOBODY,
+    reason="needs root (to become another user), setpriv, a system python3 and a checkout nobody can enter",
 )
 def test_a_caller_that_is_not_root_gets_a_user_namespace():
     """Not root: each run gets a user namespace of its own (the caller's uid is 0 there, without any

@@ -214,7 +214,8 @@ def test_what_the_machine_cannot_give_is_said_once(monkeypatch, caplog):
 
 
 @pytest.mark.skipif(
-    not CAN_BECOME_NOBODY, reason="needs root (to become another user), setpriv and a system python3"
+    not CAN_BECOME_NOBODY,
+    reason="needs root (to become another user), setpriv, a system python3 and a checkout nobody can enter",
 )
 def test_not_root_the_limits_fall_back_and_say_so():
     """Not root (no cgroup it may write here): one warning at the probe, memfd_create and the keyrings

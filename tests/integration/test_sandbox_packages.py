@@ -128,7 +128,8 @@ def test_the_system_dist_packages_are_hidden():
 
 
 @pytest.mark.skipif(
-    not CAN_BECOME_NOBODY, reason="needs root (to become nobody), setpriv and a system python3"
+    not CAN_BECOME_NOBODY,
+    reason="needs root (to become nobody), setpriv, a system python3 and a checkout nobody can enter",
 )
 def test_the_system_dist_packages_are_hidden_without_root():
     """Not root (a user namespace of its own; the system's python3 as the sandbox's interpreter): the
