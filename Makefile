@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-code demo-visual demo-real test test-long test-real gpu-bundle gpu-check test-vllm lint format bench clean
+.PHONY: demo demo-code demo-visual demo-real demo-real-tool demo-real-no-tool demo-real-code test test-long test-real gpu-bundle gpu-check test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,18 @@ demo-visual: $(STAMP)
 # arithmetic word problems with GRPO (README, A real model; docs/demo.md). `make demo-real SEED=2` for another seed.
 demo-real: $(STAMP)
 	$(BIN)/rlstack demo --task real $(if $(SEED),--seed $(SEED))
+
+# The real model with the sandboxed Python tool on word problems it cannot compute in its head (docs/demo.md):
+# a 48-example warm start, then multi-turn GRPO; demo-real-no-tool is the same task trained without the tool.
+demo-real-tool: $(STAMP)
+	$(BIN)/rlstack demo --task real-tool $(if $(SEED),--seed $(SEED))
+
+demo-real-no-tool: $(STAMP)
+	$(BIN)/rlstack demo --task real-no-tool $(if $(SEED),--seed $(SEED))
+
+# The real model writes short Python functions, rewarded by their unit tests in the sandbox (docs/demo.md).
+demo-real-code: $(STAMP)
+	$(BIN)/rlstack demo --task real-code $(if $(SEED),--seed $(SEED))
 
 test: $(STAMP)
 	$(BIN)/ruff check .

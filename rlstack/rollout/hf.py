@@ -4,7 +4,10 @@
 a KV cache across decode steps, and draws with a seeded `torch.Generator` whose state is saved in
 checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neighbouring requests
 with the same prompt (the `n` samples of a prompt; for a vision-language model, the same images
-too) are prefilled once and share its KV cache. Vision-language prompts get M-RoPE positions from
+too) are prefilled once and share its KV cache; the tokens every prompt of a call starts with (a
+system prompt, a worked example; `worker.rollout.enable_prefix_caching`) are prefilled once for the
+whole call. Nothing is kept between calls: an agent's next turn prefills its whole context again
+(less the shared prefix). Vision-language prompts get M-RoPE positions from
 the model's `get_rope_index`; each decoded token takes the prompt's largest position + 1 + its
 index, in all three dimensions, which is what `get_rope_index` gives the response tokens of the
 finished sequence. A completion ends at EOS or, optionally, at a stop string (`StopStrings`).
@@ -69,10 +72,13 @@ class HFEngine:
         seed: int,
         multimodal: bool,
         shares_policy_weights: bool = True,
+        share_prefix: bool = True,
     ):
         """`model`: the policy's own module (`shares_policy_weights`), or a copy of its own whose weights
-        `update_weights` loads (the policy is sharded over ranks and cannot generate rank by rank)."""
+        `update_weights` loads (the policy is sharded over ranks and cannot generate rank by rank).
+        `share_prefix`: prefill the tokens every prompt of a call starts with once (`sample`)."""
         self.model = model
+        self.share_prefix = share_prefix
         self.tokenizer = tokenizer
         self.generator = torch.Generator().manual_seed(seed)
         self.multimodal = multimodal
@@ -139,6 +145,7 @@ class HFEngine:
                 image_grid_thw=[r.image_grid_thw for r in requests] if self.multimodal else None,
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
                 between_steps=self._between_steps,
+                share_prefix=self.share_prefix,
             )
         except BaseException:
             # Staged weights wait for the next call: an error while landing them would hide this one.

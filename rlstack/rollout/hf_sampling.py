@@ -18,7 +18,9 @@ they equal a separate forward pass.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -35,6 +37,47 @@ from rlstack.models.vision import (
     vision_token_ids,
 )
 from rlstack.rollout.hf_cache import _preallocated, _PreallocatedLayer
+
+SHARED_PREFIX_MIN = 32
+"""Fewest tokens common to every prompt of a call for `sample` to prefill them once (a shorter prefix
+saves less than its extra forward pass costs)."""
+
+
+@dataclass(frozen=True)
+class _SharedPrefix:
+    """The tokens every prompt of a call starts with, prefilled once and copied to every row.
+
+    The cache then holds, for each row, the prefix in columns `0 .. length-1` and the rest of its prompt
+    right-aligned after it, with masked columns between them where a prompt is shorter than the longest:
+    positions come from the mask, as with left padding, so each row's keys and values, and its logits,
+    are those of its own prompt run alone (up to float rounding of the batched matrix products).
+    """
+
+    length: int
+    device: torch.device
+
+    @staticmethod
+    def of(distinct: list[list[int]], device: torch.device) -> _SharedPrefix | None:
+        """The prefix of `distinct` (each prompt once), leaving every prompt at least one token of its
+        own; None when it is shorter than `SHARED_PREFIX_MIN` or there is one prompt."""
+        if len(distinct) < 2:
+            return None
+        length = min(len(os.path.commonprefix(distinct)), min(len(p) for p in distinct) - 1)
+        return _SharedPrefix(length, device) if length >= SHARED_PREFIX_MIN else None
+
+    def layout(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, mask and positions [B, P] of the cache's layout (P: the longest prompt, as with
+        left padding)."""
+        L, width = self.length, max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        ids[:, :L] = torch.tensor(prompts[0][:L], dtype=torch.long)
+        mask[:, :L] = 1
+        for i, p in enumerate(prompts):
+            ids[i, width - (len(p) - L) :] = torch.tensor(p[L:], dtype=torch.long)
+            mask[i, width - (len(p) - L) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _cloned_out_of_inference_mode(fn):
@@ -100,6 +143,7 @@ def sample(
     image_grid_thw: list[torch.Tensor] | None = None,
     stop: StopStrings | None = None,
     between_steps: Callable[[], None] | None = None,
+    share_prefix: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Sample one response per prompt. `temperature == 0` decodes greedily.
 
@@ -113,6 +157,10 @@ def sample(
     A row ends at EOS, or at a stop string with `stop`; an ended row gets padding, masked out.
     `between_steps` is called before every decoding step's forward pass (where in-flight weight
     updates land): its k-th call comes before the forward that gives token k.
+
+    `share_prefix`: the tokens every prompt starts with (a system prompt, a worked example, a chat's
+    earlier turns), when there are at least `SHARED_PREFIX_MIN` of them, are prefilled once for the
+    whole batch (`_SharedPrefix`) instead of once per prompt (text-only models).
 
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
     longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
@@ -163,13 +211,33 @@ def sample(
         if multimodal
         else {}
     )
+    shared = (
+        _SharedPrefix.of([prompts[r] for r in picked], device) if share_prefix and not multimodal else None
+    )
+    # The KV cache's layout: the prompts' own (left-padded, P columns), or with a shared prefix its
+    # columns first, then each prompt's rest right-aligned (the gap between them masked).
+    kv_ids, kv_mask, kv_pos = (
+        (prompt_ids, prompt_mask, prompt_pos) if shared is None else shared.layout(prompts)
+    )
     cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
     lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
     decoder = lean_decoder(model, P + max_new_tokens) if lean else None
+    begin = 0
+    if shared is not None:
+        model(
+            input_ids=kv_ids[:1, : shared.length],
+            attention_mask=kv_mask[:1, : shared.length],
+            position_ids=kv_pos[:1, : shared.length],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.reorder_cache(torch.zeros(len(picked), dtype=torch.long, device=device))
+        begin = shared.length
     out = model(
-        input_ids=prompt_ids[rows],
-        attention_mask=prompt_mask[rows],
-        position_ids=as_model_positions(prompt_pos[rows]),
+        input_ids=kv_ids[rows, begin:],
+        attention_mask=kv_mask[rows],
+        position_ids=as_model_positions(kv_pos[rows, begin:]),
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
@@ -183,12 +251,12 @@ def sample(
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
-    attn = prompt_mask
+    attn = kv_mask
     if decoder is not None:  # the KV buffers the prefill filled, and the prompt padding no row attends
         keys = [layer.key_buffer for layer in cache.layers]
         values = [layer.value_buffer for layer in cache.layers]
         blocked = torch.zeros(B, P + max_new_tokens, dtype=torch.bool, device=device)
-        blocked[:, :P] = prompt_mask == 0
+        blocked[:, :P] = kv_mask == 0
     for step in range(max_new_tokens):
         logits = next_logits.float()  # [B, V]
         if not bool(torch.isfinite(logits).all()):

@@ -100,10 +100,21 @@ class RolloutWorker:
             # kernels for parameters without it, whose sums round differently than the policy's module.
             copy = load_trained_model(model, path, device).eval()
             self.engine = HFEngine(
-                copy, tokenizer, seed=cfg.seed, multimodal=multimodal, shares_policy_weights=False
+                copy,
+                tokenizer,
+                seed=cfg.seed,
+                multimodal=multimodal,
+                shares_policy_weights=False,
+                share_prefix=cfg.enable_prefix_caching,
             )
         else:
-            self.engine = HFEngine(policy.model, tokenizer, seed=cfg.seed, multimodal=multimodal)
+            self.engine = HFEngine(
+                policy.model,
+                tokenizer,
+                seed=cfg.seed,
+                multimodal=multimodal,
+                share_prefix=cfg.enable_prefix_caching,
+            )
         self.policy = policy
         if in_flight and not self.engine.capabilities.in_flight_updates:
             raise ValueError(

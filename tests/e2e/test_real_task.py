@@ -235,3 +235,127 @@ def test_validation_with_several_samples_reports_pass_at_k(tiny_model_dir, tmp_p
     assert (
         0 < metrics["val/addition/pass@1"] < metrics["val/addition/pass@4"]
     )  # a mix, or the test shows nothing
+
+
+def _story_answer(kind: str, n: list[int]) -> int:
+    """What each story of `builtin:big_word_problems` asks, from the numbers in its text alone."""
+    return {
+        "buy_boxes": lambda: n[0] + n[1] * n[2],
+        "boxes_minus": lambda: n[0] * n[1] - n[2],
+        "give_each": lambda: n[0] - n[1] * n[2],
+        "two_kinds": lambda: n[0] * n[1] + n[2] * n[3],
+        "share_boxes": lambda: n[0] * n[1] // n[2],
+        "add_then_give": lambda: n[0] + n[1] - n[2],
+        "nested_boxes": lambda: n[0] * n[1] * n[2],
+        "change": lambda: n[2] - n[0] * n[1],
+    }[kind]()
+
+
+def test_big_word_problems_are_fixed_disjoint_and_follow_from_the_story():
+    train = builtin_rows("builtin:big_word_problems@train")
+    test = builtin_rows("builtin:big_word_problems@test")
+    assert len(train) == 20_000 and len(test) == 1_000
+    assert builtin_rows("builtin:big_word_problems@test") == test
+    questions = {r["question"] for r in train}
+    assert len({r["question"] for r in test}) == 1_000 and not questions & {r["question"] for r in test}
+    kinds = set()
+    for row in test + train[:2000]:
+        n = [int(x) for x in re.findall(r"\d+", row["question"])]
+        answer = _story_answer(row["extra"]["kind"], n)
+        assert row["answer"] == str(answer) and answer > 0, row
+        if row["extra"]["kind"] == "share_boxes":
+            assert n[0] * n[1] % n[2] == 0  # shared equally: nothing left over
+        kinds.add(row["extra"]["kind"])
+    assert len(kinds) == 8
+    # Numbers the small model cannot compute in its head: every answer needs a product or a 3-digit sum.
+    assert sum(int(r["answer"]) >= 100 for r in test) > 0.8 * len(test)
+
+
+def test_big_word_problem_prompts_and_warm_start_rows():
+    from rlstack.data import big_word_problems as bwp
+
+    tool, no_tool = (
+        builtin_rows("builtin:big_word_problems@test"),
+        builtin_rows("builtin:big_word_problems_no_tool@test"),
+    )
+    assert [r["question"] for r in tool] == [r["question"] for r in no_tool]
+    example = tool[0]["problem"]
+    # system, worked question, the call, the tool's value (a user turn, as the agent loop replies), the answer
+    assert [m["role"] for m in example] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert example[2]["content"] == "<code>345 + 27 * 118</code>" and example[3]["content"] == "3531"
+    assert example[4]["content"].endswith("\\boxed{3531}") and example[5]["content"] == tool[0]["question"]
+    assert all("<code>" not in m["content"] for m in no_tool[0]["problem"])
+    for name, turns in (("big_word_problems_tool_sft", 3), ("big_word_problems_no_tool_sft", 1)):
+        rows = builtin_rows(f"builtin:{name}@train")
+        assert len(rows) == bwp.SFT_ROWS
+        assert {r["extra"]["kind"] for r in rows} == {t.__name__.lstrip("_") for t in bwp.SFT_TEMPLATES}
+        for r in rows:
+            assert len(r["answer"]) == turns
+            final = r["answer"][-1]["content"]
+            assert (
+                score_details(
+                    [{"response": final, "ground_truth": str(bwp.evaluate(r["extra"]["expression"]))}]
+                )[0].accuracy
+                == 1.0
+            )
+    tool_sft = builtin_rows("builtin:big_word_problems_tool_sft@train")[0]["answer"]
+    assert tool_sft[0]["content"].startswith("<code>") and tool_sft[1]["role"] == "user"
+    assert tool_sft[1]["content"] == str(bwp.evaluate(tool_sft[0]["content"][6:-7]))
+
+
+def test_every_demo_task_is_offered_by_the_command_line_and_its_recipes_exist():
+    from rlstack.cli import DEMO_TASKS
+    from rlstack.demo import CONFIGS, TASKS
+
+    assert tuple(TASKS) == DEMO_TASKS
+    for spec in TASKS.values():
+        for name in filter(None, (spec.sft_config, spec.grpo_config)):
+            assert (CONFIGS / name).is_file(), name
+
+
+REFERENCES = {
+    "add_k": "[x + {k} for x in {a}]",
+    "times_k": "[x * {k} for x in {a}]",
+    "count_above": "sum(1 for x in {a} if x > {k})",
+    "keep_below": "[x for x in {a} if x < {k}]",
+    "sum_plus_k": "sum({a}) + {k}",
+    "repeat_k": "{a} * {k}",
+    "first_k": "{a}[:{k}]",
+    "mod_k": "{a} % {k} == 0",
+    "minus_k": "[x - {k} for x in {a}]",
+    "last_k": "{a}[-{k}:]",
+    "count_equal": "{a}.count({k})",
+}
+
+
+def _reference(row: dict, wrong: bool = False) -> str:
+    """A program a person would write for the row's question (off by one in `k` when `wrong`)."""
+    name, k = row["extra"]["name"], row["extra"]["k"] + int(wrong)
+    arg = re.search(r"`\w+\((\w+)\)`", row["question"]).group(1)
+    body = REFERENCES[row["extra"]["kind"]].format(a=arg, k=k)
+    return f"```python\ndef {name}({arg}):\n    return {body}\n```"
+
+
+def test_functions_are_held_out_by_instance_and_kind_and_scored_by_their_tests():
+    from rlstack.data import functions
+    from rlstack.rewards.code import score_code
+
+    train, test = builtin_rows("builtin:functions@train"), builtin_rows("builtin:functions@test")
+    assert builtin_rows("builtin:functions@test") == test and len(test) == functions.TEST_SIZE
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    train_kinds, test_kinds = {r["extra"]["kind"] for r in train}, {r["extra"]["kind"] for r in test}
+    assert not train_kinds & set(functions.HELD_OUT_KINDS) and test_kinds >= set(functions.HELD_OUT_KINDS)
+    assert test_kinds - set(functions.HELD_OUT_KINDS) == train_kinds  # held-out instances of every kind
+    assert set(REFERENCES) == {k.name for k in functions.KINDS}
+    # One problem of each kind: a right program passes all four tests, one off by one in k passes fewer.
+    for kind in sorted(train_kinds | test_kinds):
+        row = next(r for r in test + train if r["extra"]["kind"] == kind)
+        assert len(row["answer"]["asserts"]) == functions.TESTS_PER_PROBLEM
+        right = score_code(_reference(row), row["answer"], memory_mb=512)
+        wrong = score_code(_reference(row, wrong=True), row["answer"], memory_mb=512)
+        assert right["accuracy"] == 1.0, (kind, right)
+        assert wrong["passed"] < wrong["total"], (kind, row["answer"], wrong)
+    # A program that ignores its input fails every problem: each has tests with different answers.
+    for row in test + train:
+        expected = {a.rsplit(" == ", 1)[1] for a in row["answer"]["asserts"]}
+        assert len(expected) > 1, row["answer"]

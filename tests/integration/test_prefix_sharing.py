@@ -228,3 +228,48 @@ def test_rollout_logprobs_agree_with_forward_logprobs(eos_model, tok):
     mask = out["response_mask"]
     torch.testing.assert_close(out["rollout_logprobs"], logp * mask, atol=1e-4, rtol=0)
     torch.testing.assert_close(out["rollout_logprobs"], ref * mask, atol=1e-4, rtol=0)
+
+
+# A few-shot prompt: every prompt starts with the same worked example (longer than SHARED_PREFIX_MIN
+# tokens with the tiny model's character tokenizer), then its own question, of different lengths.
+FEW_SHOT = "Example: 12+34=46, 5+5=10, 7+8=15. Now: "
+QUESTIONS = ["1+2=", "12+34=", "123+4567=", "9="]
+
+
+def few_shot_prompts(tok, n: int) -> list[list[int]]:
+    return [tok(FEW_SHOT + q, add_special_tokens=False)["input_ids"] for q in QUESTIONS for _ in range(n)]
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (1.0, 4)])
+def test_shared_prefix_is_prefilled_once_and_samples_the_same(model, tok, temperature, seed):
+    model.eval()
+    prompts = few_shot_prompts(tok, 3)
+    prefix = len(tok(FEW_SHOT, add_special_tokens=False)["input_ids"])
+    assert prefix >= hf_sampling.SHARED_PREFIX_MIN
+    longest = max(map(len, prompts))
+    with ForwardCalls(model) as calls:
+        out = draw(model, tok, prompts, temperature=temperature, seed=seed)
+    # the prefix once, then each distinct prompt's own tokens (right-aligned to the longest one)
+    assert calls.shapes[:2] == [(1, prefix), (len(QUESTIONS), longest - prefix)]
+    with ForwardCalls(model) as calls:
+        ref = draw(model, tok, prompts, temperature=temperature, seed=seed, share_prefix=False)
+    assert calls.shapes[0] == (len(QUESTIONS), longest)
+    for k in ("input_ids", "attention_mask", "response_mask", "truncated"):
+        assert torch.equal(out[k], ref[k]), k
+    torch.testing.assert_close(out["rollout_logprobs"], ref["rollout_logprobs"], atol=1e-5, rtol=0)
+    assert out["response_mask"].sum() > len(prompts)  # rows went on past their first token
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_and_skips_short_prefixes(model, tok):
+    model.eval()
+    whole = tok(FEW_SHOT + "1+2=", add_special_tokens=False)["input_ids"]
+    prompts = [whole, whole[:-2], whole[:-2]]  # one prompt is the other's beginning
+    with ForwardCalls(model) as calls:
+        out = draw(model, tok, prompts, temperature=0.0)
+    assert calls.shapes[:2] == [(1, len(whole) - 3), (2, 3)]
+    ref = draw(model, tok, prompts, temperature=0.0, share_prefix=False)
+    assert torch.equal(out["input_ids"], ref["input_ids"])
+    short = [tok("ab" + q, add_special_tokens=False)["input_ids"] for q in QUESTIONS]
+    with ForwardCalls(model) as calls:
+        draw(model, tok, short, temperature=0.0)
+    assert calls.shapes[0] == (len(QUESTIONS), max(map(len, short)))  # 2 shared tokens: one plain prefill

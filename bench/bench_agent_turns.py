@@ -1,0 +1,142 @@
+"""The agent loop's tokens/s against one-turn generation of the same length, on the real model.
+
+The tool demo's model (SmolLM2-135M-Instruct after its warm start, `rlstack/configs/demo_real_tool_sft.yaml`,
+built once in the work folder unless `--model` names one) answers `builtin:big_word_problems@test` rows
+with a call of the Python tool, reads the value and boxes it: two turns per trajectory. Side by side in
+one run, on the same prompts (`--prompts` x `--n` per call, `--rounds` calls after a warm-up):
+
+- `agent`: `AgentLoop.generate` with the sandboxed Python tool (`builtin:python`);
+- `one_turn`: the same prompts generated in one turn with EOS ignored, exactly as many new tokens per
+  trajectory as the agent's trajectories sampled on average (`SamplingSettings.ignore_eos`);
+- each with the HF engine's shared-prefix prefill (`enable_prefix_caching`, the default) and without.
+
+Reported per side: sampled tokens per second of wall time (the agent's tool time included, and
+without it), and the seconds of each call. What the engine keeps between turns: nothing but the model;
+each turn prefills the trajectory's whole context again, less the prefix every prompt of the call shares
+(the system turn and the worked example), which is prefilled once per call.
+
+    .venv/bin/python bench/bench_agent_turns.py     # writes bench/results/agent_turns.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from rlstack.config import AgentConfig, load_config
+from rlstack.data.dataset import PromptDataset
+from rlstack.demo import CONFIGS
+from rlstack.models.loading import load_causal_lm, load_processor
+from rlstack.rollout.agent import AgentLoop
+from rlstack.rollout.hf import HFEngine
+from rlstack.sft import run_sft
+from rlstack.tools.registry import build_toolset
+
+
+def warm_model(workdir: Path) -> Path:
+    """The tool demo's warm start (its SFT recipe as shipped), cached in `workdir`."""
+    cfg = load_config([f"config={CONFIGS / 'demo_real_tool_sft.yaml'}", f"trainer.output_dir={workdir}"])
+    out = cfg.run_dir / "huggingface"
+    return out if (out / "config.json").is_file() else run_sft(cfg)
+
+
+def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> dict:
+    model, processor = load_causal_lm(str(model_dir)), load_processor(str(model_dir))
+    data = load_config(["data.max_prompt_length=256"]).data
+    dataset = PromptDataset.from_config(
+        "builtin:big_word_problems@test", processor.tokenizer, data, -1, processor
+    )
+    agent = AgentConfig(
+        tools=[{"name": "python", "import_path": "builtin:python"}], tool_call_format="code", max_turns=3
+    )
+    runs = []
+    for r in range(args.rounds + 1):
+        batch = dataset.batch(list(range(r * args.prompts, (r + 1) * args.prompts)))
+        engine = HFEngine(model, processor.tokenizer, seed=r, multimodal=False, share_prefix=share_prefix)
+        loop = AgentLoop(
+            engine, processor, build_toolset(agent.tools), agent, args.max_response_length, False
+        )
+        start = time.perf_counter()
+        out = loop.generate(batch, args.n, 1.0)
+        agent_s = time.perf_counter() - start
+        sampled = int(out["response_mask"].sum())
+        tools_s = out.meta["agent_timing"]["tools"]
+        length = round(sampled / len(out))  # the agent's mean sampled tokens per trajectory
+        plain = AgentLoop(engine, processor, None, agent, length, False, ignore_eos=True)
+        start = time.perf_counter()
+        single = plain.generate(batch, args.n, 1.0)
+        one_turn_s = time.perf_counter() - start
+        if r == 0:
+            continue  # warm-up
+        runs.append(
+            {
+                "agent_s": agent_s,
+                "agent_tools_s": tools_s,
+                "agent_sampled_tokens": sampled,
+                "tool_calls_per_trajectory": float(out["tool_calls"].float().mean()),
+                "one_turn_s": one_turn_s,
+                "one_turn_sampled_tokens": int(single["response_mask"].sum()),
+            }
+        )
+    agent_tokens = sum(r["agent_sampled_tokens"] for r in runs)
+    agent_s = sum(r["agent_s"] for r in runs)
+    tools_s = sum(r["agent_tools_s"] for r in runs)
+    one_tokens = sum(r["one_turn_sampled_tokens"] for r in runs)
+    one_s = sum(r["one_turn_s"] for r in runs)
+    return {
+        "agent_tokens_per_s": agent_tokens / agent_s,
+        "agent_tokens_per_s_without_tools": agent_tokens / (agent_s - tools_s),
+        "one_turn_tokens_per_s": one_tokens / one_s,
+        "agent_vs_one_turn": (agent_tokens / agent_s) / (one_tokens / one_s),
+        "agent_without_tools_vs_one_turn": (agent_tokens / (agent_s - tools_s)) / (one_tokens / one_s),
+        "runs": runs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default=None, help="default: the tool demo's warm start, built in --workdir"
+    )
+    parser.add_argument("--workdir", default="outputs/bench_agent_turns")
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--n", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-response-length", type=int, default=96)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "agent_turns.json"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model_dir = Path(args.model) if args.model else warm_model(Path(args.workdir))
+    shared = measure(model_dir, args, share_prefix=True)
+    unshared = measure(model_dir, args, share_prefix=False)
+    result = {
+        "shared_prefix": shared,
+        "no_shared_prefix": unshared,
+        "agent_speedup_from_shared_prefix": shared["agent_tokens_per_s"] / unshared["agent_tokens_per_s"],
+        "setup": vars(args) | {"model": str(model_dir)},
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        json.dumps(
+            {k: v for k, v in result.items() if k not in ("shared_prefix", "no_shared_prefix")}, indent=2
+        )
+    )
+    for name in ("shared_prefix", "no_shared_prefix"):
+        print(name, {k: round(v, 3) for k, v in result[name].items() if k != "runs"})
+
+
+if __name__ == "__main__":
+    main()
