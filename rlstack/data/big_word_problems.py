@@ -12,13 +12,13 @@ Two prompts over the same problems, each a chat with one worked example, as `bui
 - `big_word_problems_no_tool`: the example computes the expression in its head and boxes the value
   (the baseline that measures what the tool adds).
 
-`..._tool_sft` and `..._no_tool_sft` hold the first `SFT_ROWS` training problems with a right answer in
-each format (the tool call, the value it returns, the boxed answer; or the expression with its value):
-the short supervised warm start of the tool demo.
+`..._tool_sft` and `..._no_tool_sft` hold the first `SFT_ROWS` training problems answered by a weak
+teacher in each format (the tool call, the value it returns, the boxed answer; or the expression with
+its value), right about half the time: the short supervised warm start of the tool demo.
 
 Problems are drawn from a template, a name, an object and numbers by a generator seeded with the split
-and index, so a split is the same on every machine; `test` (1,000 distinct problems) shares no question
-with `train` (20,000) nor with the worked example.
+and index, so a split is the same on every machine; `test` (1,000 problems) shares no computation (no
+expression) with `train` (20,000) nor with the worked example, and no two problems of a split share one.
 """
 
 from __future__ import annotations
@@ -63,8 +63,11 @@ def _two_kinds(r: random.Random, n: str, t: str) -> tuple[str, str]:
 
 
 def _share_boxes(r: random.Random, n: str, t: str) -> tuple[str, str]:
-    k, q = r.randint(3, 12), r.randint(25, 150)
-    b = r.choice([d for d in range(12, 61) if (k * q) % d == 0] or [k])
+    sizes: list[int] = []
+    while not sizes:  # a box size of 12-60 that divides the whole, so that no count is given away
+        k, q = r.randint(3, 12), r.randint(25, 150)
+        sizes = [d for d in range(12, 61) if (k * q) % d == 0 and d != k]
+    b = r.choice(sizes)
     a, box = k * q // b, r.choice(CONTAINERS)
     text = f"{n} has {a} {box} with {b} {t} in each and shares them equally among {k} friends. How many {t} does each friend get?"
     return text, f"{a} * {b} // {k}"
@@ -108,9 +111,10 @@ TEMPLATES: tuple[Template, ...] = (
 SIZES = {"train": 20_000, "test": 1_000}
 SFT_ROWS = 48
 """Training problems in each warm-start set: a few dozen, as the tool demo allows."""
-SFT_TEMPLATES: tuple[Template, ...] = (_buy_boxes, _add_then_give)
-"""The story kinds the warm start shows (2 of 8): it teaches the tool's format on them, and GRPO has the
-other six kinds' expressions to learn."""
+TEACHER_RIGHT = 0.5
+"""Share of the warm start's problems whose expression is right; the others have one operator changed
+(`345 - 27 * 118`), so that the warm start teaches the format and a spread of plausible expressions,
+and GRPO has the choice of the right one to learn."""
 
 TOOL_SYSTEM = (
     "You can run Python. Write an expression in <code>...</code> and you will get its value back. "
@@ -170,12 +174,14 @@ def problem(split: str, index: int) -> tuple[str, str, Template]:
 
 
 def problems(split: str) -> list[tuple[str, str, Template]]:
-    """The (question, expression, template) of each problem of `split` (`train` or `test`), distinct and
-    held out."""
-    excluded = {EXAMPLE_QUESTION: ("", _buy_boxes)}
+    """The (question, expression, template) of each problem of `split` (`train` or `test`). Held out by
+    computation, not only by wording: no two problems, in a split or across the two, have the same
+    expression, and none has the worked example's."""
+    excluded = {EXAMPLE_EXPRESSION}
     held_out = _distinct("test", SIZES["test"], excluded)
-    found = held_out if split == "test" else _distinct("train", SIZES["train"], held_out | excluded)
-    return [(question, expression, template) for question, (expression, template) in found.items()]
+    if split == "test":
+        return held_out
+    return _distinct("train", SIZES["train"], excluded | {expression for _, expression, _ in held_out})
 
 
 def rows(split: str, tool: bool = True) -> list[dict]:
@@ -199,42 +205,62 @@ def no_tool_rows(split: str) -> list[dict]:
     return rows(split, tool=False)
 
 
-def _sft_kinds(rows: list[dict]) -> list[dict]:
-    kinds = {t.__name__.lstrip("_") for t in SFT_TEMPLATES}
-    return [r for r in rows if r["extra"]["kind"] in kinds][:SFT_ROWS]
+def teacher_expression(expression: str, index: int) -> str:
+    """The warm start's expression for problem `index`: right with probability `TEACHER_RIGHT`, else the
+    same numbers with one operator changed (never a negative value)."""
+    r = random.Random(f"big_word_problems/teacher/{index}")
+    if r.random() < TEACHER_RIGHT:
+        return expression
+    tokens = expression.split(" ")
+    operators = [i for i, t in enumerate(tokens) if t in ("+", "-", "*", "//")]
+    for _ in range(100):
+        changed = list(tokens)
+        i = r.choice(operators)
+        changed[i] = r.choice([o for o in ("+", "-", "*") if o != tokens[i]])
+        if evaluate(" ".join(changed)) >= 0:
+            return " ".join(changed)
+    return expression
 
 
 def tool_sft_rows(split: str) -> list[dict]:
-    """`builtin:big_word_problems_tool_sft`: the first `SFT_ROWS` problems of `split` of the kinds in
-    `SFT_TEMPLATES` with a right tool-using trajectory as the answer: the call, the value the tool returns
-    (a user turn, masked from the loss), the boxed answer."""
+    """`builtin:big_word_problems_tool_sft`: the first `SFT_ROWS` problems of `split` with a weak
+    teacher's tool-using trajectory as the answer (`teacher_expression`): the call, the value the tool
+    returns for it (a user turn, masked from the loss), that value boxed."""
     out = []
-    for r in _sft_kinds(rows(split)):
-        expression = r["extra"]["expression"]
+    for index, r in enumerate(rows(split)[:SFT_ROWS]):
+        expression = teacher_expression(r["extra"]["expression"], index)
         conversation = [
             {"role": "assistant", "content": tool_call(expression)},
-            {"role": "user", "content": r["answer"]},
+            {"role": "user", "content": str(evaluate(expression))},
             {"role": "assistant", "content": final_answer(expression)},
         ]
-        out.append({**r, "answer": conversation, "data_source": "big_word_problems_tool_sft"})
+        out.append({**r, "answer": conversation})
     return out
 
 
 def no_tool_sft_rows(split: str) -> list[dict]:
-    """`builtin:big_word_problems_no_tool_sft`: the same `SFT_ROWS` problems with the no-tool prompt and
-    the right expression and value as the answer."""
+    """`builtin:big_word_problems_no_tool_sft`: the same `SFT_ROWS` problems and teacher's expressions with
+    the no-tool prompt, each with its value computed in the head (right) and boxed."""
     return [
-        {**r, "answer": [{"role": "assistant", "content": final_answer(r["extra"]["expression"])}]}
-        for r in _sft_kinds(no_tool_rows(split))
+        {
+            **r,
+            "answer": [
+                {
+                    "role": "assistant",
+                    "content": final_answer(teacher_expression(r["extra"]["expression"], i)),
+                }
+            ],
+        }
+        for i, r in enumerate(no_tool_rows(split)[:SFT_ROWS])
     ]
 
 
-def _distinct(split: str, size: int, excluded: dict) -> dict[str, tuple[str, Template]]:
-    out: dict[str, tuple[str, Template]] = {}
-    i = 0
+def _distinct(split: str, size: int, excluded: set[str]) -> list[tuple[str, str, Template]]:
+    out, seen, i = [], set(excluded), 0
     while len(out) < size:
         text, expression, template = problem(split, i)
         i += 1
-        if text not in excluded:
-            out.setdefault(text, (expression, template))
+        if expression not in seen:
+            seen.add(expression)
+            out.append((text, expression, template))
     return out

@@ -6,8 +6,9 @@ Each problem asks for one small function over numbers, lists or strings ("Write 
 run in the sandbox's test process, never in the program's). A kind is a template with a parameter
 (the 7 above), a name for the function and a reference solution that computes the expected values.
 
-Held out two ways: `test` holds problems of the training kinds that `train` does not (other
-parameters and names), and every problem of the kinds in `HELD_OUT_KINDS`, which `train` never shows.
+Held out two ways: `test` holds problems of the training kinds with a parameter `train` never uses
+for that kind (`add_k` with k = 4, say), and every problem of the kinds in `HELD_OUT_KINDS`, which
+`train` never shows. Every problem's tests tell its k from every other k and are not all one value.
 The prompt is a chat: one worked example (a kind of neither split), then the problem; the answer is a
 fenced ```python block. Problems and tests are drawn by a generator seeded with the split and index,
 so a split is the same on every machine.
@@ -15,7 +16,6 @@ so a split is the same on every machine.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,9 +171,10 @@ ARGUMENTS = {
 TEST_SIZE = 500
 TESTS_PER_PROBLEM = 4
 EXAMPLE = (
-    {"role": "user", "content": "Write a Python function `double_all(xs)` that returns a new list with every number in `xs` doubled."},
-    {"role": "assistant", "content": "```python\ndef double_all(xs):\n    return [2 * x for x in xs]\n```"},
+    {"role": "user", "content": "Write a Python function `square_all(xs)` that returns a new list with every number in `xs` squared."},
+    {"role": "assistant", "content": "```python\ndef square_all(xs):\n    return [x * x for x in xs]\n```"},
 )  # fmt: skip
+"""The worked example: a kind of neither split."""
 
 
 @dataclass(frozen=True)
@@ -190,20 +191,34 @@ class Instance:
 
     @property
     def held_out(self) -> bool:
-        """In `test`: a held-out kind, or one instance in four of the others (by a fixed hash)."""
-        key = f"{self.kind.name}/{self.name}/{self.k}/{self.argument}".encode()
-        return self.kind.name in HELD_OUT_KINDS or hashlib.sha256(key).digest()[0] % 4 == 0
+        """In `test`: a held-out kind, or one of `HELD_OUT_KS` values of k of its kind, which `train` never
+        shows for that kind: a held-out instance differs from every training one in its parameter."""
+        return self.kind.name in HELD_OUT_KINDS or self.k in held_out_ks(self.kind)
 
     def asserts(self) -> list[str]:
-        """`TESTS_PER_PROBLEM` calls with the reference's values, drawn by a generator seeded with the instance."""
+        """`TESTS_PER_PROBLEM` calls with the reference's values, drawn by a generator seeded with the
+        instance, redrawn until they tell this k from every other (`NUMBER_WORDS`) and are not all the
+        same value (a program that ignores its input, or uses another k, fails at least one)."""
         r = random.Random(f"functions/{self.kind.name}/{self.name}/{self.k}/{self.argument}")
-        out = []
-        for i in range(TESTS_PER_PROBLEM):
-            args = self.kind.inputs(r, self.k, i)
-            out.append(
-                f"assert {self.name}({', '.join(repr(a) for a in args)}) == {self.kind.solve(args, self.k)!r}"
-            )
-        return out
+        for _ in range(1000):
+            calls = [self.kind.inputs(r, self.k, i) for i in range(TESTS_PER_PROBLEM)]
+            want = [self.kind.solve(args, self.k) for args in calls]
+            others = [[self.kind.solve(args, k) for args in calls] for k in NUMBER_WORDS if k != self.k]
+            if len({repr(v) for v in want}) > 1 and want not in others:
+                return [
+                    f"assert {self.name}({', '.join(repr(a) for a in args)}) == {value!r}"
+                    for args, value in zip(calls, want)
+                ]
+        raise RuntimeError(f"no discriminating tests for {self}")  # the kind's inputs are too narrow
+
+
+HELD_OUT_KS = 2
+"""Values of k per training kind that only `test` has."""
+
+
+def held_out_ks(kind: Kind) -> list[int]:
+    """The kind's held-out values of k, drawn once by a generator seeded with its name."""
+    return random.Random(f"functions/held_out/{kind.name}").sample(sorted(NUMBER_WORDS), HELD_OUT_KS)
 
 
 def instances() -> list[Instance]:

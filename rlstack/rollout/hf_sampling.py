@@ -160,7 +160,8 @@ def sample(
 
     `share_prefix`: the tokens every prompt starts with (a system prompt, a worked example, a chat's
     earlier turns), when there are at least `SHARED_PREFIX_MIN` of them, are prefilled once for the
-    whole batch (`_SharedPrefix`) instead of once per prompt (text-only models).
+    whole batch (`_SharedPrefix`) instead of once per prompt (text-only models whose attention has no
+    sliding window shorter than the call's sequences).
 
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
     longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
@@ -211,16 +212,16 @@ def sample(
         if multimodal
         else {}
     )
-    shared = (
-        _SharedPrefix.of([prompts[r] for r in picked], device) if share_prefix and not multimodal else None
-    )
+    cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
+    lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
     # The KV cache's layout: the prompts' own (left-padded, P columns), or with a shared prefix its
-    # columns first, then each prompt's rest right-aligned (the gap between them masked).
+    # columns first, then each prompt's rest right-aligned (the gap between them masked). Only where no
+    # layer's window slides (`lean`): a sliding window counts cache columns, gap included, not positions.
+    share = share_prefix and lean and not multimodal
+    shared = _SharedPrefix.of([prompts[r] for r in picked], device) if share else None
     kv_ids, kv_mask, kv_pos = (
         (prompt_ids, prompt_mask, prompt_pos) if shared is None else shared.layout(prompts)
     )
-    cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
-    lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
     decoder = lean_decoder(model, P + max_new_tokens) if lean else None
     begin = 0
     if shared is not None:

@@ -128,6 +128,11 @@ def test_an_agent_trajectory_shows_its_turns_code_output_and_images(board, runs)
     given = {p for r in rows for p in r.get("images", [])}
     assert made and made <= shown and given <= shown  # the tools' pictures and the prompts'
     assert any(p.startswith("/run/0/images/") for p in board.requests)  # the browser fetched them
+    # what the reward function said beside the score (the answer it read, a program's test status)
+    said = [r for r in rows if any(v not in ("", None) for v in r.get("reward_info", {}).values())]
+    assert said and dom.count('class="reward-info"') == len(said)
+    key, value = next((k, v) for k, v in said[0]["reward_info"].items() if isinstance(v, str) and v)
+    assert _html(f"{key}: {value}") in dom
 
 
 @needs_chromium

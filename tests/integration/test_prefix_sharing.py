@@ -273,3 +273,49 @@ def test_shared_prefix_leaves_every_prompt_a_token_and_skips_short_prefixes(mode
     with ForwardCalls(model) as calls:
         draw(model, tok, short, temperature=0.0)
     assert calls.shapes[0] == (len(QUESTIONS), max(map(len, short)))  # 2 shared tokens: one plain prefill
+
+
+def test_shared_prefix_through_the_models_own_forward(model, tok, monkeypatch):
+    """Where the lean decoding step does not apply (a GPU, another architecture), decoding runs the model's
+    forward over the cache with the masked gap: the same tokens."""
+    model.eval()
+    prompts = few_shot_prompts(tok, 2)
+    ref = draw(model, tok, prompts, temperature=0.0, share_prefix=False)
+    monkeypatch.setattr(hf_sampling, "lean_decoder", lambda *a, **k: None)
+    with ForwardCalls(model) as calls:
+        out = draw(model, tok, prompts, temperature=0.0)
+    assert calls.shapes[0][0] == 1 and len(calls.shapes) > 3  # the prefix once, then the model's own steps
+    for k in ("input_ids", "attention_mask", "response_mask"):
+        assert torch.equal(out[k], ref[k]), k
+    torch.testing.assert_close(out["rollout_logprobs"], ref["rollout_logprobs"], atol=1e-5, rtol=0)
+
+
+def test_no_shared_prefix_under_a_sliding_window(model, tok):
+    """A sliding window counts cache columns, so the masked gap would push the prefix out of it: prompts
+    are prefilled whole, and sample what they would alone."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    layers = model.config.num_hidden_layers
+    config = Qwen2Config(
+        **{
+            **model.config.to_dict(),
+            "use_sliding_window": True,
+            "sliding_window": 16,
+            "max_window_layers": 0,
+            "layer_types": ["sliding_attention"] * layers,  # every layer slides
+        }
+    )
+    torch.manual_seed(0)
+    windowed = Qwen2ForCausalLM(config).eval()
+    prompts = few_shot_prompts(tok, 1)
+    with ForwardCalls(windowed) as calls:
+        out = draw(windowed, tok, prompts, temperature=0.0)
+    assert calls.shapes[0] == (len(QUESTIONS), max(map(len, prompts)))  # no prefix pass
+    P = max(map(len, prompts))
+    for i, p in enumerate(prompts):  # each row as if it were sampled alone
+        alone = draw(windowed, tok, [p], temperature=0.0)
+        n = int(alone["response_mask"].sum())
+        assert (
+            n > 0
+            and out["input_ids"][i, P : P + n].tolist() == alone["input_ids"][0, len(p) : len(p) + n].tolist()
+        )

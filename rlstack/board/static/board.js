@@ -364,6 +364,16 @@ function callBlock(call) {
     Object.keys(rest).length ? el("pre", { text: JSON.stringify(rest, null, 2) }) : null);
 }
 
+// What the reward function said of the answer beside its score: a program's test status and the first
+// failure (builtin:code), the answer it read (builtin:math), ...
+function rewardInfo(info) {
+  const entries = Object.entries(info || {}).filter(([, v]) => v !== "" && v !== null && v !== undefined);
+  if (!entries.length) return null;
+  return el("div", { class: "reward-info" },
+    el("span", { class: "label", text: "reward: " }),
+    document.createTextNode(entries.map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`).join(" · ")));
+}
+
 function trajectoryCard(r, i) {
   const components = el("div", { class: "components" },
     ...Object.entries(r.reward_components || {}).map(([k, v]) => el("span", { text: `${k}: ${typeof v === "number" ? v.toFixed(3) : v}` })));
@@ -371,6 +381,7 @@ function trajectoryCard(r, i) {
     el("h3", { text: `#${i} · score ${Number(r.score).toFixed(3)} · ${r.end_reason}` }),
     el("div", { class: "meta", text: [r.data_source && `data source ${r.data_source}`, `uid ${r.uid}`, `ground truth ${JSON.stringify(r.ground_truth)}`, r.num_turns !== undefined && `${r.num_turns} turns, ${r.tool_calls} tool calls`].filter(Boolean).join(" · ") }),
     components,
+    rewardInfo(r.reward_info),
     el("div", { class: "label", text: "prompt" }),
     textBlock("prompt", r.prompt));
   if (r.images && r.images.length) card.append(el("div", { class: "images input-images" }, ...r.images.map(image)));
