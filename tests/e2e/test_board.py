@@ -128,11 +128,6 @@ def test_an_agent_trajectory_shows_its_turns_code_output_and_images(board, runs)
     given = {p for r in rows for p in r.get("images", [])}
     assert made and made <= shown and given <= shown  # the tools' pictures and the prompts'
     assert any(p.startswith("/run/0/images/") for p in board.requests)  # the browser fetched them
-    # what the reward function said beside the score (the answer it read, a program's test status)
-    said = [r for r in rows if any(v not in ("", None) for v in r.get("reward_info", {}).values())]
-    assert said and dom.count('class="reward-info"') == len(said)
-    key, value = next((k, v) for k, v in said[0]["reward_info"].items() if isinstance(v, str) and v)
-    assert _html(f"{key}: {value}") in dom
 
 
 @needs_chromium
@@ -435,3 +430,29 @@ def test_a_response_of_blanks_shows_what_it_holds(folder_board):
     dom = browse(folder_board.url + "?tab=rollouts&run=0&step=12")
     assert "⏎⏎⏎ (3 newlines, no text)" in dom
     assert "∅ (empty, no text)" in dom
+
+
+@needs_chromium
+def test_a_programs_test_results_are_shown_beside_its_score(tmp_path):
+    """What the reward function said of an answer (`reward_info`: builtin:code's test status and first
+    failure) is on its card; a card without it has none."""
+    run = tmp_path / "code_run"
+    (run / "generations").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5}) + "\n")
+    failed = {"status": "wrong_answer", "reason": "test 2: assert add_three([1]) == [4] failed", "passed": 1}
+    rows = [
+        {"step": 1, "uid": "0", "prompt": "p", "response": "```python\ndef add_three(xs): ...\n```", "score": 0.25,
+         "ground_truth": "", "reward_components": {"accuracy": 0.0}, "reward_info": failed, "end_reason": "done"},
+        {"step": 1, "uid": "1", "prompt": "p", "response": "r", "score": 1.0, "ground_truth": "",
+         "reward_components": {"accuracy": 1.0}, "reward_info": {}, "end_reason": "done"},
+    ]  # fmt: skip
+    (run / "generations" / "train_step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    board = Board([run], port=0).start()
+    try:
+        dom = browse(board.url + "?tab=rollouts&run=0&kind=train&step=1")
+    finally:
+        board.stop()
+    assert dom.count('class="reward-info"') == 1
+    assert (
+        _html("status: wrong_answer · reason: test 2: assert add_three([1]) == [4] failed · passed: 1") in dom
+    )
