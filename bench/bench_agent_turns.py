@@ -32,7 +32,8 @@ import torch
 from rlstack.config import AgentConfig, load_config
 from rlstack.data.dataset import PromptDataset
 from rlstack.demo import CONFIGS
-from rlstack.models.loading import load_causal_lm, load_processor
+from rlstack.models.loading import load_causal_lm, load_tokenizer
+from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.hf import HFEngine
 from rlstack.sft import run_sft
@@ -47,11 +48,9 @@ def warm_model(workdir: Path) -> Path:
 
 
 def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> dict:
-    model, processor = load_causal_lm(str(model_dir)), load_processor(str(model_dir))
+    model, processor = load_causal_lm(str(model_dir)), VisionProcessor(load_tokenizer(str(model_dir)), None)
     data = load_config(["data.max_prompt_length=256"]).data
-    dataset = PromptDataset.from_config(
-        "builtin:big_word_problems@test", processor.tokenizer, data, -1, processor
-    )
+    dataset = PromptDataset.from_config("builtin:big_word_problems@test", processor.tokenizer, data, -1)
     agent = AgentConfig(
         tools=[{"name": "python", "import_path": "builtin:python"}], tool_call_format="code", max_turns=3
     )
