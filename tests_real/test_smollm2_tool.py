@@ -13,6 +13,8 @@ from rlstack.config import load_config
 from rlstack.sft import run_sft
 from rlstack.trainer import Trainer
 
+pytestmark = pytest.mark.timeout(1200)  # the warm start alone takes about 3 minutes on 2 cores
+
 SMALL = [
     "data.rollout_batch_size=2",
     "worker.rollout.n=4",
