@@ -42,8 +42,8 @@ class Kind:
     """Function names, `{k}` for the parameter's word."""
 
 
-def _ints(r: random.Random, lo: int = -9, hi: int = 20) -> list[int]:
-    return [r.randint(lo, hi) for _ in range(r.randint(2, 6))]
+def _ints(r: random.Random) -> list[int]:
+    return [r.randint(-9, 20) for _ in range(r.randint(2, 6))]
 
 
 def _around(r: random.Random, k: int, spread: int) -> list[int]:

@@ -54,18 +54,19 @@ class _SharedPrefix:
     """
 
     length: int
-    device: torch.device
 
     @staticmethod
-    def of(distinct: list[list[int]], device: torch.device) -> _SharedPrefix | None:
+    def of(distinct: list[list[int]]) -> _SharedPrefix | None:
         """The prefix of `distinct` (each prompt once), leaving every prompt at least one token of its
         own; None when it is shorter than `SHARED_PREFIX_MIN` or there is one prompt."""
         if len(distinct) < 2:
             return None
         length = min(len(os.path.commonprefix(distinct)), min(len(p) for p in distinct) - 1)
-        return _SharedPrefix(length, device) if length >= SHARED_PREFIX_MIN else None
+        return _SharedPrefix(length) if length >= SHARED_PREFIX_MIN else None
 
-    def layout(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def layout(
+        self, prompts: list[list[int]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Token ids, mask and positions [B, P] of the cache's layout (P: the longest prompt, as with
         left padding)."""
         L, width = self.length, max(len(p) for p in prompts)
@@ -76,7 +77,7 @@ class _SharedPrefix:
         for i, p in enumerate(prompts):
             ids[i, width - (len(p) - L) :] = torch.tensor(p[L:], dtype=torch.long)
             mask[i, width - (len(p) - L) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = ids.to(device), mask.to(device)
         return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -218,9 +219,9 @@ def sample(
     # columns first, then each prompt's rest right-aligned (the gap between them masked). Only where no
     # layer's window slides (`lean`): a sliding window counts cache columns, gap included, not positions.
     share = share_prefix and lean and not multimodal
-    shared = _SharedPrefix.of([prompts[r] for r in picked], device) if share else None
+    shared = _SharedPrefix.of([prompts[r] for r in picked]) if share else None
     kv_ids, kv_mask, kv_pos = (
-        (prompt_ids, prompt_mask, prompt_pos) if shared is None else shared.layout(prompts)
+        (prompt_ids, prompt_mask, prompt_pos) if shared is None else shared.layout(prompts, device)
     )
     decoder = lean_decoder(model, P + max_new_tokens) if lean else None
     begin = 0
