@@ -160,7 +160,7 @@ KINDS: tuple[Kind, ...] = (
         ("count_{w}s", "how_many_{w}s", "occurrences_of_{w}"),
     ),
 )
-HELD_OUT_KINDS = ("minus_k", "last_k", "count_equal")
+HELD_OUT_KINDS = ("minus_k", "count_equal")
 """Kinds only `test` has: whether what GRPO teaches carries over to a kind it never saw."""
 ARGUMENTS = {
     "xs": ("xs", "nums", "values", "items"),
@@ -212,7 +212,7 @@ class Instance:
         raise RuntimeError(f"no discriminating tests for {self}")  # the kind's inputs are too narrow
 
 
-HELD_OUT_KS = 2
+HELD_OUT_KS = 3
 """Values of k per training kind that only `test` has."""
 
 
