@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="config=file.yaml and key=value overrides")
+        _config_option(p)
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument(
             "--machine-checks",
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "overrides", nargs="*", help="config=file.yaml and key=value overrides (a training config)"
     )
+    _config_option(p)
     p.add_argument(
         "--data",
         action="append",
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         rest = [a for a in rest if a not in extra]
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "config", None):  # `--config F` is `config=F`, before the overrides (NeMo RL's form)
+        args.overrides = [f"config={f}" for f in args.config] + args.overrides
 
     from rlstack.config import ConfigError
     from rlstack.errors import RLStackError
@@ -167,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     except RLStackError as e:
         print(f"rlstack: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+
+
+def _config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="a config file, the same as config=FILE (NeMo RL's form; repeatable, later files win)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -54,6 +54,14 @@ def load_config(
         layers.append((base, {}))
     overrides = []
     for arg in args or []:
+        if arg.startswith("~"):
+            problems.append(
+                f"argument {arg!r} deletes a key (Hydra's ~key): every rlstack key has a default; set "
+                f"{arg[1:].split('=', 1)[0]}=<value> instead"
+            )
+            continue
+        if arg.startswith("+") and "=" in arg:  # Hydra's +key=value (add) and ++key=value (add or set): set
+            arg = arg.lstrip("+")
         if "=" not in arg and arg.endswith((".yaml", ".yml")):
             problems.append(f"argument {arg!r} is a config file without config=: did you mean config={arg}?")
         elif "=" not in arg:

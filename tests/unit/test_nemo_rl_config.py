@@ -417,3 +417,24 @@ def test_nemo_rls_trackers_are_rlstacks(tmp_path: Path):
         "grpo-dev",
         "mine",
     )
+
+
+def test_nemo_rls_command_line_reads_as_it_does_there(configs: Path, capsys: pytest.CaptureFixture):
+    """`--config F` and Hydra's `++key=value` / `+key=value` (NeMo RL's overrides), its keys translated."""
+    from rlstack.cli import main
+
+    args = ["--config", "grpo_math_1B.yaml", "++grpo.max_num_steps=3", "+policy.generation.temperature=0.7"]
+    args += ["grpo.num_generations_per_prompt=4", "++worker.rollout.name=hf", "data.prompt_file=null"]
+    args += ["data.dataset_name=null", "data.train_files=builtin:addition@train"]
+    assert main(["train", *args, "--print-config"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["trainer"]["max_steps"] == 3  # 1000000 in the file
+    assert resolved["worker"]["rollout"]["temperature"] == 0.7 and resolved["worker"]["rollout"]["n"] == 4
+    # the same as config=F with plain overrides
+    plain = [a.lstrip("+") for a in args[2:]]
+    assert main(["train", "config=grpo_math_1B.yaml", *plain, "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == resolved
+    # Hydra's ~key (delete) has no meaning where every key has a default: named, with what to write
+    assert main(["train", *args, "~grpo.max_num_steps", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "'~grpo.max_num_steps' deletes a key" in err and "set grpo.max_num_steps=<value>" in err
