@@ -30,8 +30,9 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
         except ValueError as e:
             raise DataError(str(e)) from e
         return rows, [f"{spec}[{i}]" for i in range(len(rows))]
-    path = Path(spec.split("@", 1)[0]).expanduser()
-    if path.is_dir() and "@" in spec:
+    name, config = hub_config(spec.split("@", 1)[0])
+    path = Path(name).expanduser()
+    if path.is_dir() and ("@" in spec or config):
         return _read_hf_dataset(spec)  # a local dataset folder: `datasets` finds the split's files
     if path.is_dir():
         files = sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES or _is_jsonl_gz(f))
@@ -45,7 +46,6 @@ def read_rows(spec: str) -> tuple[list[dict], list[str]]:
         return rows, where
     if path.is_file():
         return _read_file(path)
-    name = spec.split("@", 1)[0]
     if path.suffix in SUFFIXES or _is_jsonl_gz(path) or name.startswith((".", "/", "~")):
         raise DataError(missing_path("data file", spec))
     if "/" in name and (reason := local_reason(name)):  # `org/name` is a Hub dataset; other paths are local
@@ -119,24 +119,39 @@ def _not_json(path: Path, e: json.JSONDecodeError, lineno: int) -> DataError:
     )
 
 
+def hub_config(name: str) -> tuple[str, str | None]:
+    """`org/name:config` as (`org/name`, `config`); a name without one, or a local path with a colon in
+    it, as (name, None)."""
+    if ":" in name and not Path(name).expanduser().exists():
+        name, config = name.rsplit(":", 1)
+        return name, config or None
+    return name, None
+
+
 def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:
-    """`name@split` (or `name` for the train split), through `datasets.load_dataset`.
+    """`name@split`, `name:config@split` (a Hub config, as `openai/gsm8k:main@train`; `name` alone for
+    the train split), through `datasets.load_dataset`.
 
     `name` is a hub dataset or a local folder laid out as one (e.g. `train.jsonl` and
-    `test.jsonl`), which loads offline.
+    `test.jsonl`, or the configs its README names), which loads offline.
     """
     import datasets
 
     name, _, split = spec.partition("@")
+    name, config = hub_config(name)
     try:
-        ds = datasets.load_dataset(name, split=split or "train")
+        by_config = (config,) if config else ()
+        ds = datasets.load_dataset(name, *by_config, split=split or "train")
     except Exception as e:
         folder = Path(name).expanduser()
         for f in sorted(folder.rglob("*.json*")) if folder.is_dir() else []:
             if f.suffix in SUFFIXES or _is_jsonl_gz(f):
                 _read_file(f)  # a line that is not JSON: named with its file, line and column
+        which = f"config {config!r}, " if config else ""
         raise DataError(
-            f"could not load Hugging Face dataset {name!r} (split {split or 'train'!r}): {e}\n"
-            "Use a local .jsonl/.json/.parquet file or directory, or a dataset available offline."
+            f"could not load Hugging Face dataset {name!r} ({which}split {split or 'train'!r}): {e}\n"
+            "Use a local .jsonl/.json/.parquet file or directory, or a dataset available offline; a Hub "
+            "dataset with configs is name:config@split (openai/gsm8k:main@train)."
         ) from e
+    name = f"{name}:{config}" if config else name
     return list(ds), [f"{name}@{split or 'train'}[{i}]" for i in range(len(ds))]

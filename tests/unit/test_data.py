@@ -531,6 +531,40 @@ def test_local_dataset_folder_with_split_loads_only_that_split(tmp_path):
     assert [r["answer"] for r in rows] == ["2", "4"]
 
 
+def test_a_hub_config_is_named_after_a_colon(tmp_path, monkeypatch):
+    """`name:config@split` (openai/gsm8k:main@train): the dataset's config, here a local folder whose README
+    names two (as the Hub's dataset cards do), offline; a config it lacks is an error naming it."""
+    folder = tmp_path / "gsm"
+    for config, answer in (("main", "#### 2"), ("socratic", "How much? ** 1+1=2 #### 2")):
+        (folder / config).mkdir(parents=True)
+        (folder / config / "train.jsonl").write_text(
+            json.dumps({"question": "1+1?", "answer": answer}) + "\n"
+        )
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(
+            f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train.jsonl\n"
+            for c in ("main", "socratic")
+        )
+        + "---\n"
+    )
+    rows, where = read_rows(f"{folder}:socratic@train")
+    assert rows == [{"question": "1+1?", "answer": "How much? ** 1+1=2 #### 2"}]
+    assert where == [f"{folder}:socratic@train[0]"]
+    assert read_rows(f"{folder}:main@train")[0] == [{"question": "1+1?", "answer": "#### 2"}]
+    with pytest.raises(DataError, match=r"(?s)config 'nope', split 'train'.*Available: \['main', 'socratic'\].*name:config@split"):
+        read_rows(f"{folder}:nope@train")
+    # a Hub name: the config goes to load_dataset as its second argument
+    import datasets
+
+    calls = []
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *a, **k: calls.append((a, k)) or datasets.Dataset.from_list(ROWS[:1])
+    )
+    assert read_rows("openai/gsm8k:main@test")[1] == ["openai/gsm8k:main@test[0]"]
+    assert calls == [(("openai/gsm8k", "main"), {"split": "test"})]
+
+
 def test_val_split_holds_out_training_rows_for_validation(tmp_path):
     """data.val_split (NeMo RL's split_validation_size) moves a seeded fraction of the training rows into the
     validation set: disjoint, the same rows for the same seed (a resumed run trains on the same rows)."""

@@ -41,8 +41,8 @@ DATASETS = {
 """NeMo RL's dataset registry names (`data.train.dataset_name`, `data.validation.dataset_name`, the older
 `data.dataset_name`) that have a Hub form, as rlstack reads them: the Hub dataset and split NeMo RL's
 class loads, the fields its problem and answer are in, and the validation rows it brings. The others
-(gsm8k needs the Hub config `main`, which rlstack's `name@split` cannot name; the SFT, preference and
-VLM sets) are a problem saying what to set."""
+(gsm8k, whose Hub form needs its config, `openai/gsm8k:main@train`; the SFT, preference and VLM sets)
+are a problem saying what to set."""
 
 
 def _hub_form(name: Any, split: Any) -> tuple[str, Dataset | None] | None:
@@ -98,7 +98,7 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
         t.problems.append(
             f"{key}{what}{t.at(key)}: NeMo RL's config names no {_ROWS[which]} rows rlstack can read; set {key} to a Hub "
             f"dataset (org/name) or one of the registry names rlstack maps ({', '.join(DATASETS)}), "
-            f"data.{which}.data_path to a local file, or rlstack's {to} (a file, builtin:<task>, or org/name@split)"
+            f"data.{which}.data_path to a local file, or rlstack's {to} (a file, builtin:<task>, org/name@split or org/name:config@split)"
         )
     return False, None
 
