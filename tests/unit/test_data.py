@@ -552,7 +552,10 @@ def test_a_hub_config_is_named_after_a_colon(tmp_path, monkeypatch):
     assert rows == [{"question": "1+1?", "answer": "How much? ** 1+1=2 #### 2"}]
     assert where == [f"{folder}:socratic@train[0]"]
     assert read_rows(f"{folder}:main@train")[0] == [{"question": "1+1?", "answer": "#### 2"}]
-    with pytest.raises(DataError, match=r"(?s)config 'nope', split 'train'.*Available: \['main', 'socratic'\].*name:config@split"):
+    with pytest.raises(
+        DataError,
+        match=r"(?s)config 'nope', split 'train'.*Available: \['main', 'socratic'\].*name:config@split",
+    ):
         read_rows(f"{folder}:nope@train")
     # a Hub name: the config goes to load_dataset as its second argument
     import datasets
