@@ -210,3 +210,23 @@ def test_exact_full_kl_loss_uses_a_colocated_reference(tiny_model_dir: Path, tmp
     m = _metrics(cfg.run_dir)
     assert m[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
     assert m[2]["actor/kl_loss"] > 1e-6  # and moves away after one update
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True])
+def test_an_easyr1_config_puts_the_kl_where_easyr1_does(
+    tiny_model_dir: Path, tmp_path: Path, use_kl_loss: bool
+):
+    """EasyR1 subtracts kl_coef x KL from the reward unless disable_kl or use_kl_loss: its file trains so."""
+    path = tmp_path / "easyr1.yaml"
+    path.write_text(
+        "algorithm:\n  adv_estimator: grpo\n  disable_kl: false\n"
+        f"  use_kl_loss: {str(use_kl_loss).lower()}\n  kl_penalty: low_var_kl\n  kl_coef: 0.05\n"
+    )
+    cfg = load_config([f"config={path}"])
+    assert (cfg.algorithm.use_kl_in_reward, cfg.algorithm.use_kl_loss) == (not use_kl_loss, use_kl_loss)
+    m = _two_steps(tiny_model_dir, tmp_path / "run", f"config={path}")
+    for step in (1, 2):
+        if use_kl_loss:
+            assert "actor/reward_kl_penalty" not in m[step] and "actor/kl_loss" in m[step]
+        else:
+            assert m[step]["actor/reward_kl_penalty_coeff"] == 0.05 and "actor/kl_loss" not in m[step]

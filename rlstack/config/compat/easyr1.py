@@ -210,9 +210,15 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
 
 
 def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callable[[str], str]) -> None:
-    if not value:
+    if not value:  # EasyR1: the KL to the reference is a loss with use_kl_loss, else a penalty in the reward
+        loss, in_reward = "algorithm.use_kl_loss", "algorithm.use_kl_in_reward"
+        if tree.get(values, loss) is True or tree.get(values, in_reward) is not tree.MISSING:
+            notes.append(f"{key}{at(key)}=false: EasyR1's key, the KL as {loss} / {in_reward} say")
+            return
+        tree.set(values, in_reward, True)
         notes.append(
-            f"{key}{at(key)}=false: EasyR1's key, not used: algorithm.use_kl_loss / use_kl_in_reward decide"
+            f"{key}{at(key)}=false without {loss}=true: EasyR1 subtracts kl_coef x KL from the reward, read as "
+            f"{in_reward}=true (set {loss}=true for the KL as a loss, or {key}=true for none)"
         )
         return
     kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")
