@@ -8,6 +8,7 @@ interrupted save are removed at the next save. What is written gets the modes of
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -51,23 +52,62 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def save_atomically(ckpt_root: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
-    """Call `write(tmp_dir)`, then publish it as `global_step_<step>` and keep the newest `keep` (-1: all)."""
+METRICS = "metrics.json"
+"""The step's metrics, in each checkpoint: what `trainer.save_best_metric` ranks checkpoints by."""
+
+
+def save_atomically(
+    ckpt_root: Path,
+    step: int,
+    write: Callable[[Path], None],
+    keep: int,
+    metrics: dict[str, float] | None = None,
+    best: tuple[str, str] | None = None,
+) -> Path:
+    """Call `write(tmp_dir)` (and write `metrics` beside it), then publish it as `global_step_<step>` and keep
+    `keep` (-1: all) of the checkpoints: the newest, or with `best` = (metric, "max" | "min") the best by
+    that metric, ties to the newer, and the newest too (what a resume starts from)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for leftover in ckpt_root.glob(".tmp_global_step_*"):
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = ckpt_root / f".tmp_global_step_{step}"
     tmp.mkdir()
     write(tmp)
+    if metrics is not None:
+        (tmp / METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
     default_modes(tmp)
     final = ckpt_root / f"global_step_{step}"
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     if keep > 0:
-        for _, old in checkpoints(ckpt_root)[:-keep]:
+        for old in _pruned(checkpoints(ckpt_root), keep, best):
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _pruned(found: list[tuple[int, Path]], keep: int, best: tuple[str, str] | None) -> list[Path]:
+    """The checkpoints (`found`, oldest first) beyond `keep`: by age, or by `best`; never the newest."""
+    if best is None:
+        return [p for _, p in found[:-keep]]
+    metric, mode = best
+    sign = 1.0 if mode == "max" else -1.0
+
+    def rank(entry: tuple[int, Path]) -> tuple[float, int]:
+        value = checkpoint_metrics(entry[1]).get(metric)
+        score = sign * value if isinstance(value, (int, float)) else float("-inf")  # without it: last
+        return score, entry[0]
+
+    kept = {p for _, p in sorted(found, key=rank, reverse=True)[:keep]} | {found[-1][1]}
+    return [p for _, p in found if p not in kept]
+
+
+def checkpoint_metrics(path: Path) -> dict[str, float]:
+    """The metrics of the step a checkpoint holds (empty for a checkpoint written without them)."""
+    try:
+        return json.loads((path / METRICS).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def write_dir_atomically(out: Path, write: Callable[[Path], None]) -> Path:

@@ -75,6 +75,9 @@ class Trainer:
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.step = 0
+        self.step_metrics: dict[str, float] = {}
+        """The last step's metrics (with its validation's): what its checkpoint records."""
+        self.said_no_metric = False
         self.tracker: Tracker | None = None
         self.resumed_buffer: list = []
         """Asynchronous GRPO: batches the producer had made when the resumed checkpoint was saved."""
@@ -136,6 +139,7 @@ class Trainer:
             if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
                 metrics |= self.validate()
             self.tracker.log(metrics, self.step)
+            self.step_metrics = metrics
             saved = None
             if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
                 saved = self.save_checkpoint()
@@ -284,7 +288,17 @@ class Trainer:
             torch.save(state, path / "trainer_state.pt")
             (path / "config.yaml").write_text(to_yaml(self.cfg))  # what a resume compares with
 
-        return checkpoint.save_atomically(self.ckpt_root, self.step, write, self.cfg.trainer.save_limit)
+        t = self.cfg.trainer
+        best = (t.save_best_metric, t.save_best_mode) if t.save_best_metric else None
+        metrics = self.step_metrics
+        if best and best[0] not in metrics and not self.said_no_metric:
+            self.said_no_metric = True
+            print(
+                f"[rlstack] warning: step {self.step}'s metrics have no {best[0]} (trainer.save_best_metric): its "
+                f"checkpoint ranks last; metrics it has: {', '.join(sorted(metrics)[:12])}, ...",
+                flush=True,
+            )
+        return checkpoint.save_atomically(self.ckpt_root, self.step, write, t.save_limit, metrics, best)
 
     def _resume(self) -> None:
         if self.resume_point is None:

@@ -43,6 +43,10 @@ class TrainerConfig:
     """Save a checkpoint every this many steps (-1: only at the end)."""
     save_limit: int = field(2, ge=1, also=(-1,), why="-1: all", resume=True)
     """Keep at most this many checkpoints (-1: all)."""
+    save_best_metric: str = field("", resume=True)
+    """With save_limit: keep the save_limit checkpoints best by this metric of metrics.jsonl (val/reward_score), and the latest; empty: the latest."""
+    save_best_mode: Literal["max", "min"] = field("max", resume=True)
+    """Whether a higher (max) or lower (min) save_best_metric is better."""
     save_model_only: bool = field(False, resume=True)
     """At the end, write only the Hugging Face model, no resumable checkpoint."""
     save_on_interrupt: bool = field(True, resume=True)
@@ -84,6 +88,16 @@ def trainer_rules(cfg: Config, p: list[str]) -> None:
             f"with {cfg.algorithm.adv_estimator}); set trainer.critic_warmup=0"
         )
     path_problems(p, ("trainer.load_checkpoint_path", t.load_checkpoint_path))
+    if (
+        t.save_best_metric.startswith("val/")
+        and t.save_freq > 0
+        and (t.val_freq < 1 or t.save_freq % t.val_freq)
+    ):
+        p.append(
+            f"trainer.save_best_metric = {t.save_best_metric} ranks checkpoints by a validation metric, but a checkpoint "
+            f"every {t.save_freq} steps (trainer.save_freq) and validation every {t.val_freq} (trainer.val_freq) leave "
+            "checkpoints without it: make save_freq a multiple of val_freq"
+        )
     unknown_loggers = set(t.logger) - set(LOGGERS)
     if unknown_loggers:
         p.append(

@@ -179,6 +179,50 @@ def test_a_kill_during_save_never_leaves_a_broken_latest_checkpoint(tmp_path: Pa
     assert sorted(p.name for p in root.iterdir()) == ["global_step_3", "global_step_4"]
 
 
+def test_the_checkpoints_kept_are_the_best_by_the_metric_and_the_newest(tmp_path: Path):
+    """trainer.save_best_metric (NeMo RL's keep_top_k with metric_name): the `keep` best, ties to the newer,
+    a checkpoint without the metric last, and the newest always (a resume starts there)."""
+    from rlstack.checkpoint import checkpoint_metrics, save_atomically
+
+    values = {1: 0.2, 2: 0.9, 3: None, 4: 0.9, 5: 0.5, 6: 0.1}
+    for mode, kept in (("max", [2, 4, 5, 6]), ("min", [1, 6])):
+        root = tmp_path / mode / "checkpoints"
+        for step, value in values.items():
+            metrics = {"step": step} if value is None else {"step": step, "val/acc": value}
+            keep = 3 if mode == "max" else 2
+            save_atomically(
+                root, step, lambda p: (p / "state").write_text("ok"), keep, metrics, ("val/acc", mode)
+            )
+        assert sorted(int(p.name.split("_")[-1]) for p in root.iterdir()) == kept, mode
+        assert checkpoint_metrics(root / "global_step_6") == {"step": 6, "val/acc": 0.1}
+    root = tmp_path / "newest" / "checkpoints"  # without a metric: the newest `keep`, as before
+    for step in range(1, 5):
+        save_atomically(root, step, lambda p: (p / "state").write_text("ok"), 2, {"val/acc": 1.0 / step})
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_3", "global_step_4"]
+
+
+@pytest.mark.slow
+def test_a_run_keeps_its_best_checkpoints_by_a_validation_metric(tiny_model_dir: Path, tmp_path: Path):
+    common = ["trainer.max_steps=4", "trainer.save_freq=1", "trainer.val_freq=1", "trainer.save_limit=1"]
+    common += ["trainer.val_before_train=false", "trainer.save_best_metric=val/response_length/mean"]
+    cfg = load_config(_overrides(tiny_model_dir, tmp_path, *common, "trainer.save_best_mode=min"))
+    Trainer(cfg).fit()
+    rows = _metrics(cfg.run_dir)
+    ckpts = {int(p.name.split("_")[-1]): p for p in (cfg.run_dir / "checkpoints").glob("global_step_*")}
+    best = min(range(1, 5), key=lambda s: (rows[s]["val/response_length/mean"], -s))
+    assert sorted(ckpts) == sorted({best, 4})
+    for step, path in ckpts.items():
+        assert (
+            json.loads((path / "metrics.json").read_text())["val/response_length/mean"]
+            == rows[step]["val/response_length/mean"]
+        )
+    # a checkpoint at a step without validation would have no such metric: refused at load
+    with pytest.raises(Exception, match="make save_freq a multiple of val_freq"):
+        load_config(
+            _overrides(tiny_model_dir, tmp_path, *common, "trainer.val_freq=2", "trainer.save_freq=3")
+        )
+
+
 NAN_AFTER_FIRST_STEP = """
 CALLS = []
 

@@ -191,6 +191,8 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
         False,
     )
     assert (t.save_freq, t.save_limit, t.output_dir, t.logger) == (10, 3, "results/grpo", ["console", "file"])
+    # keep_top_k: the 3 best by val_reward (NeMo RL's validation accuracy), higher is better
+    assert (t.save_best_metric, t.save_best_mode) == ("val/reward_score", "max")
     assert w.actor.clip_ratio_dual == float("inf")  # ratio_clip_c: null, no dual clip
     assert w.actor.model.chat_template is None  # no tokenizer.chat_template: the tokenizer's own
 

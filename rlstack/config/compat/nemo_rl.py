@@ -53,7 +53,9 @@ TABLE: dict[str, Moved | Inert] = {
     "policy.logprob_chunk_size": Inert(
         (None,), "rlstack goes through large vocabularies in blocks by itself"
     ),
-    "policy.make_sequence_length_divisible_by": Inert(ANY, "rlstack has no sequence parallelism to pad for"),
+    "policy.make_sequence_length_divisible_by": Inert(
+        ANY, "rlstack pads for its own sequence parallelism (worker.actor.ulysses_size) by itself"
+    ),
     "policy.optimizer.name": Inert(("torch.optim.AdamW",), "rlstack trains with AdamW"),
     "policy.optimizer.kwargs.lr": Moved("worker.actor.optim.lr"),
     "policy.optimizer.kwargs.weight_decay": Moved("worker.actor.optim.weight_decay"),
@@ -145,11 +147,6 @@ TABLE: dict[str, Moved | Inert] = {
     ),
     "checkpointing.save_period": Moved("trainer.save_freq"),
     "checkpointing.checkpoint_dir": Moved("trainer.output_dir"),
-    "checkpointing.keep_top_k": Moved("trainer.save_limit"),
-    "checkpointing.metric_name": Inert(
-        ANY, "rlstack keeps the latest trainer.save_limit checkpoints, not the best"
-    ),
-    "checkpointing.higher_is_better": Inert(ANY, "rlstack keeps the latest checkpoints, not the best"),
     "checkpointing.checkpoint_must_save_by": Inert((None,), "rlstack saves every trainer.save_freq steps"),
     "checkpointing.model_save_format": Inert(("safetensors",), "rlstack saves safetensors"),
     "checkpointing.save_consolidated": Inert(ANY, "rlstack's checkpoints hold a Hugging Face model"),

@@ -257,6 +257,37 @@ def _checkpoints(t: Translation) -> None:
         )
 
 
+VAL_METRICS = {"accuracy": "val/reward_score", "avg_length": "val/response_length/mean"}
+"""NeMo RL's validation metrics (`checkpointing.metric_name: val:<name>`) by rlstack's names."""
+
+
+def _best_checkpoints(t: Translation) -> None:
+    """`keep_top_k` of the checkpoints best by `metric_name` (`val:<name>`, the older `val_reward`), as
+    NeMo RL keeps them: trainer.save_limit, save_best_metric and save_best_mode."""
+    k, key = t.take("checkpointing.keep_top_k"), "checkpointing.metric_name"
+    if k is not tree.MISSING:
+        t.move("checkpointing.keep_top_k", "trainer.save_limit", -1 if k is None else k)
+    metric, higher = t.take(key), t.take("checkpointing.higher_is_better")
+    if metric in (tree.MISSING, None):
+        return
+    name = (
+        "accuracy"
+        if metric == "val_reward"
+        else metric.split(":", 1)[1]
+        if metric.startswith("val:")
+        else None
+    )
+    if name not in VAL_METRICS:
+        t.problems.append(
+            f"{key}={metric!r}{t.at(key)}: rlstack ranks checkpoints by its own metric names; set "
+            f"trainer.save_best_metric to one of metrics.jsonl's (val/reward_score is NeMo RL's val:accuracy)"
+        )
+        return
+    t.move(key, "trainer.save_best_metric", VAL_METRICS[name])
+    if higher is not tree.MISSING:
+        t.move("checkpointing.higher_is_better", "trainer.save_best_mode", "max" if higher else "min")
+
+
 def _megatron(t: Translation) -> None:
     key = "policy.megatron_cfg"
     cfg = t.take(key)
@@ -365,6 +396,7 @@ RULES = (
     _scheduler,
     _loggers,
     _checkpoints,
+    _best_checkpoints,
     _megatron,
     _tokenizer,
     _top_k,
