@@ -7,7 +7,9 @@
    `inputs.rollout_logprobs`);
 3. times the high-entropy token mask, when `params.top_entropy_quantile` < 1 (Wang et al., 2025;
    the quantile is taken over the micro-batch's sampled tokens, `entropy.py`);
-4. times VPPO's perception mask, when `params.vppo_perception` (needs `inputs.perception_mask`);
+4. times VPPO's token mask: the perception mask, when `params.vppo_perception` (needs
+   `inputs.perception_mask`), or each response's `params.vppo_entropy_top_p` highest-entropy tokens,
+   or with both either (VPPO's `use_vppo_on_entropy` OR'd with `use_vppo_on_perception`);
 5. aggregated with `params.agg_mode` over the mini-batch's counts (`normalizers`): `actor/pg_loss`;
 6. plus VPPO's entropy penalty, when `params.vppo_entropy_penalty_coef` is set;
 7. minus `entropy_coeff` times the aggregated entropy (the entropy bonus);
@@ -33,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from rlstack.algos.entropy import high_entropy_mask
+from rlstack.algos.entropy import high_entropy_mask, top_fraction_mask
 from rlstack.algos.kl import KLPenalty, kl_penalty
 from rlstack.algos.policy_loss import (
     LossAggMode,
@@ -70,6 +72,7 @@ class ActorLossParams(NamedTuple):
     rollout_correction_params: RolloutCorrectionParams = RolloutCorrectionParams()
     top_entropy_quantile: float = 1.0  # < 1: train only on the highest-entropy tokens
     vppo_perception: bool = False  # multiply the policy loss by `perception_mask`
+    vppo_entropy_top_p: float | None = None  # per response, only the top ceil(p * n) tokens by entropy
     vppo_entropy_penalty_coef: float | None = None  # None: no VPPO entropy penalty
     entropy_coeff: float = 0.0  # entropy bonus weight
     kl_penalty: KLPenalty | None = None  # None: no KL loss
@@ -115,8 +118,14 @@ def actor_loss(
         token_loss = token_loss * high_entropy_mask(
             inputs.entropy.detach(), mask, params.top_entropy_quantile
         )
+    keep = None  # VPPO's token mask
+    if params.vppo_entropy_top_p is not None:
+        keep = top_fraction_mask(inputs.entropy.detach(), mask, params.vppo_entropy_top_p).float()
     if params.vppo_perception:
-        token_loss = token_loss * _required(inputs.perception_mask, "perception_mask", "vppo_perception")
+        perception = _required(inputs.perception_mask, "perception_mask", "vppo_perception")
+        keep = perception if keep is None else torch.maximum(keep, perception)
+    if keep is not None:
+        token_loss = token_loss * keep
     pg_loss = agg(token_loss)
     loss = pg_loss
     if params.vppo_entropy_penalty_coef is not None:

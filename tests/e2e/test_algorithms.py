@@ -230,3 +230,23 @@ def test_an_easyr1_config_puts_the_kl_where_easyr1_does(
             assert "actor/reward_kl_penalty" not in m[step] and "actor/kl_loss" in m[step]
         else:
             assert m[step]["actor/reward_kl_penalty_coeff"] == 0.05 and "actor/kl_loss" not in m[step]
+
+
+def test_vppo_entropy_tokens_take_the_policy_gradient_in_a_run(tiny_model_dir: Path, tmp_path: Path):
+    """VPPO's `algorithm.use_vppo_on_entropy` (its train scripts set it, true or false): on a text model,
+    the policy loss only on each response's top `top_p_entropy_tokens` by entropy; the same run
+    without it has the same rollouts and advantages and another gradient."""
+    reward = tmp_path / "parity.py"
+    reward.write_text(PARITY_REWARD)  # nonzero advantages
+    runs = {}
+    for on in (False, True):
+        runs[on] = _two_steps(
+            tiny_model_dir,
+            tmp_path / str(on),
+            f"worker.reward.reward_function={reward}:compute_score",
+            f"algorithm.use_vppo_on_entropy={on}",
+            "algorithm.top_p_entropy_tokens=0.2",
+        )[1]
+    assert runs[True]["critic/advantages/max"] == runs[False]["critic/advantages/max"] != 0
+    # a fifth of the tokens carry the gradient: the update's gradient is another
+    assert runs[True]["actor/grad_norm"] != pytest.approx(runs[False]["actor/grad_norm"], rel=1e-3)

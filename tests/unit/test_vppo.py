@@ -136,3 +136,34 @@ def test_entropy_penalty_is_zero_on_padding_even_if_logprobs_are_not_finite():
     assert per_token.tolist() == [[0.5, 0.0]]
     per_token.sum().backward()
     assert logp.grad.tolist() == [[-0.5, 0.0]]
+
+
+# ------------------------------------------------------------- entropy tokens (use_vppo_on_entropy)
+
+
+def _grad_of_actor_loss(**params) -> torch.Tensor:
+    """d loss / d logp of actor_loss on DEP-shaped rows, the entropy column being DEP itself."""
+    from rlstack.algos.actor_loss import ActorLossInputs, ActorLossParams, actor_loss
+    from rlstack.algos.policy_loss import LossNormalizers
+
+    logp = torch.zeros(3, 5, requires_grad=True)
+    mask = MASK.float()
+    perception = torch.tensor([[1.0, 0, 0, 0, 0], [0, 1.0, 0, 0, 0], [0.0] * 5])
+    inputs = ActorLossInputs(
+        logp, DEP, torch.zeros(3, 5), torch.tensor([[1.0], [-2.0], [3.0]]) * mask, mask, None, perception
+    )
+    norm = LossNormalizers(global_tokens=8.0, global_seqs=2.0, norm_length=5.0)
+    actor_loss(inputs, ActorLossParams(**params), norm).loss.backward()
+    return logp.grad
+
+
+def test_vppo_entropy_tokens_get_the_gradient_alone_or_with_the_perception_tokens():
+    # top_p 0.4 by entropy: row 0 keeps positions 3 and 1, row 1 positions 2 and 0 (as the perception
+    # mask test above); -A / 8 on each kept token
+    alone = [[0.0, -0.125, 0.0, -0.125, 0.0], [0.25, 0.0, 0.25, 0.0, 0.0], [0.0] * 5]
+    close(_grad_of_actor_loss(vppo_entropy_top_p=0.4), alone)
+    # OR'd with the perception mask (row 0 position 0, row 1 position 1), as VPPO's dp_actor does
+    both = [[-0.125, -0.125, 0.0, -0.125, 0.0], [0.25, 0.25, 0.25, 0.0, 0.0], [0.0] * 5]
+    close(_grad_of_actor_loss(vppo_entropy_top_p=0.4, vppo_perception=True), both)
+    everything = [[-0.125] * 5, [0.25, 0.25, 0.25, 0.0, 0.0], [0.0] * 5]
+    close(_grad_of_actor_loss(), everything)

@@ -137,3 +137,23 @@ def test_an_estimator_name_against_another_loss_is_refused(tmp_path):
         "algorithm:\n  adv_estimator: gspo\n  disable_kl: true\nworker:\n  actor:\n    loss_type: cispo\n",
     )
     assert any("keep one" in p for p in problems_of([f"config={path}"]))
+
+
+@pytest.mark.parametrize("entropy", ["False", "True"])
+def test_vppos_train_script_overrides_load(entropy):
+    """The VPPO switches its train_vppo_7b.sh sets, as it writes them (Python's True/False)."""
+    cfg = load_config(
+        [
+            f"algorithm.use_vppo_on_entropy={entropy}",
+            "algorithm.use_vppo_on_perception=True",
+            "algorithm.use_advantage_shaping=True",
+            "algorithm.use_entropy_penalty=True",
+            "algorithm.top_p_perception_tokens=0.4",
+            "algorithm.top_p_entropy_tokens=0.2",
+            "algorithm.entropy_penalty_coef=0.06",
+            "algorithm.advantage_scaling_min=0.8",
+        ]
+    )
+    a = cfg.algorithm
+    assert (a.use_vppo_on_entropy, a.top_p_entropy_tokens) == (entropy == "True", 0.2)
+    assert a.use_vppo_on_perception and a.use_advantage_shaping and a.use_entropy_penalty
