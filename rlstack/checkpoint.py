@@ -9,6 +9,7 @@ interrupted save are removed at the next save. What is written gets the modes of
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -73,8 +74,9 @@ def save_atomically(
     tmp = ckpt_root / f".tmp_global_step_{step}"
     tmp.mkdir()
     write(tmp)
-    if metrics is not None:
-        (tmp / METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
+    if metrics is not None:  # a value that is not finite as text, as metrics.jsonl writes it
+        safe = {k: float(v) if math.isfinite(v) else str(v) for k, v in metrics.items()}
+        (tmp / METRICS).write_text(json.dumps(safe, indent=2) + "\n")
     default_modes(tmp)
     final = ckpt_root / f"global_step_{step}"
     if final.exists():
@@ -82,7 +84,8 @@ def save_atomically(
     tmp.rename(final)
     if keep > 0:
         for old in _pruned(checkpoints(ckpt_root), keep, best):
-            shutil.rmtree(old, ignore_errors=True)
+            if old != final:  # the one just written, even where a run went on from an earlier step
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -95,8 +98,8 @@ def _pruned(found: list[tuple[int, Path]], keep: int, best: tuple[str, str] | No
 
     def rank(entry: tuple[int, Path]) -> tuple[float, int]:
         value = checkpoint_metrics(entry[1]).get(metric)
-        score = sign * value if isinstance(value, (int, float)) else float("-inf")  # without it: last
-        return score, entry[0]
+        finite = isinstance(value, (int, float)) and math.isfinite(value)
+        return (sign * value if finite else float("-inf")), entry[0]  # without it (or NaN): last
 
     kept = {p for _, p in sorted(found, key=rank, reverse=True)[:keep]} | {found[-1][1]}
     return [p for _, p in found if p not in kept]

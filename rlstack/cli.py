@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resumable", action="store_true", help="only the keys a resumed run may change")
     args, rest = parser.parse_known_args(argv)
     # key=value overrides after an option (`--print-config trainer.max_steps=3`) are overrides too
-    extra = [a for a in rest if not a.startswith("-") and "=" in a]
+    extra = [a for a in rest if not a.startswith("-") and ("=" in a or a.startswith("~"))]
     if extra and hasattr(args, "overrides"):
         args.overrides += extra
         rest = [a for a in rest if a not in extra]

@@ -29,10 +29,11 @@ SMALL = [
 
 
 def _passes(program: str, test: str) -> bool:
-    """Whether `test` (one assert) holds after `program`, run in a fresh interpreter (not this process)."""
+    """Whether `test` (one assert) holds after `program`, run in a fresh interpreter (not this process),
+    within about the recipe's 2 s a test (worker.reward.code.test_time_s) plus the interpreter's start."""
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-c", f"{program}\n{test}\n"], capture_output=True, timeout=10
+            [sys.executable, "-I", "-c", f"{program}\n{test}\n"], capture_output=True, timeout=5
         )
     except subprocess.TimeoutExpired:
         return False

@@ -162,9 +162,9 @@ def algorithm_rules(cfg: Config, p: list[str]) -> None:
             f"algorithm.kl_penalty={alg.kl_penalty}: the `+` estimators only change the gradient, which an in-reward "
             "KL never takes; use it with use_kl_loss, or drop the `+`"
         )
-    if (alg.use_advantage_shaping or alg.use_entropy_penalty) and not alg.use_vppo_on_perception:
+    if alg.use_advantage_shaping and not alg.use_vppo_on_perception:
         p.append(
-            "algorithm.use_advantage_shaping and use_entropy_penalty are parts of VPPO: set "
+            "algorithm.use_advantage_shaping scales advantages by VPPO's visual dependency: set "
             "algorithm.use_vppo_on_perception=true"
         )
     _async_rules(cfg, p)

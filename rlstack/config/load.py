@@ -54,7 +54,7 @@ def load_config(
         layers.append((base, {}))
     overrides = []
     for arg in args or []:
-        if arg.startswith("~"):
+        if arg.startswith("~") and "/" not in arg.split("=", 1)[0]:  # not a home-relative path
             problems.append(
                 f"argument {arg!r} deletes a key (Hydra's ~key): every rlstack key has a default; set "
                 f"{arg[1:].split('=', 1)[0]}=<value> instead"

@@ -30,6 +30,18 @@ HUB_NAME = re.compile(r"\w[\w.-]*/\w[\w.-]*")
 lets neither part start with `.` or `-`, so `./x` and `../x` are never one."""
 
 
+_HUB_CONFIG = re.compile(r"^(?P<name>.+):(?P<config>[\w.-]+)$")
+
+
+def hub_config(name: str) -> tuple[str, str | None]:
+    """A dataset name's Hub config: `org/name:config` as (`org/name`, `config`); a name without one, or a
+    path that exists (a colon in a folder's name), as (name, None)."""
+    m = _HUB_CONFIG.match(name)
+    if m is None or Path(name).expanduser().exists():
+        return name, None
+    return m["name"], m["config"]
+
+
 def local_reason(path: str) -> str | None:
     """Why `path` (without its `@revision`) is read as a local path rather than a Hub name `org/name`; None
     when it is read as a Hub name: one slash, Hub characters, and no local folder `org` (a path that exists
@@ -79,6 +91,8 @@ def path_problem(key: str, path: str | None) -> str | None:
     if not path or path.startswith("builtin:"):
         return None
     local = path.split("@", 1)[0]
+    if key in HUB_DATA_KEYS:  # `org/name:config@split`, or a local dataset folder with a config
+        local = hub_config(local)[0]
     reason = local_reason(local)
     by_suffix = Path(local).suffix in LOCAL_SUFFIXES
     looks_local = by_suffix or local.startswith((".", "/", "~"))

@@ -42,7 +42,7 @@ class TrainerConfig:
     save_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end", resume=True)
     """Save a checkpoint every this many steps (-1: only at the end)."""
     save_limit: int = field(2, ge=1, also=(-1,), why="-1: all", resume=True)
-    """Keep at most this many checkpoints (-1: all)."""
+    """Keep this many checkpoints (-1: all): the newest, or the best by save_best_metric and the newest too."""
     save_best_metric: str = field("", resume=True)
     """With save_limit: keep the save_limit checkpoints best by this metric of metrics.jsonl (val/reward_score), and the latest; empty: the latest."""
     save_best_mode: Literal["max", "min"] = field("max", resume=True)
@@ -95,8 +95,14 @@ def trainer_rules(cfg: Config, p: list[str]) -> None:
     ):
         p.append(
             f"trainer.save_best_metric = {t.save_best_metric} ranks checkpoints by a validation metric, but a checkpoint "
-            f"every {t.save_freq} steps (trainer.save_freq) and validation every {t.val_freq} (trainer.val_freq) leave "
-            "checkpoints without it: make save_freq a multiple of val_freq"
+            f"every {t.save_freq} steps (trainer.save_freq) and validation "
+            + (
+                f"every {t.val_freq} (trainer.val_freq)"
+                if t.val_freq > 0
+                else "only at the end (trainer.val_freq=-1)"
+            )
+            + " leave checkpoints without it: set trainer.val_freq to a divisor of save_freq, or clear "
+            "trainer.save_best_metric"
         )
     unknown_loggers = set(t.logger) - set(LOGGERS)
     if unknown_loggers:

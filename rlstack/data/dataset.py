@@ -12,9 +12,10 @@ import torch
 
 from rlstack.batch import Batch
 from rlstack.config import DataConfig, chat_template_text
+from rlstack.config.paths import hub_config
 from rlstack.data.formats import normalize_rows
 from rlstack.data.images import fit_pixels, load_image
-from rlstack.data.readers import DataError, hub_config, read_rows
+from rlstack.data.readers import DataError, read_rows
 from rlstack.models.vision import VisionProcessor, encode_observation, encode_prompt
 
 
@@ -65,9 +66,9 @@ class PromptDataset:
             raise DataError(f"{spec}: no rows")
         template = _load_template(format_prompt) if format_prompt else None
         use_chat = apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
-        hub_name = hub_config(spec.split("@")[0])[0]  # openai/gsm8k:main -> openai/gsm8k
-        default_source = Path(hub_name).stem if not spec.startswith("builtin:") else spec
-        local = Path(spec.split("@")[0])
+        name = hub_config(spec.split("@")[0])[0]  # openai/gsm8k:main -> openai/gsm8k
+        default_source = Path(name).stem if not spec.startswith("builtin:") else spec
+        local = Path(name)
         image_root = image_dir or (str(local if local.is_dir() else local.parent) if local.exists() else None)
         factor = processor.factor if processor is not None else 28
         self.items: list[dict[str, Any]] = []

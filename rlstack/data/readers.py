@@ -10,7 +10,7 @@ import gzip
 import json
 from pathlib import Path
 
-from rlstack.config.paths import local_reason, missing_path
+from rlstack.config.paths import hub_config, local_reason, missing_path
 from rlstack.data.tasks import builtin_rows
 from rlstack.errors import RLStackError
 
@@ -117,15 +117,6 @@ def _not_json(path: Path, e: json.JSONDecodeError, lineno: int) -> DataError:
     return DataError(
         f"{path}:{lineno}: not valid JSON at column {column} ({what}{cut}); fix or remove the line"
     )
-
-
-def hub_config(name: str) -> tuple[str, str | None]:
-    """`org/name:config` as (`org/name`, `config`); a name without one, or a local path with a colon in
-    it, as (name, None)."""
-    if ":" in name and not Path(name).expanduser().exists():
-        name, config = name.rsplit(":", 1)
-        return name, config or None
-    return name, None
 
 
 def _read_hf_dataset(spec: str) -> tuple[list[dict], list[str]]:

@@ -278,9 +278,7 @@ class PolicyWorker:
             top_entropy_quantile=c.top_entropy_quantile,
             vppo_perception=alg.use_vppo_on_perception,
             vppo_entropy_top_p=alg.top_p_entropy_tokens if alg.use_vppo_on_entropy else None,
-            vppo_entropy_penalty_coef=(
-                alg.entropy_penalty_coef if alg.use_vppo_on_perception and alg.use_entropy_penalty else None
-            ),
+            vppo_entropy_penalty_coef=(alg.entropy_penalty_coef if alg.use_entropy_penalty else None),
             entropy_coeff=c.entropy_coeff,
             kl_penalty=KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None,
             kl_coef=alg.kl_coef,

@@ -224,6 +224,11 @@ def test_an_easyr1_config_puts_the_kl_where_easyr1_does(
     )
     cfg = load_config([f"config={path}"])
     assert (cfg.algorithm.use_kl_in_reward, cfg.algorithm.use_kl_loss) == (not use_kl_loss, use_kl_loss)
+    # left out, the in-reward KL takes EasyR1's own coefficient and estimator (rlstack's are a KL loss's)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("algorithm:\n  disable_kl: false\n")
+    a = load_config([f"config={bare}"]).algorithm
+    assert (a.use_kl_in_reward, a.kl_coef, a.kl_penalty) == (True, 1e-3, "kl")
     m = _two_steps(tiny_model_dir, tmp_path / "run", f"config={path}")
     for step in (1, 2):
         if use_kl_loss:

@@ -195,6 +195,12 @@ def test_the_checkpoints_kept_are_the_best_by_the_metric_and_the_newest(tmp_path
             )
         assert sorted(int(p.name.split("_")[-1]) for p in root.iterdir()) == kept, mode
         assert checkpoint_metrics(root / "global_step_6") == {"step": 6, "val/acc": 0.1}
+    root = tmp_path / "earlier" / "checkpoints"  # a run that went on from an earlier step keeps what it saves
+    for step in (5, 6, 3):
+        save_atomically(
+            root, step, lambda p: (p / "state").write_text("ok"), 1, {"val/acc": 0.0}, ("val/acc", "max")
+        )
+    assert (root / "global_step_3").is_dir()
     root = tmp_path / "newest" / "checkpoints"  # without a metric: the newest `keep`, as before
     for step in range(1, 5):
         save_atomically(root, step, lambda p: (p / "state").write_text("ok"), 2, {"val/acc": 1.0 / step})

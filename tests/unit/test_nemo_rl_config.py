@@ -437,6 +437,7 @@ def test_nemo_rls_command_line_reads_as_it_does_there(configs: Path, capsys: pyt
     assert main(["train", "config=grpo_math_1B.yaml", *plain, "--print-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == resolved
     # Hydra's ~key (delete) has no meaning where every key has a default: named, with what to write
-    assert main(["train", *args, "~grpo.max_num_steps", "--print-config"]) == 2
-    err = capsys.readouterr().err
-    assert "'~grpo.max_num_steps' deletes a key" in err and "set grpo.max_num_steps=<value>" in err
+    for where in (["~grpo.max_num_steps", "--print-config"], ["--print-config", "~grpo.max_num_steps"]):
+        assert main(["train", *args, *where]) == 2
+        err = capsys.readouterr().err
+        assert "'~grpo.max_num_steps' deletes a key" in err and "set grpo.max_num_steps=<value>" in err

@@ -157,3 +157,10 @@ def test_vppos_train_script_overrides_load(entropy):
     a = cfg.algorithm
     assert (a.use_vppo_on_entropy, a.top_p_entropy_tokens) == (entropy == "True", 0.2)
     assert a.use_vppo_on_perception and a.use_advantage_shaping and a.use_entropy_penalty
+
+
+def test_vppos_entropy_penalty_stands_alone():
+    """VPPO adds its entropy penalty whether or not the perception mask is on (its dp_actor)."""
+    assert load_config(["algorithm.use_entropy_penalty=true"]).algorithm.use_entropy_penalty
+    (problem,) = problems_of(["algorithm.use_advantage_shaping=true"])
+    assert "visual dependency" in problem and "use_vppo_on_perception=true" in problem

@@ -209,6 +209,10 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     return notes
 
 
+EASYR1_KL = {"algorithm.kl_coef": 1e-3, "algorithm.kl_penalty": "kl"}
+"""EasyR1's defaults for the in-reward KL (its AlgorithmConfig), where the config leaves them out."""
+
+
 def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callable[[str], str]) -> None:
     if not value:  # EasyR1: the KL to the reference is a loss with use_kl_loss, else a penalty in the reward
         loss, in_reward = "algorithm.use_kl_loss", "algorithm.use_kl_in_reward"
@@ -216,9 +220,13 @@ def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callab
             notes.append(f"{key}{at(key)}=false: EasyR1's key, the KL as {loss} / {in_reward} say")
             return
         tree.set(values, in_reward, True)
+        unset = {k: v for k, v in EASYR1_KL.items() if tree.get(values, k) is tree.MISSING}
+        for k, v in unset.items():  # EasyR1's own defaults, not rlstack's (which are a KL loss's)
+            tree.set(values, k, v)
+        filled = f", with EasyR1's {', '.join(f'{k}={v}' for k, v in unset.items())}" if unset else ""
         notes.append(
             f"{key}{at(key)}=false without {loss}=true: EasyR1 subtracts kl_coef x KL from the reward, read as "
-            f"{in_reward}=true (set {loss}=true for the KL as a loss, or {key}=true for none)"
+            f"{in_reward}=true{filled} (set {loss}=true for the KL as a loss, or {key}=true for none)"
         )
         return
     kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")

@@ -270,17 +270,16 @@ def _best_checkpoints(t: Translation) -> None:
     metric, higher = t.take(key), t.take("checkpointing.higher_is_better")
     if metric in (tree.MISSING, None):
         return
-    name = (
-        "accuracy"
-        if metric == "val_reward"
-        else metric.split(":", 1)[1]
-        if metric.startswith("val:")
-        else None
-    )
+    if t.get("trainer.save_best_metric") is not tree.MISSING:
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: trainer.save_best_metric is set")
+        return
+    text = str(metric)
+    name = "accuracy" if text == "val_reward" else text.split(":", 1)[1] if text.startswith("val:") else None
     if name not in VAL_METRICS:
         t.problems.append(
             f"{key}={metric!r}{t.at(key)}: rlstack ranks checkpoints by its own metric names; set "
-            f"trainer.save_best_metric to one of metrics.jsonl's (val/reward_score is NeMo RL's val:accuracy)"
+            "trainer.save_best_metric to one of metrics.jsonl's (val/reward_score is NeMo RL's val:accuracy), "
+            f"or {key}=null to keep the newest checkpoints"
         )
         return
     t.move(key, "trainer.save_best_metric", VAL_METRICS[name])
