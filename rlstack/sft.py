@@ -95,6 +95,8 @@ class SFTTrainer:
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
         self.step = 0
         self.saved_step, self.last_saved = -1, Path()
+        self.step_metrics: dict[str, float] = {}
+        """The last step's metrics (with its validation's): what its checkpoint records."""
         """The step of the last checkpoint this process saved, and where."""
         self.tracker: Tracker | None = None
 
@@ -144,6 +146,7 @@ class SFTTrainer:
             if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
                 metrics |= self.validate()
             self.tracker.log(metrics, self.step)
+            self.step_metrics = metrics
             if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
                 self.save_checkpoint()
         self.policy.save_model(self.run_dir / "huggingface")
@@ -201,8 +204,10 @@ class SFTTrainer:
             torch.save(state, path / "trainer_state.pt")
             (path / "config.yaml").write_text(to_yaml(self.cfg))
 
+        t = self.cfg.trainer
+        best = (t.save_best_metric, t.save_best_mode) if t.save_best_metric else None  # val/sft_loss, min
         self.last_saved = checkpoint.save_atomically(
-            self.run_dir / "checkpoints", self.step, write, self.cfg.trainer.save_limit
+            self.run_dir / "checkpoints", self.step, write, t.save_limit, self.step_metrics, best
         )
         self.saved_step = self.step
         return self.last_saved

@@ -65,6 +65,21 @@ def test_sft_writes_a_run_directory_validates_and_checkpoints(tiny_model_dir: Pa
     assert (run / "config.yaml").is_file() and list((run / "generations").iterdir())
 
 
+def test_sft_keeps_its_best_checkpoint_by_the_validation_loss(tiny_model_dir: Path, tmp_path: Path):
+    extra = ["trainer.max_steps=3", "trainer.save_freq=1", "trainer.val_freq=1", "trainer.save_limit=1"]
+    extra += ["trainer.save_best_metric=val/sft_loss", "trainer.save_best_mode=min"]
+    cfg = load_config(_args(tiny_model_dir, tmp_path, *extra))
+    run_sft(cfg)
+    run = sft_run_config(cfg).run_dir
+    rows = _rows(run)
+    best = min((1, 2, 3), key=lambda s: (rows[s]["val/sft_loss"], -s))
+    kept = sorted(int(p.name.split("_")[-1]) for p in (run / "checkpoints").iterdir())
+    assert kept == sorted({best, 3})
+    for step in kept:
+        saved = json.loads((run / "checkpoints" / f"global_step_{step}" / "metrics.json").read_text())
+        assert saved["val/sft_loss"] == rows[step]["val/sft_loss"]
+
+
 def test_the_validation_loss_is_the_answer_tokens_mean_nll(tiny_model_dir: Path, tmp_path: Path):
     cfg = load_config(_args(tiny_model_dir, tmp_path, "trainer.val_only=true"))
     SFTTrainer(cfg).fit()
