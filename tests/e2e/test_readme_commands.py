@@ -23,8 +23,8 @@ block or an inline code span (joined across line breaks), and every `--grpo-over
 `rlstack.config.load_config`, as `--print-config` loads it. The rules for loading a command that
 needs what a test machine lacks:
 
-- a `config=` file named in `PLACEHOLDER_CONFIGS` (`my_run.yaml`: "your config") is replaced by
-  `examples/grpo_addition.yaml`; any other missing config file fails;
+- a `config=` (or `--config`) file named in `PLACEHOLDER_CONFIGS` (`my_run.yaml`: "your config";
+  NeMo RL's `grpo_math_1B.yaml`) is replaced by the file it stands for; any other missing config fails;
 - a problem about the environment is accepted: a model or data path that does not exist here (made by
   an earlier command, or yours), and what rlstack itself says this machine cannot run (a package that
   is not installed, no CUDA GPU, flash-attn: `--machine-checks=warn`). Any other problem (an unknown
@@ -56,10 +56,14 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MARKS = ("runnable", "runnable: server", "runnable: expensive")
-PLACEHOLDER_CONFIGS = {"my_run.yaml": "examples/grpo_addition.yaml"}
+PLACEHOLDER_CONFIGS = {
+    "my_run.yaml": "examples/grpo_addition.yaml",
+    "grpo_math_1B.yaml": "tests/fixtures/nemo_rl/grpo_math_1B.yaml",  # NeMo RL's own file, as the fixture holds it
+}
 ENVIRONMENT_PROBLEMS = (
     re.compile(r"^[\w.]+: '[^']+' does not exist \(looked for "),
     re.compile(r"is not installed"),
+    re.compile(r"NeMo RL's prompt file cannot be read \(No such file"),  # its examples/prompts/, not here
     re.compile(r"torch sees no CUDA GPU"),
 )
 DEMO_RECIPES = {
@@ -134,9 +138,15 @@ def config_args(args: list[str]) -> list[tuple[str, list[str]]]:
     """(what, load_config arguments) for each config an `rlstack` command loads: train / sft lines, and
     the GRPO and warm-start overrides of `rlstack demo` with that demo's recipe."""
     if args[:1] in (["train"], ["sft"]):
-        positional = [a for a in args[1:] if not a.startswith("--")]
-        assert all("=" in a for a in positional), f"not key=value: {positional}"
-        return [("", [_placeholder(a) for a in positional])]
+        rest = args[1:]
+        files = [
+            f"config={rest[i + 1]}" for i, a in enumerate(rest[:-1]) if a == "--config"
+        ]  # NeMo RL's form
+        given = [
+            a for i, a in enumerate(rest) if not a.startswith("--") and (i == 0 or rest[i - 1] != "--config")
+        ]
+        assert all("=" in a for a in given), f"not key=value: {given}"
+        return [("", [_placeholder(a) for a in files + given])]
     if args[:1] == ["demo"]:
         out = []
         for flag, which in (("--grpo-override", 1), ("--sft-override", 0)):

@@ -223,7 +223,7 @@ def test_a_run_keeps_its_best_checkpoints_by_a_validation_metric(tiny_model_dir:
             == rows[step]["val/response_length/mean"]
         )
     # a checkpoint at a step without validation would have no such metric: refused at load
-    with pytest.raises(Exception, match="make save_freq a multiple of val_freq"):
+    with pytest.raises(Exception, match="set trainer.val_freq to a divisor of save_freq"):
         load_config(
             _overrides(tiny_model_dir, tmp_path, *common, "trainer.val_freq=2", "trainer.save_freq=3")
         )
