@@ -383,6 +383,8 @@ REWARD_COLUMNS = (
     "images",
     "tool_calls",
     "tool_errors",
+    "turns",
+    "tool_images",
 )
 """The columns scoring reads (what a remote reward worker is sent)."""
 
@@ -406,7 +408,9 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
     """One dict per row for the reward function: the response and its length, the ground truth, prompt and
     data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
     them; never over a key above), the row's chat messages before the policy's template (`prompt_messages`), its
-    images (PIL images, for vision-language datasets) and the agent's tool-call counts."""
+    images (PIL images, for vision-language datasets) and, from the agent loop, its tool-call counts, its
+    `turns` (each model turn with its parsed call, each tool reply with `ok` and the indices of its images
+    into `tool_images`) and `tool_images` (the images the tools returned): what a tool-aware reward reads."""
     lengths = batch["response_mask"].sum(-1).tolist()
     return [
         {
@@ -427,6 +431,7 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
                 if "tool_calls" in batch
                 else {}
             ),
+            **({"turns": batch["turns"][i], "tool_images": batch["tool_images"][i]} if "turns" in batch else {}),
         }
         for i in range(len(batch))
     ]

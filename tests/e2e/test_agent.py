@@ -553,3 +553,54 @@ def test_deepeyes_replies_are_the_crop_in_tool_response_and_its_turn_prompt():
     assert "<|im_start|>user\n<tool_response><|vision_start|>" in text
     assert "<|vision_end|></tool_response>\nThink first, call **image_zoom_in_tool** if needed" in text
     assert "echo" not in text.split("</tool_call>", 1)[1]  # DeepEyes shows the crop, not the tool's text
+
+
+TOOL_AWARE_REWARD = '''
+import re
+
+
+def compute_score(reward_inputs):
+    """Credit an answer only where a tool reply that worked said it (CodeV's TAPO in miniature)."""
+    out = []
+    for x in reward_inputs:
+        answer = re.search(r"<answer>(.*?)</answer>", x["response"]).group(1)
+        replies = [t for t in x["turns"] if t["role"] == "tool" and t["ok"]]
+        helped = any(answer in t["text"] for t in replies)
+        shown = sum(len(t["images"]) for t in replies)
+        out.append({"overall": float(helped), "tool_images": float(shown == len(x["tool_images"]) > 0)})
+    return out
+'''
+
+
+def test_a_reward_function_reads_the_tool_calls_and_replies_also_on_a_remote_worker(tmp_path):
+    from rlstack.rewards.loader import load_reward_function
+    from rlstack.rewards.manager import REWARD_COLUMNS, reward_inputs
+
+    out, _ = _loop(
+        resolve_model_path("builtin:tiny-qwen2.5-vl"),
+        [
+            [_call("7", images=1), "<answer>7</answer><eos>"],  # the tool said 7: credited
+            ["<answer>7</answer><eos>"],  # the same answer without the tool: nothing
+            [_call("7", crash=True), "<answer>7</answer><eos>"],  # the tool failed: nothing
+        ],
+    )
+    n = len(out)
+    out = out.update(
+        {
+            "ground_truth": ["7"] * n,
+            "prompt": [f"q{i}?" for i in range(n)],
+            "data_source": ["t"] * n,
+        }
+    )
+    inputs = reward_inputs(out)
+    # a Ray reward actor is sent REWARD_COLUMNS alone: it must see the same inputs
+    assert reward_inputs(Batch({k: out[k] for k in REWARD_COLUMNS if k in out})) == inputs
+    assert [x["num_tool_calls"] for x in inputs] == [1, 0, 1]
+    call = next(t for t in inputs[0]["turns"] if t["role"] == "assistant")
+    assert call["tool_call"] == {"name": "echo", "arguments": {"x": "7", "images": 1}}
+    assert len(inputs[0]["tool_images"]) == 1 and inputs[0]["tool_images"][0].size == (56, 56)
+    path = tmp_path / "tool_aware.py"
+    path.write_text(TOOL_AWARE_REWARD)
+    scores = load_reward_function(f"{path}:compute_score").fn(inputs)
+    assert [s["overall"] for s in scores] == [1.0, 0.0, 0.0]
+    assert [s["tool_images"] for s in scores] == [1.0, 0.0, 0.0]

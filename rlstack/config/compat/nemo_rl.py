@@ -67,7 +67,11 @@ TABLE: dict[str, Moved | Inert] = {
     "policy.dtensor_cfg._v2": Inert(ANY, "rlstack shards the policy with FSDP2 (DTensor)"),
     "policy.dtensor_cfg.cpu_offload": Moved("worker.actor.fsdp.offload_params"),
     "policy.dtensor_cfg.activation_checkpointing": Moved("worker.actor.model.enable_gradient_checkpointing"),
-    "policy.dtensor_cfg.sequence_parallel": Inert((False,), "rlstack has no sequence parallelism"),
+    "policy.dtensor_cfg.sequence_parallel": Inert(
+        (False,),
+        "NeMo RL's sequence_parallel splits activations over its tensor-parallel ranks, which rlstack does "
+        "not have; for long sequences use rlstack's Ulysses sequence parallelism (worker.actor.ulysses_size)",
+    ),
     "policy.dtensor_cfg.tensor_parallel_size": Inert(
         (1,), "rlstack trains with FSDP2 alone (no tensor parallelism)"
     ),
