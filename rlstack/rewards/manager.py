@@ -431,7 +431,11 @@ def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
                 if "tool_calls" in batch
                 else {}
             ),
-            **({"turns": batch["turns"][i], "tool_images": batch["tool_images"][i]} if "turns" in batch else {}),
+            **(
+                {"turns": batch["turns"][i], "tool_images": batch["tool_images"][i]}
+                if "turns" in batch
+                else {}
+            ),
         }
         for i in range(len(batch))
     ]

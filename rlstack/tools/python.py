@@ -15,7 +15,8 @@ What the model gets (also in `PythonTool.schema`'s description):
   `max_output_chars` characters (each of them cut to a fair share when they are more; a cut says
   so), then the tool's own notes; and as images every figure shown with `plt.show()` /
   `fig.show()`, every `Image.show()`, and a final expression that is a PIL image or a figure; at
-  most `max_images_per_call`, each resized to [`min_pixels`, `max_pixels`] (`fit_image`).
+  most `max_images_per_call`, each resized to [`min_pixels`, `max_pixels`] (`fit_image`); and an
+  image file whose path the code printed on a line of its own (CodeV), read in the sandbox.
 - A call that runs past `timeout_s`, crashes the interpreter (segfault, `os._exit`) or uses up its
   CPU budget `cpu_s` ends with an observation that says so and that the state is lost; the next call
   starts a fresh interpreter. Running out of memory (`MemoryError`), writing a file past
@@ -79,9 +80,11 @@ interpreter, the error and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -109,6 +112,9 @@ _warned: set[str] = set()
 
 _TRACEBACK_LINES = 12
 _PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
+_IMAGE_PATH = re.compile(r"(?:[\w.~-]*/)*[\w.~-]+\.(?:png|jpe?g|webp|bmp|gif)", re.IGNORECASE)
+"""A printed line that is a path to an image file and nothing else (quotes around it allowed):
+`crop.png`, `/tmp/out/crop_1.jpg`, `'x.webp'`; a list of file names or a sentence naming one is not."""
 
 
 class PythonTool:
@@ -149,11 +155,14 @@ class PythonTool:
         max_pixels: int = MAX_PIXELS,
         startup_timeout_s: float = 60.0,
         contract: str = "rlstack",
+        printed_images: bool = True,
     ) -> None:
         """Limits: `timeout_s` wall clock per call; `cpu_s` CPU seconds over one interpreter's life;
         `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images);
         `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm).
-        `contract` (set from `worker.rollout.agent.tool_contract`) names the input images."""
+        `contract` (set from `worker.rollout.agent.tool_contract`) names the input images.
+        `printed_images`: an image file whose path the code prints comes back as an image (CodeV's
+        programs save a crop and print its path)."""
         if contract not in CONTRACTS:
             raise ToolError(f"builtin:python: contract={contract!r} is not one of {sorted(CONTRACTS)}")
         self.contract = CONTRACTS[contract]
@@ -167,6 +176,7 @@ class PythonTool:
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
         self.max_output_chars, self.max_images_per_call = max_output_chars, max_images_per_call
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
+        self.printed_images = printed_images
         self.limits = SandboxLimits(
             wall_s=timeout_s,
             cpu_s=cpu_s,
@@ -204,7 +214,36 @@ class PythonTool:
             self.close()
             return self._lost(reply if isinstance(reply, _Lost) else _Lost("sent a corrupt reply"), console)
         self._interpreter.process.kill_strays()
+        if self.printed_images:
+            reply = self._add_printed_images(reply, console)
+            if isinstance(reply, _Lost):
+                self.close()
+                return self._lost(reply, console)
         return self._observation(reply, console)
+
+    def _add_printed_images(self, reply: _Reply, console: _Console) -> _Reply | _Lost:
+        """`reply` with the images whose paths the cell printed, each on a line of its own (files in its
+        sandbox, read there), in the order printed, after those it showed, up to `max_images_per_call`
+        in all."""
+        lines = (line.strip().strip("'\"") for line in console.kept().splitlines())
+        paths = list(dict.fromkeys(line for line in lines if _IMAGE_PATH.fullmatch(line)))
+        room = self.max_images_per_call - len(reply.pngs) - reply.dropped_images
+        if not paths:
+            return reply
+        if room <= 0:
+            return dataclasses.replace(reply, dropped_images=reply.dropped_images + len(paths))
+        assert self._interpreter is not None
+        self._calls += 1
+        request = {"id": self._calls, "open": paths[:room]}
+        opened, _ = self._interpreter.exchange(request, self.timeout_s, self.max_output_chars)
+        if not isinstance(opened, _Reply):
+            return opened if isinstance(opened, _Lost) else _Lost("sent a corrupt reply")
+        return dataclasses.replace(
+            reply,
+            notes=reply.notes + opened.notes,
+            pngs=reply.pngs + opened.pngs[:room],
+            dropped_images=reply.dropped_images + opened.dropped_images + max(0, len(paths) - room),
+        )
 
     def close(self) -> None:
         """Stop the interpreter and remove its files (also between trajectories, via `reset`)."""

@@ -27,6 +27,8 @@ replies small and inside those limits.
    None, "value": str | None, "images": int, "dropped_images": int, "notes": [str]}`, then `images`
    frames, each one PNG (RGB, at most `max_pixels`; at most `max_images` of them). Each text is at
    most `max_value_chars` characters and a note (an image that could not be encoded) about 500.
+3. `{"id": int, "open": [path, ...]}` (paths the last cell printed) -> the same reply, its images those of
+   the paths that are regular files and open as images.
 
 A cell runs like a notebook cell: statements in one namespace that persists across requests, the
 value of a final expression echoed (its repr, or the image itself when it is a PIL image or a
@@ -217,6 +219,25 @@ class Session:
         reply.update(notes=notes, dropped_images=max(0, len(self.shown) - self.max_images))
         return reply, pngs
 
+    def open_printed(self, paths: list) -> tuple[dict, list]:
+        """The images at `paths` (files the cell printed the path of, CodeV's way of showing a crop), as
+        a cell's reply: what is not a regular file is skipped, what does not open as an image is a note."""
+        self.shown.clear()
+        notes = []
+        for path in paths:
+            if not isinstance(path, str) or not os.path.isfile(path):
+                continue
+            try:
+                with self.Image.open(path) as image:
+                    image.load()
+                    self.shown.append(image.copy())
+            except Exception as e:
+                notes.append(_cut(f"{path} was printed but is not an image: {type(e).__name__}", 500))
+        pngs, more = self._encode_shown()
+        reply = {"ok": True, "error": None, "traceback": None, "value": None}
+        reply.update(notes=notes + more, dropped_images=max(0, len(self.shown) - self.max_images))
+        return reply, pngs
+
     def _restore_console(self) -> None:
         """fds 1 and 2, sys.stdout and sys.stderr back on the console pipe, whatever earlier cells did to them."""
         os.dup2(self.console, 1)
@@ -340,7 +361,10 @@ def main() -> None:
         request = read_frame(requests)
         if request is None:
             return
-        reply, pngs = session.run(request["code"])
+        if "open" in request:
+            reply, pngs = session.open_printed(request["open"])
+        else:
+            reply, pngs = session.run(request["code"])
         if os.getpid() != worker:  # a child the cell forked that returned here: it has no protocol
             os._exit(0)
         send_reply(replies, request["id"], reply, pngs)

@@ -154,6 +154,30 @@ def test_shown_images_come_back_resized(make_tool):
     assert len(obs.images) == 3 and "3 more were not (at most 3 per call)" in obs.text
 
 
+def test_a_printed_image_path_comes_back_as_the_image(make_tool):
+    """CodeV's programs save a crop and print its path: the file, read in the sandbox, comes back."""
+    tool = make_tool([Image.new("RGB", (60, 40), (0, 0, 200))], max_images_per_call=2)
+    code = (
+        "import os\nos.makedirs('/tmp/out', exist_ok=True)\n"
+        "image_1.crop((0, 0, 30, 40)).save('crop.png')\n"
+        "Image.new('RGB', (50, 50), (200, 0, 0)).save('/tmp/out/red.jpg')\n"
+        "open('fake.png', 'w').write('not an image')\n"
+        "print('crop.png')\nprint(\"'/tmp/out/red.jpg'\")\nprint('missing.png')\n"
+        "print('saved crop.png and more')"  # a sentence naming a file is not a path
+    )
+    obs = run(tool, "from PIL import Image\n" + code)
+    assert obs.ok and len(obs.images) == 2, obs.text
+    assert obs.images[0].getpixel((0, 0)) == (0, 0, 200) and obs.images[1].getpixel((5, 5))[0] > 150
+    assert obs.images[0].size[0] < obs.images[0].size[1]  # the crop's aspect ratio (30 x 40), fitted
+    assert obs.text.startswith("crop.png\n'/tmp/out/red.jpg'\nmissing.png")
+    obs = run(tool, "print('fake.png')")  # a file that is not an image: said, no image
+    assert obs.images == [] and "fake.png was printed but is not an image" in obs.text
+    obs = run(tool, "image_1.show()\nimage_1.show()\nprint('crop.png')")  # no room left: said
+    assert len(obs.images) == 2 and "1 more were not (at most 2 per call)" in obs.text
+    off = make_tool([Image.new("RGB", (60, 40))], printed_images=False)
+    assert run(off, "image_1.save('a.png')\nprint('a.png')").images == []
+
+
 def test_output_truncation_errors_and_state_kept(make_tool):
     tool = make_tool(max_output_chars=300)  # printed output, value and traceback share the 300 characters
     obs = run(tool, "y = 5\nprint('a' * 1000)")
