@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -31,6 +32,8 @@ class LoraConfig:
     """Modules that get adapters, by name (q_proj, v_proj, ...); [all-linear]: every linear layer but the output head (peft's all-linear)."""
     dropout: float = 0.0
     """Dropout on the adapters' input in training."""
+    exclude_modules: str | None = None
+    """Modules that get no adapters: a regular expression their whole name matches (EasyR1's `.*visual.*`: not the vision encoder; peft's exclude_modules)."""
 
 
 @dataclass
@@ -65,6 +68,14 @@ def model_rules(cfg: Config, p: list[str]) -> None:
             f"dropout = {lora.dropout} (in [0, 1)), target_modules = {list(lora.target_modules)} (not empty): fix "
             "the one out of range"
         )
+    if lora.exclude_modules is not None:
+        try:
+            re.compile(lora.exclude_modules)
+        except re.error as e:
+            p.append(
+                f"worker.actor.model.lora.exclude_modules = {lora.exclude_modules!r} is not a regular expression "
+                f"({e}): write one that the whole name of each module to leave out matches, e.g. '.*visual.*'"
+            )
     world = t.nnodes * t.n_gpus_per_node
     if t.backend == "ray" and min(t.nnodes, t.n_gpus_per_node) >= 1 and world > 1 and lora.rank > 0:
         p.append(

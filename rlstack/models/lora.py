@@ -37,15 +37,18 @@ def _peft():
 
 def add_lora(model: torch.nn.Module, cfg: LoraConfig, freeze_vision_tower: bool = False) -> torch.nn.Module:
     """`model` with LoRA adapters (`cfg`) and its base weights frozen; with `freeze_vision_tower` a
-    vision-language model's vision encoder (`model.visual`) gets no adapters, so it does not train."""
+    vision-language model's vision encoder (`model.visual`) gets no adapters, so it does not train; nor
+    do the modules whose whole name `cfg.exclude_modules` matches."""
     peft = _peft()
     targets = cfg.target_modules
+    excluded = [r".*\bvisual\b.*"] if freeze_vision_tower else []
+    excluded += [cfg.exclude_modules] if cfg.exclude_modules is not None else []
     config = peft.LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
-        exclude_modules=r".*\bvisual\b.*" if freeze_vision_tower else None,
+        exclude_modules="|".join(f"(?:{x})" for x in excluded) or None,
         task_type="CAUSAL_LM",
     )
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from config_files import EASYR1_RUN
 from e2e_runs import (
     PARITY_REWARD,
     _metrics,
@@ -222,14 +223,15 @@ def test_an_easyr1_config_puts_the_kl_where_easyr1_does(
         "algorithm:\n  adv_estimator: grpo\n  disable_kl: false\n"
         f"  use_kl_loss: {str(use_kl_loss).lower()}\n  kl_penalty: low_var_kl\n  kl_coef: 0.05\n"
     )
-    cfg = load_config([f"config={path}"])
+    cfg = load_config([f"config={path}", *EASYR1_RUN])
     assert (cfg.algorithm.use_kl_in_reward, cfg.algorithm.use_kl_loss) == (not use_kl_loss, use_kl_loss)
     # left out, the in-reward KL takes EasyR1's own coefficient and estimator (rlstack's are a KL loss's)
     bare = tmp_path / "bare.yaml"
     bare.write_text("algorithm:\n  disable_kl: false\n")
-    a = load_config([f"config={bare}"]).algorithm
+    a = load_config([f"config={bare}", *EASYR1_RUN]).algorithm
     assert (a.use_kl_in_reward, a.kl_coef, a.kl_penalty) == (True, 1e-3, "kl")
-    m = _two_steps(tiny_model_dir, tmp_path / "run", f"config={path}")
+    data_and_reward = [a for a in EASYR1_RUN if a.startswith(("data.", "worker.reward."))]
+    m = _two_steps(tiny_model_dir, tmp_path / "run", f"config={path}", *data_and_reward)
     for step in (1, 2):
         if use_kl_loss:
             assert "actor/reward_kl_penalty" not in m[step] and "actor/kl_loss" in m[step]

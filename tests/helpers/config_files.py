@@ -10,6 +10,18 @@ import pytest
 from rlstack.config import ConfigError, load_config
 
 
+EASYR1_RUN = [
+    "data.train_files=builtin:addition@train",
+    "data.prompt_key=problem",
+    "worker.actor.model.model_path=builtin:tiny-qwen2",
+    "worker.reward.reward_function=builtin:exact_match",
+    "worker.rollout.n=2",
+]
+"""Beside a file with EasyR1's keys: what EasyR1 has no default for (rlstack asks for them), the built-in
+task's prompt field (EasyR1's default is `prompt`) and a group of 2 (EasyR1's default n is 1, which GRPO
+cannot use)."""
+
+
 def write_yaml(path: Path, text: str) -> Path:
     """`text` (dedented) written at `path`."""
     path.write_text(textwrap.dedent(text).lstrip())

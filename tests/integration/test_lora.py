@@ -175,6 +175,27 @@ def test_lora_settings_are_checked():
         load_config(["worker.actor.model.lora.rank=8", "trainer.backend=ray", "trainer.n_gpus_per_node=2"])
 
 
+def test_exclude_modules_leaves_out_what_it_matches_and_is_checked(tiny_model_dir):
+    from rlstack.config import ConfigError
+    from rlstack.models.loading import BUILTIN_VISION_MODEL
+
+    def adapted(path: str, exclude: str | None, freeze: bool = False) -> list[str]:
+        lora = LoraConfig(rank=4, exclude_modules=exclude)
+        cfg = ActorConfig(model=ModelConfig(model_path=path, lora=lora), freeze_vision_tower=freeze)
+        worker = PolicyWorker(cfg, AlgorithmConfig(), max_response_length=8, total_steps=1, seed=0)
+        return [n for n, p in worker.model.named_parameters() if p.requires_grad]
+
+    mlp_free = adapted(str(tiny_model_dir), r".*\.mlp\..*")
+    assert mlp_free and not any(".mlp." in n for n in mlp_free) and any(".self_attn." in n for n in mlp_free)
+    assert any(".mlp." in n for n in adapted(str(tiny_model_dir), None))
+    # EasyR1's shipped value, beside freeze_vision_tower: the language model alone gets adapters
+    for exclude, freeze in ((".*visual.*", False), (r".*\.mlp\..*", True)):
+        names = adapted(BUILTIN_VISION_MODEL, exclude, freeze)
+        assert names and not any(".visual." in n for n in names)
+    with pytest.raises(ConfigError, match=r"lora.exclude_modules = '\(visual' is not a regular expression"):
+        load_config(["worker.actor.model.lora.exclude_modules=(visual"])
+
+
 @pytest.mark.parametrize("freeze", [True, False])
 def test_vision_tower_gets_adapters_unless_frozen(freeze: bool):
     from rlstack.models.loading import BUILTIN_VISION_MODEL

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from config_files import problems_of, write_yaml
+from config_files import EASYR1_RUN, problems_of, write_yaml
 
 from rlstack import config as config_module
 from rlstack.cli import main
@@ -798,7 +798,7 @@ trainer:
 def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog):
     path = tmp_path / "easyr1.yaml"
     path.write_text(EASYR1)
-    cfg = load_config([f"config={path}"])
+    cfg = load_config([f"config={path}", *EASYR1_RUN[2:]])
     d, a, r = cfg.data, cfg.worker.actor, cfg.worker.rollout
     assert (d.image_key, d.val_batch_size) == ("pictures", -1)  # rlstack keys of the same name
     assert not cfg.algorithm.use_kl_loss and not cfg.algorithm.use_kl_in_reward  # disable_kl wins
@@ -820,8 +820,11 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     )
     assert any("disable_kl" in n and f"over algorithm.use_kl_loss=true ({path}, line 12)" in n for n in notes)
     assert (
-        len(notes) == 28
-    )  # every EasyR1 key or spelling above, each said once (ulysses_size and optim.strategy are rlstack's own)
+        len(notes) == 29
+    )  # every EasyR1 key or spelling above, each said once (ulysses_size and optim.strategy are rlstack's own),
+    # and the one note that lists the keys left out, which take EasyR1's defaults
+    assert any(n.startswith("config: keys this EasyR1 config leaves out take EasyR1's defaults") for n in notes)
+    assert (d.max_response_length, d.rollout_batch_size, a.clip_ratio_high) == (512, 512, 0.3)
 
 
 @pytest.mark.parametrize(
@@ -892,10 +895,13 @@ def test_easyr1s_override_chat_template_renders_every_prompt(tiny_model_dir: Pat
         cfg = load_config(
             [
                 f"config={config}",
+                *EASYR1_RUN,
                 f"worker.actor.model.model_path={tiny_model_dir}",
                 f"trainer.output_dir={tmp_path / 'out'}",
                 "data.val_files=",
                 "trainer.logger=[file]",
+                "data.rollout_batch_size=4",
+                "worker.actor.global_batch_size=4",
             ]
         )
         assert cfg.worker.actor.model.chat_template == value

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.config_files import problems_of, write_yaml
+from helpers.config_files import EASYR1_RUN, problems_of, write_yaml
 
 from rlstack.batch import Batch
 from rlstack.collection import Collector
@@ -26,7 +26,7 @@ def compute_score(reward_inputs, format_weight=0.1):
 
 def test_max_try_make_batch_minus_one_means_no_limit(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", "trainer:\n  max_try_make_batch: -1\n")
-    alg = load_config([f"config={path}"]).algorithm
+    alg = load_config([f"config={path}", *EASYR1_RUN]).algorithm
     assert alg.max_try_make_batch == -1 and alg.unlimited_tries
     assert not load_config([]).algorithm.unlimited_tries
 
@@ -95,7 +95,7 @@ def test_easyr1_ref_dynamic_batching_loads_as_following_the_actor(tmp_path):
               torch_dtype: bf16
         """,
     )
-    cfg = load_config([f"config={path}"])
+    cfg = load_config([f"config={path}", *EASYR1_RUN])
     assert not cfg.worker.actor.dynamic_batching
 
 
@@ -127,7 +127,7 @@ def test_a_missing_reward_file_without_its_function_is_refused_at_load(tmp_path,
 @pytest.mark.parametrize("name", ["gspo", "cispo"])
 def test_easyr1_forks_estimator_names_select_the_loss(tmp_path, name):
     path = write_yaml(tmp_path / "c.yaml", f"algorithm:\n  adv_estimator: {name}\n  disable_kl: true\n")
-    cfg = load_config([f"config={path}", "worker.rollout.n=2"])
+    cfg = load_config([f"config={path}", *EASYR1_RUN])
     assert (cfg.algorithm.adv_estimator, cfg.worker.actor.loss_type) == ("grpo", name)
 
 

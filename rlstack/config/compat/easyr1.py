@@ -175,11 +175,14 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         ),
     }
     easyr1 = False  # the config holds keys only EasyR1 has: it is read as EasyR1's
+    easyr1_file = False  # and a config file holds them (not only the command line): it is EasyR1's file
+    disable_kl_read = False
     for key in [*FOREIGN, *handlers]:
         value = tree.pop(values, key)
         if value is tree.MISSING:
             continue
-        easyr1 = True
+        easyr1, disable_kl_read = True, disable_kl_read or key == "algorithm.disable_kl"
+        easyr1_file |= bool(at(key)) and "command-line override" not in at(key)
         if key in handlers:
             handlers[key](key, value)
             continue
@@ -200,6 +203,12 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             notes.append(f"{key}={value}{at(key)}: EasyR1's spelling, read as {spellings[value]}")
     if easyr1:
         _estimator_loss(values, notes, problems, at)
+    if easyr1_file:
+        _easyr1_defaults(values, notes, problems)
+        kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")
+        if not disable_kl_read and all(tree.get(values, k) is tree.MISSING for k in kl_keys):
+            # EasyR1's disable_kl defaults to false: a KL penalty in the reward
+            _disable_kl("algorithm.disable_kl", False, values, notes, lambda _: " (unset: EasyR1's default)")
     modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
         tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
@@ -207,6 +216,50 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     for note in notes:
         log.warning("config: %s", note)
     return notes
+
+
+EASYR1_DEFAULTS: dict[str, Any] = {
+    "data.val_files": "",
+    "data.prompt_key": "prompt",
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "data.rollout_batch_size": 512,
+    "data.val_batch_size": -1,
+    "trainer.total_epochs": 10,
+    "trainer.project_name": "easy_r1",
+    "trainer.experiment_name": "demo",
+    "trainer.val_generations_to_log": 0,
+    "trainer.save_limit": -1,
+    "worker.actor.global_batch_size": 256,
+    "worker.actor.micro_batch_size_per_device_for_update": 4,
+    "worker.actor.micro_batch_size_per_device_for_experience": 16,
+    "worker.actor.clip_ratio_high": 0.3,
+    "worker.actor.model.enable_gradient_checkpointing": True,
+    "worker.rollout.n": 1,
+}
+"""EasyR1's defaults (its DataConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig) where rlstack's
+are the tiny demo's: what the keys an EasyR1 config file leaves out mean there. The KL's are EASYR1_KL."""
+EASYR1_REQUIRED = ("data.train_files", "worker.actor.model.model_path", "worker.reward.reward_function")
+"""Keys EasyR1 has no default for (rlstack's are the demo's task, model and reward)."""
+
+
+def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> None:
+    """An EasyR1 config file: the keys it leaves out take EasyR1's defaults, not the demo's; those EasyR1
+    has none for must be set."""
+    unset = {k: v for k, v in EASYR1_DEFAULTS.items() if tree.get(values, k) is tree.MISSING}
+    for k, v in unset.items():
+        tree.set(values, k, v)
+    if unset:
+        notes.append(
+            "keys this EasyR1 config leaves out take EasyR1's defaults (rlstack's own are its tiny demo's): "
+            + ", ".join(f"{k}={v!r}" for k, v in unset.items())
+        )
+    for k in EASYR1_REQUIRED:
+        if tree.get(values, k) is tree.MISSING:
+            problems.append(
+                f"{k} is not set in this EasyR1 config, and EasyR1 has no default for it (rlstack's is its "
+                f"tiny demo's): set {k}"
+            )
 
 
 EASYR1_KL = {"algorithm.kl_coef": 1e-3, "algorithm.kl_penalty": "kl"}

@@ -1,0 +1,144 @@
+"""The seed systems' own config files as they ship them (tests/fixtures/easyr1/, .../nemo_rl/): each loads with
+only its paths replaced, and every upstream key means there what it means upstream, key by key: read
+under the same name with the same value, moved to rlstack's name, or named in a note that says why it
+changes nothing here. Nothing is dropped silently."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlstack.config import ConfigError, load_config
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+EASYR1 = FIXTURES / "easyr1"
+EASYR1_PATHS = [
+    "worker.actor.model.model_path=builtin:tiny-qwen2",
+    f"data.train_files={FIXTURES / 'formats' / 'gsm8k.jsonl'}",
+    f"data.val_files={FIXTURES / 'formats' / 'gsm8k.jsonl'}",
+    f"data.format_prompt={EASYR1 / 'format_prompt' / 'math.jinja'}",
+    f"worker.reward.reward_function={EASYR1 / 'reward_function' / 'math.py'}:compute_score",
+]
+"""What a user replaces: the model and data (the Hub is not reachable here) and the files it names relative
+to EasyR1's checkout."""
+
+EASYR1_MOVED: dict[str, tuple[str, Any]] = {
+    "data.override_chat_template": ("worker.actor.model.chat_template", None),
+    "worker.actor.model.freeze_vision_tower": ("worker.actor.freeze_vision_tower", False),
+    "worker.actor.fsdp.enable_cpu_offload": ("worker.actor.fsdp.offload_params", False),
+    "worker.actor.model.lora.target_modules": ("worker.actor.model.lora.target_modules", ["all-linear"]),
+    "worker.rollout.val_override_config.temperature": ("worker.rollout.val_temperature", 0.6),
+    "worker.rollout.val_override_config.top_p": ("worker.rollout.val_top_p", 0.95),
+    "worker.rollout.val_override_config.n": ("worker.rollout.val_n", 1),
+    "trainer.max_try_make_batch": ("algorithm.max_try_make_batch", 20),
+}
+"""EasyR1's keys that rlstack names otherwise (or spells otherwise), with the value they must resolve to."""
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out |= _leaves(v, key + ".") if isinstance(v, dict) and v else {key: v}
+    return out
+
+
+def _get(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+            return KeyError
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load(args: list[str], caplog) -> tuple[Any, list[str]]:
+    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat.easyr1"):
+        cfg = load_config(args, machine_checks="warn")
+    return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
+
+
+def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
+    shipped = yaml.safe_load((EASYR1 / "config.yaml").read_text())
+    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
+    replaced = {arg.split("=", 1)[0] for arg in EASYR1_PATHS}
+    unaccounted = []
+    for key, value in _leaves(shipped).items():
+        if key in replaced:
+            continue
+        if key in EASYR1_MOVED:
+            to, want = EASYR1_MOVED[key]
+            assert _get(cfg, to) == want, (key, to, _get(cfg, to))
+            assert any(n.startswith(key) for n in notes), f"{key}: moved without a note"
+        elif any(n.startswith(key) for n in notes):  # inert here, or read with its own rule: said
+            continue
+        elif _get(cfg, key) is KeyError:
+            unaccounted.append(key)
+        else:
+            got = _get(cfg, key)
+            assert got == value or (isinstance(value, str) and str(got) == value), (key, value, got)
+    assert unaccounted == [], f"upstream keys neither read, moved nor noted: {unaccounted}"
+    # what the file means in EasyR1, spelled out
+    a, alg = cfg.worker.actor, cfg.algorithm
+    assert (alg.use_kl_loss, alg.use_kl_in_reward, alg.kl_coef, alg.kl_penalty) == (True, False, 0.01, "low_var_kl")
+    assert (cfg.data.rollout_batch_size, a.global_batch_size, cfg.worker.rollout.n) == (512, 128, 5)
+    assert (cfg.trainer.total_epochs, cfg.trainer.save_limit, cfg.trainer.val_freq) == (15, 3, 5)
+    assert a.loss_agg_mode in (None, "token-mean") and a.loss_type == "vanilla"
+    assert a.model.lora.exclude_modules == ".*visual.*"
+    # the one key it leaves out takes EasyR1's default, not the demo's
+    assert a.clip_ratio_high == 0.3
+    assert any("worker.actor.clip_ratio_high=0.3" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("left_out", "key", "easyr1_default"),
+    [
+        ("max_response_length", "data.max_response_length", 512),
+        ("max_prompt_length", "data.max_prompt_length", 512),
+        ("rollout_batch_size", "data.rollout_batch_size", 512),
+        ("val_files", "data.val_files", ""),
+        ("total_epochs", "trainer.total_epochs", 10),
+    ],
+)
+def test_keys_an_easyr1_file_leaves_out_take_easyr1_defaults_not_the_demos(
+    tmp_path, caplog, left_out, key, easyr1_default
+):
+    text = (EASYR1 / "config.yaml").read_text()
+    lines = [line for line in text.splitlines() if not line.strip().startswith(f"{left_out}:")]
+    assert len(lines) == len(text.splitlines()) - 1
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines))
+    args = [f"config={path}", *(a for a in EASYR1_PATHS if not a.startswith(key + "="))]
+    cfg, notes = _load(args, caplog)
+    assert _get(cfg, key) == easyr1_default
+    assert any(f"{key}={easyr1_default!r}" in n for n in notes)
+
+
+def test_an_easyr1_file_without_kl_keys_puts_easyr1s_kl_in_the_reward(tmp_path, caplog):
+    text = (EASYR1 / "config.yaml").read_text()
+    drop = ("disable_kl:", "use_kl_loss:", "kl_penalty:", "kl_coef:")
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(line for line in text.splitlines() if not line.strip().startswith(drop)))
+    cfg, notes = _load([f"config={path}", *EASYR1_PATHS], caplog)
+    alg = cfg.algorithm
+    assert (alg.use_kl_in_reward, alg.use_kl_loss, alg.kl_coef, alg.kl_penalty) == (True, False, 1e-3, "kl")
+    assert any("EasyR1's default" in n and "use_kl_in_reward=true" in n for n in notes)
+
+
+def test_an_easyr1_file_must_name_what_easyr1_has_no_default_for(tmp_path):
+    text = (EASYR1 / "config.yaml").read_text()
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(line for line in text.splitlines() if "reward_function:" not in line))
+    with pytest.raises(ConfigError) as e:
+        load_config([f"config={path}", *EASYR1_PATHS[:-1]], machine_checks="warn")
+    assert "worker.reward.reward_function is not set in this EasyR1 config, and EasyR1 has no default" in str(e.value)
+
+
+def test_an_easyr1_key_on_the_command_line_alone_keeps_rlstacks_defaults():
+    cfg = load_config(["trainer.max_try_make_batch=7"])
+    assert cfg.algorithm.max_try_make_batch == 7
+    assert cfg.data.max_response_length == load_config([]).data.max_response_length
