@@ -9,7 +9,6 @@ import pytest
 
 from rlstack.config import ConfigError, load_config
 
-
 EASYR1_RUN = [
     "data.train_files=builtin:addition@train",
     "data.prompt_key=problem",
