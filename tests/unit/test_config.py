@@ -823,7 +823,9 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
         len(notes) == 29
     )  # every EasyR1 key or spelling above, each said once (ulysses_size and optim.strategy are rlstack's own),
     # and the one note that lists the keys left out, which take EasyR1's defaults
-    assert any(n.startswith("config: keys this EasyR1 config leaves out take EasyR1's defaults") for n in notes)
+    assert any(
+        n.startswith("config: keys this EasyR1 config leaves out take EasyR1's defaults") for n in notes
+    )
     assert (d.max_response_length, d.rollout_batch_size, a.clip_ratio_high) == (512, 512, 0.3)
 
 

@@ -84,7 +84,12 @@ def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
     assert unaccounted == [], f"upstream keys neither read, moved nor noted: {unaccounted}"
     # what the file means in EasyR1, spelled out
     a, alg = cfg.worker.actor, cfg.algorithm
-    assert (alg.use_kl_loss, alg.use_kl_in_reward, alg.kl_coef, alg.kl_penalty) == (True, False, 0.01, "low_var_kl")
+    assert (alg.use_kl_loss, alg.use_kl_in_reward, alg.kl_coef, alg.kl_penalty) == (
+        True,
+        False,
+        0.01,
+        "low_var_kl",
+    )
     assert (cfg.data.rollout_batch_size, a.global_batch_size, cfg.worker.rollout.n) == (512, 128, 5)
     assert (cfg.trainer.total_epochs, cfg.trainer.save_limit, cfg.trainer.val_freq) == (15, 3, 5)
     assert a.loss_agg_mode in (None, "token-mean") and a.loss_type == "vanilla"
@@ -135,7 +140,9 @@ def test_an_easyr1_file_must_name_what_easyr1_has_no_default_for(tmp_path):
     path.write_text("\n".join(line for line in text.splitlines() if "reward_function:" not in line))
     with pytest.raises(ConfigError) as e:
         load_config([f"config={path}", *EASYR1_PATHS[:-1]], machine_checks="warn")
-    assert "worker.reward.reward_function is not set in this EasyR1 config, and EasyR1 has no default" in str(e.value)
+    assert "worker.reward.reward_function is not set in this EasyR1 config, and EasyR1 has no default" in str(
+        e.value
+    )
 
 
 def test_an_easyr1_key_on_the_command_line_alone_keeps_rlstacks_defaults():
