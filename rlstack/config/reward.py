@@ -185,6 +185,8 @@ class RewardModelConfig:
     """Where it runs: auto (CUDA when available), cpu, cuda, cuda:1, ..."""
     trust_remote_code: bool = False
     """Allow the model's own code from its directory."""
+    num_gpus: float = field(0, ge=0)
+    """With trainer.backend=ray: GPUs each reward actor takes, where it loads the model (NeMo RL's env.reward_model.resources.gpus_per_node); 0: it runs on the actor's CPU."""
 
 
 @dataclass
@@ -303,11 +305,11 @@ def reward_rules(cfg: Config, p: list[str]) -> None:
         )
     if uses_model:
         path_problems(p, ("worker.reward.reward_model.model_path", rw.reward_model.model_path))
-    if uses_model and cfg.trainer.backend == "ray":
+    if uses_model and cfg.trainer.backend == "ray" and rw.num_workers == 0:
         p.append(
-            "builtin:reward_model scores in the trainer's process, but with trainer.backend=ray rewards are scored "
-            "in CPU reward actors, where it would load one CPU copy per actor: use trainer.backend=local, or serve "
-            "the reward model behind an endpoint and call it from a reward function"
+            "builtin:reward_model with trainer.backend=ray and worker.reward.num_workers=0 would load the reward "
+            "model in the driver: set worker.reward.num_workers to the reward actors to load it in (each loads one "
+            "copy, on worker.reward.reward_model.num_gpus GPUs)"
         )
     asker = judge_in_use(rw)
     if asker and not judge_endpoint(rw.judge).base_url:

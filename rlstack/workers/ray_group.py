@@ -25,7 +25,7 @@ import torch
 
 from rlstack.batch import Batch
 from rlstack.config import Config, RewardConfig
-from rlstack.config.reward import judge_endpoint
+from rlstack.config.reward import functions_in_use, judge_endpoint
 from rlstack.errors import RLStackError
 from rlstack.plan import StepPlan
 from rlstack.workers.group import (
@@ -306,7 +306,8 @@ class RewardHost:
 
 class RayRewards:
     """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
-    tests and judge calls included); the driver sends each an equal share of the rows. Same interface as
+    tests, judge calls and the reward model included: each actor loads its own copy of it, on
+    `reward_model.num_gpus` GPUs); the driver sends each an equal share of the rows. Same interface as
     `RewardManager`: `score`, `pop_metrics`, `close`. Each actor takes a CPU, or an equal share of the
     CPUs the ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the
     driver reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another
@@ -320,9 +321,10 @@ class RayRewards:
         self.cluster = cluster
         env = {"env_vars": cluster.env}
         reward = dataclasses.replace(rw, num_workers=1, judge=judge_endpoint(rw.judge))
+        gpus = rw.reward_model.num_gpus if "builtin:reward_model" in functions_in_use(rw) else 0
         self.hosts = [
             ray.remote(RewardHost)
-            .options(num_cpus=cpus, runtime_env=env)
+            .options(num_cpus=cpus, num_gpus=gpus, runtime_env=env)
             .remote(reward, cfg.data.max_response_length)
             for _ in range(n)
         ]

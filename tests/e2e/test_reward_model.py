@@ -120,12 +120,15 @@ def test_bad_reward_models_and_settings_say_what_to_fix(rm_dir, tmp_path):
         RewardModel(RewardModelConfig(model_path=str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match="builtin:reward_model needs worker.reward.reward_model.model_path"):
         load_config(["worker.reward.extra_reward_functions=[builtin:reward_model]"])
-    with pytest.raises(ConfigError, match="with trainer.backend=ray rewards are scored in CPU reward actors"):
+    with pytest.raises(
+        ConfigError, match="worker.reward.num_workers=0 would load the reward model in the driver"
+    ):
         load_config(
             [
                 "worker.reward.reward_function=builtin:reward_model",
                 f"worker.reward.reward_model.model_path={rm_dir}",
                 "trainer.backend=ray",
+                "worker.reward.num_workers=0",
             ]
         )
 
@@ -166,16 +169,16 @@ def test_the_manager_loads_it_once_and_logs_its_components(rm_dir, monkeypatch):
     assert out["reward_components"][0].keys() >= {"rm_score", "rm_truncated"}
 
 
-@pytest.mark.slow
-def test_grpo_adds_the_reward_models_score_to_a_rule_reward(tiny_model_dir, rm_dir, tmp_path):
-    rows = tmp_path / "train.jsonl"
+def _rm_run(model: Path, rm_dir: Path, out: Path, *extra: str):
+    rows = out / "train.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
     rows.write_text(
         "".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8))
     )
     cfg = load_config(
         [
-            f"worker.actor.model.model_path={tiny_model_dir}",
-            f"trainer.output_dir={tmp_path}",
+            f"worker.actor.model.model_path={model}",
+            f"trainer.output_dir={out}",
             f"data.train_files={rows}",
             "data.val_files=",
             "data.rollout_batch_size=4",
@@ -190,10 +193,18 @@ def test_grpo_adds_the_reward_models_score_to_a_rule_reward(tiny_model_dir, rm_d
             "trainer.max_steps=2",
             "trainer.logger=[file]",
             "trainer.num_threads=1",
+            *extra,
         ]
     )
     Trainer(cfg).fit()
-    metrics = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_grpo_adds_the_reward_models_score_to_a_rule_reward_also_in_a_ray_reward_actor(
+    tiny_model_dir, rm_dir, tmp_path
+):
+    metrics = _rm_run(tiny_model_dir, rm_dir, tmp_path / "local")
     assert len(metrics) == 2
     for m in metrics:
         # an extra function's components are logged under its name
@@ -201,3 +212,13 @@ def test_grpo_adds_the_reward_models_score_to_a_rule_reward(tiny_model_dir, rm_d
         assert score != 0.0 and m["reward/reward_model/rm_truncated"] == 0.0
         # overall = exact match + 0.5 rm_score
         assert m["critic/score/mean"] == pytest.approx(m["reward/accuracy"] + 0.5 * score, abs=1e-4)
+    ray = pytest.importorskip("ray")
+    # with trainer.backend=ray, the reward model loads in the reward actor and scores as it does locally
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = _rm_run(tiny_model_dir, rm_dir, tmp_path / "ray", "trainer.backend=ray")
+    finally:
+        ray.shutdown()
+    for local, remote in zip(metrics, on_ray):
+        for key in ("reward/reward_model/rm_score", "reward/accuracy", "critic/score/mean"):
+            assert remote[key] == pytest.approx(local[key], abs=1e-5), key

@@ -21,11 +21,14 @@ CODE_ROWS = "nvidia/Nemotron-RL-coding-competitive_coding"
 
 
 @pytest.fixture()
-def configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
     """The fixtures' configs in a folder that is the working directory, with the prompt file where their
-    `data.prompt_file` names it (examples/prompts/cot.txt, relative to where NeMo RL runs)."""
+    `data.prompt_file` names it (examples/prompts/cot.txt, relative to where NeMo RL runs). Parametrized
+    `shipped`: NeMo RL's grpo_math_1B.yaml as it ships (fixtures/nemo_rl/shipped/) in place of the trimmed one."""
     for f in FIXTURES.glob("*.yaml"):
         shutil.copy(f, tmp_path / f.name)
+    if getattr(request, "param", "trimmed") == "shipped":
+        shutil.copy(FIXTURES / "shipped" / "grpo_math_1B.yaml", tmp_path / "grpo_math_1B.yaml")
     (tmp_path / "examples" / "prompts").mkdir(parents=True)
     shutil.copy(FIXTURES / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
     monkeypatch.chdir(tmp_path)
@@ -57,6 +60,7 @@ def _load_on_the_gpu_node(args: list[str], monkeypatch: pytest.MonkeyPatch) -> C
     return cfg
 
 
+@pytest.mark.parametrize("configs", ["trimmed", "shipped"], indirect=True)
 def test_the_seeds_1_2_and_8_gpu_configs_load_with_nothing_but_paths_replaced(
     configs: Path, monkeypatch: pytest.MonkeyPatch
 ):

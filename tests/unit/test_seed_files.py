@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def _load(args: list[str], caplog) -> tuple[Any, list[str]]:
-    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat.easyr1"):
+    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat"):
         cfg = load_config(args, machine_checks="warn")
     return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
 
@@ -149,3 +150,140 @@ def test_an_easyr1_key_on_the_command_line_alone_keeps_rlstacks_defaults():
     cfg = load_config(["trainer.max_try_make_batch=7"])
     assert cfg.algorithm.max_try_make_batch == 7
     assert cfg.data.max_response_length == load_config([]).data.max_response_length
+
+
+# ------------------------------------------------------------------------------------------ NeMo RL
+
+NEMO = FIXTURES / "nemo_rl"
+
+
+@pytest.fixture()
+def nemo_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """NeMo RL's shipped files in the working directory, its prompt file where they name it (the only path)."""
+    for f in (NEMO / "shipped").glob("*.yaml"):
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "examples" / "prompts").mkdir(parents=True)
+    shutil.copy(NEMO / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _unnamed(shipped: dict, cfg: Any, notes: list[str]) -> list[str]:
+    """The upstream keys that no note names (nor one of their sections) and that are not rlstack's own key
+    with the same value."""
+    out = []
+    for key, value in _leaves(shipped).items():
+        sections = [key.rsplit(".", i)[0] for i in range(key.count(".") + 1)]
+        if any(section in n for section in sections for n in notes):
+            continue
+        if _get(cfg, key) not in (KeyError,) and _get(cfg, key) == value:
+            continue
+        out.append(key)
+    return out
+
+
+def test_nemo_rls_grpo_math_1b_as_shipped_loads_and_every_key_is_read_or_said(nemo_dir, caplog):
+    shipped = yaml.safe_load((nemo_dir / "grpo_math_1B.yaml").read_text())
+    cfg, notes = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}"], caplog)
+    assert _unnamed(shipped, cfg, notes) == []
+    a, w, t = cfg.algorithm, cfg.worker, cfg.trainer
+    assert cfg.data.val_split == 0.05  # OpenMathInstruct-2, 5% held out to validate
+    assert (a.adv_estimator, a.use_kl_loss, a.kl_coef, a.kl_penalty) == ("loo_std", True, 0.01, "low_var_kl")
+    assert (w.actor.clip_ratio_low, w.actor.clip_ratio_high, w.actor.clip_ratio_dual) == (
+        0.2,
+        0.2,
+        float("inf"),
+    )
+    assert (w.actor.optim.lr, w.actor.padding_free, w.actor.dynamic_batching) == (5e-6, True, False)
+    # NeMo RL validates by sampling at the training temperature, one sample per prompt
+    assert (w.rollout.val_temperature, w.rollout.val_top_p, w.rollout.val_top_k, w.rollout.val_n) == (
+        1.0,
+        1.0,
+        -1,
+        1,
+    )
+    assert (w.actor.rollout_correction, a.online_filtering, w.reward.overlong_buffer_length) == (
+        None,
+        False,
+        0,
+    )
+    assert (w.actor.model.lora.rank, w.actor.loss_type) == (0, "vanilla")
+    assert (t.val_freq, t.save_freq, t.save_limit, t.save_best_metric) == (10, 10, 3, "val/reward_score")
+    assert any(n.startswith("NeMo RL's keys left null") and "grpo.advantage_clip_low" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "want"),
+    [
+        (
+            "++grpo.adv_estimator.name=reinforce_plus_plus",
+            "algorithm.adv_estimator",
+            "reinforce_plus_plus_baseline",
+        ),
+        ("++loss_fn.reference_policy_kl_type=k1", "algorithm.kl_penalty", "kl"),
+        ("++loss_fn.use_kl_in_reward=true", "algorithm.use_kl_in_reward", True),
+        ("++loss_fn.use_cispo=true", "worker.actor.loss_type", "cispo"),
+        ("++grpo.use_dynamic_sampling=true", "algorithm.online_filtering", True),
+        ("++grpo.reward_shaping.enabled=true", "worker.reward.overlong_buffer_length", 128),
+        ("++policy.dtensor_cfg.lora_cfg.enabled=true", "worker.actor.model.lora.rank", 8),
+        ("++policy.generation.val_temperature=0.0", "worker.rollout.val_temperature", 0.0),
+        ("++grpo.val_num_generations_per_prompt=4", "worker.rollout.val_n", 4),
+    ],
+)
+def test_nemo_rls_switches_mean_what_they_mean_there(nemo_dir, caplog, override, key, want):
+    cfg, _ = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}", override], caplog)
+    assert _get(cfg, key) == want
+
+
+def test_nemo_rls_importance_sampling_keys_set_the_rollout_correction(nemo_dir, caplog):
+    base = [f"config={nemo_dir / 'grpo_math_1B.yaml'}", "++loss_fn.use_importance_sampling_correction=true"]
+    actor = _load(base, caplog)[0].worker.actor  # NeMo RL's plain IS correction: weights not capped
+    assert (actor.rollout_correction, actor.rollout_correction_high) == ("tis", float("inf"))
+    icepop = [
+        "++loss_fn.truncated_importance_sampling_type=icepop",
+        "++loss_fn.truncated_importance_sampling_ratio=5.0",
+        "++loss_fn.truncated_importance_sampling_ratio_min=0.5",
+    ]
+    actor = _load([*base, *icepop], caplog)[0].worker.actor
+    assert (actor.rollout_correction, actor.rollout_correction_low, actor.rollout_correction_high) == (
+        "icepop",
+        0.5,
+        5.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("++grpo.reward_scaling.enabled=true", "rlstack does not rescale rewards"),
+        ("++loss_fn.disable_ppo_ratio=true", "use the ratio to the sampling policy"),
+        ("++loss_fn.positive_example_nll_weight=0.1", "VAPO's NLL term"),
+        ("++checkpointing.save_optimizer=false", "hold the optimizer state"),
+        ("++reward_penalties.penalize_empty_final_answer=true", "NeMo-Gym's reward-zeroing penalties"),
+        ("++policy.draft.enabled=true", "no draft model"),
+        ("++loss_fn.kl_output_clamp_value=5.0", "KL clamps are fixed at 10"),
+    ],
+)
+def test_nemo_rl_values_rlstack_cannot_mean_are_refused_by_name(nemo_dir, override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config([f"config={nemo_dir / 'grpo_math_1B.yaml'}", override], machine_checks="warn")
+    assert message in str(e.value) and override.lstrip("+").split("=")[0] in str(e.value)
+
+
+def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, caplog):
+    shipped = yaml.safe_load((nemo_dir / "grpo_rm_1B.yaml").read_text())
+    shipped.pop("defaults")
+    cfg, notes = _load([f"config={nemo_dir / 'grpo_rm_1B.yaml'}"], caplog)
+    assert _unnamed(shipped, cfg, notes) == []
+    rw = cfg.worker.reward
+    assert rw.reward_function == "builtin:reward_model"
+    rm = rw.reward_model
+    assert (rm.model_path, rm.dtype, rm.micro_batch_size, rm.max_length, rm.num_gpus) == (
+        "Skywork/Skywork-Reward-V2-Qwen3-0.6B",
+        "bfloat16",
+        4,
+        2048,
+        1,
+    )
+    # the cluster's 2 GPUs: one for the policy, one for the reward model, as NeMo RL splits them
+    assert cfg.trainer.n_gpus_per_node == 1

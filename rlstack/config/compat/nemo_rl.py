@@ -41,8 +41,31 @@ from rlstack.config.compat.nemo_rl_translation import Translation, hashable
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("policy", "grpo", "loss_fn", "cluster", "env", "checkpointing", "logger")
+SECTIONS = (
+    "policy",
+    "grpo",
+    "loss_fn",
+    "cluster",
+    "env",
+    "checkpointing",
+    "logger",
+    "reward_penalties",
+    "data_plane",
+    "on_policy_distillation",
+)
 """Top-level sections of a NeMo RL config (rlstack's are data, worker, algorithm, trainer)."""
+
+PORTS = Inert(ANY, "rlstack picks free ports")
+DRAFT_KEYS = ("model_name", "loss_weight", "num_layers", "aux_layer_indices")
+PENALTIES = (
+    "penalize_duplicated_reasoning",
+    "penalize_empty_final_answer",
+    "penalize_unwanted_tokens",
+    "penalize_malformed_think_tag",
+)
+GYM_PENALTIES = (
+    "NeMo-Gym's reward-zeroing penalties are not built in rlstack; write them in the reward function"
+)
 
 TABLE: dict[str, Moved | Inert] = {
     "policy.precision": Moved("worker.actor.model.dtype", DTYPES),
@@ -140,9 +163,6 @@ TABLE: dict[str, Moved | Inert] = {
     "loss_fn.use_on_policy_kl_approximation": Inert(
         (False,), "rlstack's KL term uses the reference's log-probs"
     ),
-    "loss_fn.use_importance_sampling_correction": Moved(
-        "worker.actor.rollout_correction", {True: "tis", False: None}
-    ),
     "loss_fn.sequence_level_importance_ratios": Moved(
         "worker.actor.loss_type", {True: "gspo", False: "vanilla"}
     ),
@@ -170,6 +190,41 @@ TABLE: dict[str, Moved | Inert] = {
     "logger.tensorboard": Inert(ANY, "rlstack's TensorBoard logs go to the run directory"),
     "cluster.gpus_per_node": Moved("trainer.n_gpus_per_node"),
     "cluster.num_nodes": Moved("trainer.nnodes"),
+    "cluster.master_port_range_low": PORTS,
+    "cluster.master_port_range_high": PORTS,
+    "policy.generation.port_range_low": PORTS,
+    "policy.generation.port_range_high": PORTS,
+    "policy.hf_config_overrides": Inert(({},), "rlstack loads the model's config as saved"),
+    "policy.dtensor_cfg.automodel_kwargs": Inert(
+        ({},), "rlstack loads the model with transformers' from_pretrained"
+    ),
+    "policy.tokenizer.use_fastokens": Inert(ANY, "rlstack tokenizes with the model's Hugging Face tokenizer"),
+    "policy.draft.enabled": Inert((False,), "rlstack trains no draft model for speculative decoding"),
+    **{f"policy.draft.{k}": Inert(ANY, "read with draft.enabled") for k in DRAFT_KEYS},
+    "policy.sequence_packing.microbatch_order": Inert(ANY, "rlstack packs each micro-batch's rows in order"),
+    "policy.generation.real_quant_export_cpu_offload": Inert(ANY, "rlstack exports no quantized weights"),
+    "policy.generation.refit_cfg": Inert(
+        ANY, "NIXL refit transport: rlstack sends weights through its own sync"
+    ),
+    "policy.generation.mcore_generation_config": Inert(
+        ANY, "Megatron's inference engine: rlstack generates with worker.rollout.name (hf or vllm)"
+    ),
+    "policy.generation.vllm_cfg.use_tqdm": Inert(ANY, "rlstack shows no generation progress bars"),
+    "policy.generation.vllm_cfg.enable_vllm_metrics_logger": Inert(
+        ANY, "rlstack logs its own rollout metrics"
+    ),
+    "policy.generation.vllm_cfg.vllm_metrics_logger_interval": Inert(
+        ANY, "rlstack logs its own rollout metrics"
+    ),
+    "data.num_workers": Inert(ANY, "rlstack reads and tokenizes the rows once, before training"),
+    "data.use_multiple_dataloader": Inert(
+        (False,), "rlstack reads every training file into one set (data.train_files)"
+    ),
+    **{f"reward_penalties.{k}": Inert((False,), GYM_PENALTIES) for k in PENALTIES},
+    "reward_penalties.token_ids": Inert((None,), GYM_PENALTIES),
+    "data_plane.enabled": Inert((False,), "rlstack moves batches between its own workers"),
+    "data_plane": Inert(ANY, "read with data_plane.enabled"),
+    "on_policy_distillation": Inert((None,), "on-policy distillation from teachers is not built in rlstack"),
 }
 
 
@@ -198,12 +253,18 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             t.problems.append(f"{key}={value!r}{t.at(key)}: {rule.why}")
     for section in (*SECTIONS, "data.train", "data.validation", "data.default"):
         _drop_empty(t.values, section)
+    unset = []
     for section in SECTIONS:
-        for key in _leaves(t.values.get(section), section):
-            t.problems.append(
-                f"{key}{t.at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it"
-            )
+        for key, value in _leaves(t.values.get(section), section):
+            if value is None:  # NeMo RL's "off" / "not set"
+                unset.append(key)
+            else:
+                t.problems.append(
+                    f"{key}{t.at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it"
+                )
         t.values.pop(section, None)
+    if unset:
+        t.notes.append(f"NeMo RL's keys left null (unset or off there), nothing to read: {', '.join(unset)}")
     for note in t.notes:
         log.warning("config: %s", note)
     return t.notes
@@ -218,7 +279,8 @@ def _drop_empty(values: dict, dotted: str) -> None:
             tree.pop(values, dotted)
 
 
-def _leaves(node: Any, prefix: str) -> list[str]:
+def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf under `node`, None included."""
     if not isinstance(node, dict):
-        return [] if node is None else [prefix]
+        return [(prefix, node)]
     return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}")]

@@ -140,6 +140,9 @@ def datasets_rule(t: Translation) -> None:
     none = t.get("data.validation") is None  # NeMo RL's `validation: null`: none but rows held out
     if none:
         t.take("data.validation")
+        t.notes.append(
+            f"data.validation{t.at('data.validation')}: NeMo RL's key, null: no validation rows of their own"
+        )
     val, val_entry = _rows(t, "validation", "data.val_files")
     _fields(t, [e for e in (entry, val_entry) if e is not None])
     held_out = t.get("data.train.split_validation_size")
@@ -166,6 +169,8 @@ def prompt_files_rule(t: Translation) -> None:
     key, path = setting(t, "system_prompt_file")
     if path not in (tree.MISSING, None):
         t.move(key, "worker.rollout.agent.system_prompt", path)
+    elif path is None:
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, null: no system prompt")
     key, path = setting(t, "prompt_file")
     if path in (tree.MISSING, None):
         return

@@ -4,28 +4,17 @@ others): each rule reads its keys out of the values being translated, and moves 
 from __future__ import annotations
 
 import rlstack.config.tree as tree
+from rlstack.config.compat.nemo_rl_algorithm import ALGORITHM_RULES
 from rlstack.config.compat.nemo_rl_data import datasets_rule, prompt_files_rule
 from rlstack.config.compat.nemo_rl_translation import Translation
 
-REWARDS = {"math": "builtin:math", "code": "builtin:code"}
+REWARDS = {"math": "builtin:math", "code": "builtin:code", "reward_model": "builtin:reward_model"}
 """NeMo RL's environments -> rlstack's built-in rewards."""
 
 
 PROMPT_SPLIT = 4
 """`policy.max_total_sequence_length` with neither a response nor a prompt bound below it: the prompt gets
 this fraction (1 / PROMPT_SPLIT) of the total, the response the rest."""
-
-
-def _advantages(t: Translation) -> None:
-    loo, norm = t.take("grpo.use_leave_one_out_baseline"), t.take("grpo.normalize_rewards")
-    if loo is tree.MISSING and norm is tree.MISSING:
-        return
-    loo, norm = loo is not tree.MISSING and bool(loo), norm is tree.MISSING or bool(norm)
-    key = "grpo.use_leave_one_out_baseline" if loo else "grpo.normalize_rewards"
-    estimator = ("loo_std" if norm else "rloo") if loo else "grpo"
-    t.move(key, "algorithm.adv_estimator", estimator)
-    if not loo:
-        t.move("grpo.normalize_rewards", "algorithm.norm_adv_by_std_in_grpo", norm)
 
 
 def _global_batch(t: Translation) -> None:
@@ -118,17 +107,6 @@ def _lengths(t: Translation) -> None:
     )
 
 
-def _kl(t: Translation) -> None:
-    key = "loss_fn.reference_policy_kl_penalty"
-    coef = t.take(key)
-    if coef is tree.MISSING:
-        return
-    t.move(key, "algorithm.use_kl_loss", bool(coef))
-    if coef:
-        t.move(key, "algorithm.kl_coef", coef)
-        t.move(key, "algorithm.kl_penalty", "low_var_kl")  # NeMo RL's k3 estimator
-
-
 def _env(t: Translation) -> None:
     """The reward from NeMo RL's environment (`env.<name>`, or the one `data.default.env_name` picks)."""
     env = t.get("env")
@@ -154,6 +132,9 @@ def _env(t: Translation) -> None:
     if t.get("worker.reward.reward_function") is tree.MISSING:
         t.move(f"env.{n}", "worker.reward.reward_function", REWARDS[n])
     own = settings.get(n, {}) if isinstance(settings.get(n), dict) else {}
+    if n == "reward_model":
+        _reward_model(t, own)
+        return
     for k, v in own.items():
         if k == "num_workers":
             t.move(f"env.{n}.num_workers", "worker.reward.num_workers", v)
@@ -161,6 +142,89 @@ def _env(t: Translation) -> None:
             t.notes.append(
                 f"env.{n}.{k}={v!r}{t.at(f'env.{n}.{k}')}: NeMo RL's environment setting, not used"
             )
+
+
+RM = "worker.reward.reward_model"
+RM_MOVED = {
+    "model_name": f"{RM}.model_path",
+    "precision": f"{RM}.dtype",
+    "batch_size": f"{RM}.micro_batch_size",
+    "max_model_len": f"{RM}.max_length",
+    "resources.gpus_per_node": f"{RM}.num_gpus",
+}
+RM_INERT = {
+    "processor": "rlstack reads rows by data.format",
+    "resources.num_nodes": "the reward model runs in each reward actor, on one node",
+    "reward_model_cfg.enabled": "builtin:reward_model is the reward",
+    "dtensor_cfg": "the reward model is not trained: it runs on one device, unsharded",
+    "dynamic_batching": "the reward model scores worker.reward.reward_model.micro_batch_size texts at a time",
+    "sequence_packing": "the reward model scores padded batches",
+    "offload_optimizer_for_logprob": "the reward model has no optimizer",
+    "max_grad_norm": "the reward model is not trained",
+}
+
+
+def _reward_model(t: Translation, own: dict) -> None:
+    """NeMo RL's reward-model environment (`env.reward_model`): rlstack's `builtin:reward_model`, a
+    Bradley-Terry sequence classifier read at the last token, in a reward actor under Ray."""
+    env = "env.reward_model"
+    flat = {".".join(k): v for k, v in _flat(own)}
+    model = flat.get("model_name")
+    for k, v in flat.items():
+        key = f"{env}.{k}"
+        if k in RM_MOVED:
+            t.move(key, RM_MOVED[k], DTYPE_NAMES.get(v, v) if k == "precision" else v)
+        elif k == "tokenizer.name" and v in (None, model):
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, the reward model's own tokenizer")
+        elif k == "reward_model_cfg.reward_model_type" and v == "bradley_terry":
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key: builtin:reward_model is a Bradley-Terry model")
+        elif k == "checkpoint_path" and v is None:
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, null: the weights of model_name")
+        elif any(k == inert or k.startswith(inert + ".") for inert in RM_INERT):
+            why = next(w for inert, w in RM_INERT.items() if k == inert or k.startswith(inert + "."))
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {why}")
+        else:
+            t.problems.append(
+                f"{key}={v!r}{t.at(key)}: NeMo RL's reward-model setting, which rlstack has no equivalent for"
+            )
+    _policy_share(t, flat.get("resources.gpus_per_node", 0), flat.get("resources.num_nodes", 1))
+
+
+def _policy_share(t: Translation, rm_gpus: object, rm_nodes: object) -> None:
+    """NeMo RL takes the reward model's GPUs out of the cluster: on one node the policy gets the node's GPUs
+    less the reward model's, on several it gets the nodes the reward model leaves."""
+    gpus, nodes = t.get("cluster.gpus_per_node"), t.get("cluster.num_nodes")
+    nodes = 1 if nodes is tree.MISSING else nodes
+    if not all(isinstance(x, int) for x in (gpus, nodes, rm_gpus, rm_nodes)):
+        return
+    if nodes == 1 and gpus > rm_gpus:
+        t.take("cluster.gpus_per_node")
+        t.move("cluster.gpus_per_node", "trainer.n_gpus_per_node", gpus - rm_gpus)
+        t.notes.append(
+            f"cluster.gpus_per_node={gpus}: {rm_gpus} of them hold the reward model (a reward actor)"
+        )
+    elif nodes > 1 and nodes > rm_nodes:
+        t.take("cluster.num_nodes")
+        t.move("cluster.num_nodes", "trainer.nnodes", nodes - rm_nodes)
+        t.notes.append(
+            f"cluster.num_nodes={nodes}: {rm_nodes} of them hold the reward model (a reward actor)"
+        )
+    else:
+        t.problems.append(
+            f"cluster: {nodes} node(s) of {gpus} GPU(s) leave none for the policy beside the reward model's "
+            f"{rm_nodes} node(s) of {rm_gpus} GPU(s) (env.reward_model.resources)"
+        )
+
+
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _flat(node: dict, prefix: tuple = ()) -> list[tuple[tuple, object]]:
+    """(key path, value) of every leaf of `node`."""
+    out = []
+    for k, v in node.items():
+        out += _flat(v, (*prefix, k)) if isinstance(v, dict) and v else [((*prefix, k), v)]
+    return out
 
 
 def _scheduler(t: Translation) -> None:
@@ -310,7 +374,6 @@ def _tokenizer(t: Translation) -> None:
     key = "policy.tokenizer"
     name, model = t.take(f"{key}.name"), t.take("policy.model_name")
     template, kwargs = t.take(f"{key}.chat_template"), t.take(f"{key}.chat_template_kwargs")
-    _ = t.take(key)
     if model is not tree.MISSING:
         t.move("policy.model_name", "worker.actor.model.model_path", model)
     if name in (None, model):
@@ -325,7 +388,10 @@ def _tokenizer(t: Translation) -> None:
         t.move(f"{key}.chat_template", "worker.actor.model.chat_template", PASSTHROUGH_TEMPLATE)
     elif template is not tree.MISSING:
         t.move(f"{key}.chat_template", "worker.actor.model.chat_template", template)
-    if kwargs not in (tree.MISSING, None, {}):
+    if kwargs in (None, {}):
+        where = t.at(key + ".chat_template_kwargs")
+        t.notes.append(f"{key}.chat_template_kwargs{where}: NeMo RL's key, none given: the template as it is")
+    elif kwargs is not tree.MISSING:
         t.problems.append(
             f"{key}.chat_template_kwargs={kwargs!r}{t.at(key + '.chat_template_kwargs')}: rlstack renders templates "
             "without extra arguments; put their effect into worker.actor.model.chat_template"
@@ -385,10 +451,9 @@ def _ratio_clip_c(t: Translation) -> None:
 
 
 RULES = (
-    _advantages,
     _global_batch,
     _lengths,
-    _kl,
+    *ALGORITHM_RULES,
     _env,
     datasets_rule,
     prompt_files_rule,
