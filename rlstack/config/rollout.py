@@ -34,6 +34,8 @@ class AgentConfig:
     """How calls are written: `code` = <code>```python ...```</code> (CodeV / PyVision), `hermes` = <tool_call>{json}</tool_call> (veRL / DeepEyes); unset: the tool_contract's (code for rlstack)."""
     max_turns: int = field(4, ge=1)
     """Assistant turns per trajectory; a trajectory still calling tools after this many ends with end_reason max_turns."""
+    end_on_evaluation: bool = False
+    """End a trajectory after a tool call whose code ended with an expression that ran without error (NeMo RL's code environment's terminate_on_evaluation); false: it goes on until the model stops calling or max_turns."""
     max_images: int = field(8, ge=1)
     """Images per trajectory (input images included): a data row with more is refused at load; a tool result that would exceed it ends the trajectory (max_images)."""
     system_prompt: str | None = None

@@ -385,6 +385,8 @@ class AgentLoop:
             t.pixel_values = torch.cat([t.pixel_values, encoded.pixel_values])
             t.image_grid_thw = torch.cat([t.image_grid_thw, encoded.image_grid_thw])
             t.num_images += len(images)
+        if self.cfg.end_on_evaluation and observation.ok and observation.evaluated:
+            t.finish("done")  # NeMo RL's terminate_on_evaluation: the evaluated result is the last turn
 
     # ------------------------------------------------------------------------------- assembly
 

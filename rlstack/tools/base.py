@@ -61,6 +61,8 @@ class Observation:
     """False when the call failed: bad arguments, the tool crashed, timed out or raised."""
     error: str | None = None
     """For failures, one line that says what went wrong (logged and counted by the agent loop)."""
+    evaluated: bool = False
+    """Code that ended with an expression, which ran without error (`worker.rollout.agent.end_on_evaluation`)."""
 
 
 def failed(error: str, text: str | None = None) -> Observation:

@@ -347,7 +347,9 @@ class PythonTool:
         error = (
             None if reply.error is None else _valid_unicode(_head(reply.error, self.max_output_chars + 40))
         )
-        return Observation(text=_valid_unicode(text), images=images, ok=reply.ok, error=error)
+        return Observation(
+            text=_valid_unicode(text), images=images, ok=reply.ok, error=error, evaluated=reply.evaluated
+        )
 
     def _decode(self, png: bytes) -> Image.Image | str:
         """An image of the reply, fitted to the pixel limits, or why it was refused. Its size is read

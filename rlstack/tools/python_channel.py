@@ -85,6 +85,8 @@ class _Reply:
     notes: tuple[str, ...]
     dropped_images: int
     pngs: tuple[bytes, ...]
+    evaluated: bool = False
+    """The cell ended with an expression, which ran without error (NeMo RL's code environment's test)."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,7 @@ def _checked(reply: dict, pngs: tuple[bytes, ...]) -> _Reply:
         "value": (str, type(None)),
         "dropped_images": int,
         "notes": list,
+        "evaluated": bool,
     }
     wrong = [key for key, kind in shape.items() if not isinstance(reply.get(key), kind)]
     if wrong:
@@ -296,6 +299,7 @@ def _checked(reply: dict, pngs: tuple[bytes, ...]) -> _Reply:
         notes=tuple(reply["notes"]),
         dropped_images=reply["dropped_images"],
         pngs=pngs,
+        evaluated=reply["evaluated"],
     )
 
 

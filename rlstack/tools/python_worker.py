@@ -24,7 +24,7 @@ replies small and inside those limits.
    "max_images": int, "max_value_chars": int}` (each image is loaded as the variable its file is named
    after; `variables` are set as they are) -> `{"ready": true}` or `{"ready": false, "error": str, "python": str}`.
 2. `{"id": int, "code": str}` -> `{"id": int, "ok": bool, "error": str | None, "traceback": str |
-   None, "value": str | None, "images": int, "dropped_images": int, "notes": [str]}`, then `images`
+   None, "value": str | None, "evaluated": bool, "images": int, "dropped_images": int, "notes": [str]}`, then `images`
    frames, each one PNG (RGB, at most `max_pixels`; at most `max_images` of them). Each text is at
    most `max_value_chars` characters and a note (an image that could not be encoded) about 500.
 3. `{"id": int, "open": [path, ...]}` (paths the last cell printed) -> the same reply, its images those of
@@ -201,9 +201,9 @@ class Session:
         self._restore_console()
         filename = f"<cell {self.cells}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        reply = {"ok": True, "error": None, "traceback": None, "value": None}
+        reply = {"ok": True, "error": None, "traceback": None, "value": None, "evaluated": False}
         try:
-            value = self._execute(code, filename)
+            value, reply["evaluated"] = self._execute(code, filename)
         except BaseException as e:  # SystemExit and KeyboardInterrupt are the cell's errors too
             error = _cut(traceback.format_exception_only(type(e), e)[-1].strip(), self.max_value_chars)
             reply.update(ok=False, error=error, traceback=_short_traceback(e, self.max_value_chars))
@@ -234,7 +234,7 @@ class Session:
             except Exception as e:
                 notes.append(_cut(f"{path} was printed but is not an image: {type(e).__name__}", 500))
         pngs, more = self._encode_shown()
-        reply = {"ok": True, "error": None, "traceback": None, "value": None}
+        reply = {"ok": True, "error": None, "traceback": None, "value": None, "evaluated": False}
         reply.update(notes=notes + more, dropped_images=max(0, len(self.shown) - self.max_images))
         return reply, pngs
 
@@ -249,13 +249,13 @@ class Session:
         sys.stdout, sys.stderr = self.stdout, self.stderr
 
     def _execute(self, code: str, filename: str):
-        """Run the statements; evaluate a final expression and return its value (like a notebook)."""
+        """Run the statements; evaluate a final expression (like a notebook): (its value, whether there was one)."""
         tree = ast.parse(code, filename, "exec")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         exec(compile(tree, filename, "exec"), self.namespace)
         if last is None:
-            return None
-        return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
+            return None, False
+        return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace), True
 
     def _encode_shown(self) -> tuple[list, list]:
         pngs, notes = [], []

@@ -94,7 +94,9 @@ class Echo:
         if call.arguments.get("crash"):
             raise RuntimeError("tool blew up")
         images = [Image.new("RGB", (56, 56), "red")] * int(call.arguments.get("images", 0))
-        return Observation(f"echo {call.arguments.get('x', '')}", images)
+        return Observation(
+            f"echo {call.arguments.get('x', '')}", images, evaluated=bool(call.arguments.get("evaluated"))
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -604,3 +606,17 @@ def test_a_reward_function_reads_the_tool_calls_and_replies_also_on_a_remote_wor
     scores = load_reward_function(f"{path}:compute_score").fn(inputs)
     assert [s["overall"] for s in scores] == [1.0, 0.0, 0.0]
     assert [s["tool_images"] for s in scores] == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("end", [True, False])
+def test_end_on_evaluation_ends_the_trajectory_at_an_evaluated_result(tiny_model_dir, end):
+    """NeMo RL's code environment with terminate_on_evaluation: a call whose code ended with an expression
+    that ran is the last turn; a call without one (or with end_on_evaluation off) lets the model go on."""
+    turns = [
+        [_call("a", evaluated=True), "<answer>1</answer><eos>"],
+        [_call("b"), "<answer>2</answer><eos>"],
+    ]
+    out, _ = _loop(tiny_model_dir, turns, end_on_evaluation=end, max_turns=3)
+    assert out["num_turns"].tolist() == ([1, 2] if end else [2, 2])
+    assert out["end_reason"] == ["done", "done"]
+    assert ("<answer>1</answer>" in out["response_text"][0]) is not end

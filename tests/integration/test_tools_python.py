@@ -178,6 +178,19 @@ def test_a_printed_image_path_comes_back_as_the_image(make_tool):
     assert run(off, "image_1.save('a.png')\nprint('a.png')").images == []
 
 
+def test_a_cell_ending_in_an_expression_that_ran_is_evaluated(make_tool):
+    """NeMo RL's code environment's test for terminate_on_evaluation: the last statement an expression
+    (print(...) included), evaluated without error."""
+    tool = make_tool()
+    assert [run(tool, code).evaluated for code in ("x = 1", "x + 1", "print(x)", "x = 1\n1 / 0", "y")] == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
 def test_output_truncation_errors_and_state_kept(make_tool):
     tool = make_tool(max_output_chars=300)  # printed output, value and traceback share the 300 characters
     obs = run(tool, "y = 5\nprint('a' * 1000)")

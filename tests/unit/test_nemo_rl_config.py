@@ -445,3 +445,15 @@ def test_nemo_rls_command_line_reads_as_it_does_there(configs: Path, capsys: pyt
         assert main(["train", *args, *where]) == 2
         err = capsys.readouterr().err
         assert "'~grpo.max_num_steps' deletes a key" in err and "set grpo.max_num_steps=<value>" in err
+
+
+def test_the_code_environments_terminate_on_evaluation_ends_multi_turn_episodes(configs: Path):
+    checkpoint = configs / "sft_checkpoint"
+    checkpoint.mkdir()
+    production = [f"config={configs / 'code_grpo_production.yaml'}", f"policy.model_name={checkpoint}"]
+    for value in (True, False):  # 3 turns of the code environment
+        cfg = load_config([*production, f"++env.code.terminate_on_evaluation={value}"], machine_checks="warn")
+        assert cfg.worker.rollout.agent.end_on_evaluation is value
+    # the research notes' 1-turn config: every episode ends after its one turn, whatever the key says
+    cfg = load_config([f"config={configs / 'code_grpo_test.yaml'}"], machine_checks="warn")
+    assert cfg.worker.rollout.agent.end_on_evaluation is False

@@ -138,10 +138,24 @@ def _env(t: Translation) -> None:
     for k, v in own.items():
         if k == "num_workers":
             t.move(f"env.{n}.num_workers", "worker.reward.num_workers", v)
+        elif k == "terminate_on_evaluation":
+            _terminate_on_evaluation(t, f"env.{n}.{k}", v)
         else:
             t.notes.append(
                 f"env.{n}.{k}={v!r}{t.at(f'env.{n}.{k}')}: NeMo RL's environment setting, not used"
             )
+
+
+def _terminate_on_evaluation(t: Translation, key: str, value: object) -> None:
+    """NeMo RL's code environment ends an episode once a `<code>` block ending in an expression ran without
+    error: over several turns, `worker.rollout.agent.end_on_evaluation`; in one turn every episode ends anyway."""
+    turns = t.get("grpo.max_rollout_turns")
+    if isinstance(turns, int) and turns > 1:
+        t.move(key, "worker.rollout.agent.end_on_evaluation", bool(value))
+    else:
+        t.notes.append(
+            f"{key}={value!r}{t.at(key)}: NeMo RL's key, not used: one turn per episode ends it anyway"
+        )
 
 
 RM = "worker.reward.reward_model"
