@@ -63,19 +63,21 @@ def _load(args: list[str], caplog) -> tuple[Any, list[str]]:
     return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
 
 
-def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
-    shipped = yaml.safe_load((EASYR1 / "config.yaml").read_text())
-    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
-    replaced = {arg.split("=", 1)[0] for arg in EASYR1_PATHS}
+def _every_key_kept(shipped: dict, cfg: Any, notes: list[str], paths: list[str], moved: dict) -> None:
+    """Each upstream key of an EasyR1-layout file: replaced (a path), moved (to `moved`'s key and value, with a
+    note), named in a note (inert here, or read by its own rule), or rlstack's key with the same value."""
+    replaced = {arg.split("=", 1)[0] for arg in paths}
     unaccounted = []
     for key, value in _leaves(shipped).items():
         if key in replaced:
             continue
-        if key in EASYR1_MOVED:
-            to, want = EASYR1_MOVED[key]
+        if key in moved:
+            to, want = moved[key]
             assert _get(cfg, to) == want, (key, to, _get(cfg, to))
             assert any(n.startswith(key) for n in notes), f"{key}: moved without a note"
-        elif any(n.startswith(key) for n in notes):  # inert here, or read with its own rule: said
+        elif any(
+            key in n for n in notes
+        ):  # inert here, or read with its own rule (disable_kl over use_kl_loss): said
             continue
         elif _get(cfg, key) is KeyError:
             unaccounted.append(key)
@@ -83,6 +85,12 @@ def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
             got = _get(cfg, key)
             assert got == value or (isinstance(value, str) and str(got) == value), (key, value, got)
     assert unaccounted == [], f"upstream keys neither read, moved nor noted: {unaccounted}"
+
+
+def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
+    shipped = yaml.safe_load((EASYR1 / "config.yaml").read_text())
+    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
+    _every_key_kept(shipped, cfg, notes, EASYR1_PATHS, EASYR1_MOVED)
     # what the file means in EasyR1, spelled out
     a, alg = cfg.worker.actor, cfg.algorithm
     assert (alg.use_kl_loss, alg.use_kl_in_reward, alg.kl_coef, alg.kl_penalty) == (
@@ -150,6 +158,44 @@ def test_an_easyr1_key_on_the_command_line_alone_keeps_rlstacks_defaults():
     cfg = load_config(["trainer.max_try_make_batch=7"])
     assert cfg.algorithm.max_try_make_batch == 7
     assert cfg.data.max_response_length == load_config([]).data.max_response_length
+
+
+VPPO = FIXTURES / "vppo"
+
+
+def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(tmp_path, monkeypatch, caplog):
+    """VPPO's examples/configs/config.yaml (an EasyR1 fork), run from its checkout's root as VPPO's scripts do:
+    its format prompt and its reward file named without `:compute_score` where it names them."""
+    (tmp_path / "examples" / "format_prompt").mkdir(parents=True)
+    (tmp_path / "examples" / "format_prompt" / "math_format_perception.jinja").write_text(
+        "{{ content | trim }}"
+    )
+    (tmp_path / "examples" / "reward_function").mkdir()
+    shutil.copy(VPPO / "reward_function" / "math.py", tmp_path / "examples" / "reward_function" / "math.py")
+    monkeypatch.chdir(tmp_path)
+    rows = str(FIXTURES / "formats" / "geometry3k.jsonl")
+    paths = [
+        f"data.train_files={rows}",
+        f"data.val_files={rows}",
+        "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
+    ]
+    shipped = yaml.safe_load((VPPO / "config.yaml").read_text())
+    cfg, notes = _load([f"config={VPPO / 'config.yaml'}", *paths], caplog)
+    moved = {
+        "data.override_chat_template": ("worker.actor.model.chat_template", None),
+        "worker.actor.model.freeze_vision_tower": ("worker.actor.freeze_vision_tower", False),
+        "worker.actor.fsdp.enable_cpu_offload": ("worker.actor.fsdp.offload_params", False),
+        "worker.actor.fsdp.torch_dtype": ("worker.actor.model.dtype", "bfloat16"),
+        "worker.rollout.val_override_config.temperature": ("worker.rollout.val_temperature", 1.0),
+        "worker.rollout.val_override_config.n": ("worker.rollout.val_n", 8),
+        "trainer.max_try_make_batch": ("algorithm.max_try_make_batch", -1),
+    }
+    _every_key_kept(shipped, cfg, notes, paths, moved)
+    a = cfg.algorithm
+    assert (a.online_filtering, a.filter_key, a.unlimited_tries) == (True, "accuracy", True)
+    assert (a.use_kl_loss, a.use_kl_in_reward) == (False, False)  # disable_kl: true wins over use_kl_loss
+    assert cfg.worker.reward.reward_function == "examples/reward_function/math.py"  # its compute_score
+    assert cfg.worker.actor.optim.strategy == "adamw_bf16"
 
 
 # ------------------------------------------------------------------------------------------ NeMo RL
