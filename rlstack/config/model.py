@@ -39,7 +39,7 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     model_path: str = BUILTIN_MODEL
-    """Hugging Face model: a local directory, a Hub name (org/name[@revision], fetched into the Hub cache), `builtin:tiny-qwen2`, or a GGUF file (`.gguf`, dequantized once into a cached directory)."""
+    """Hugging Face model: a local directory, a Hub name (org/name[@revision], fetched into the Hub cache), `builtin:tiny-qwen2`, a GGUF file (`.gguf`, dequantized once into a cached directory), or a NeMo RL checkpoint (`step_N` or its `policy/weights`, written once as a Hugging Face directory)."""
     gguf_file: str | None = None
     """A GGUF file inside the `model_path` folder to load instead of its Hugging Face weights (transformers' `gguf_file`)."""
     tokenizer_path: str | None = None

