@@ -50,7 +50,7 @@ class FSDPConfig:
     mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """With several ranks (FSDP2): the dtype parameters are gathered and computed in, gradients reduced in float32 (unset: `model.dtype`)."""
     offload_params: bool = field(False, resume=True)
-    """With several ranks (FSDP2): keep the policy's and reference's parameter shards, gradients and optimizer state in host memory (FSDP2's CPU offload; EasyR1's offload_params and offload_optimizer together); saves GPU memory for host transfers and a CPU optimizer step."""
+    """Keep the policy's and reference's parameter shards, gradients and optimizer state in host memory (FSDP2's CPU offload, on one rank too; EasyR1's offload_params and offload_optimizer together); saves GPU memory for host transfers and a CPU optimizer step."""
 
 
 @dataclass
@@ -153,10 +153,10 @@ def actor_rules(cfg: Config, p: list[str]) -> None:
         return
     world = t.nnodes * t.n_gpus_per_node
     sequence_parallel_problems(cfg, p, world)
-    if a.fsdp.offload_params and world == 1:
+    if a.fsdp.offload_params and a.model.lora.rank > 0:
         p.append(
-            "worker.actor.fsdp.offload_params=true offloads FSDP2 shards, which only several ranks have: set "
-            "trainer.backend=ray with trainer.n_gpus_per_node (x trainer.nnodes) > 1, or leave it off"
+            "worker.actor.fsdp.offload_params=true shards the policy with FSDP2, which LoRA does not take yet: "
+            "keep the adapters on the device (offload_params=false) or train every weight (lora.rank=0)"
         )
     dp = world // a.ulysses_size if world % a.ulysses_size == 0 else world  # groups holding different rows
     if t.backend == "ray" and mini % dp:

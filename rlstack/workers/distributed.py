@@ -52,6 +52,36 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
+_ALONE = False
+"""This process's models are FSDP2-sharded over a group of one (`alone_group`)."""
+_MADE_GROUP = False
+"""`alone_group` started the process group (a one-process run), so `close_alone_group` ends it."""
+
+
+def alone_group(device: str) -> None:
+    """FSDP2 over this process alone, what its CPU offload (`worker.actor.fsdp.offload_params`) needs on one
+    rank: a Ray rank of a world of one has its group already; a one-process run gets a group of itself."""
+    global _ALONE, _MADE_GROUP
+    if dist.is_initialized():
+        _ALONE = dist.get_world_size() == 1
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_process_group(0, 1, "127.0.0.1", port, device)
+    _ALONE = _MADE_GROUP = True
+
+
+def close_alone_group() -> None:
+    """End the group `alone_group` started (at the end of a one-process run)."""
+    global _ALONE, _MADE_GROUP
+    if _MADE_GROUP and dist.is_initialized():
+        dist.destroy_process_group()
+    _ALONE = _MADE_GROUP = False
+
+
 def current() -> Rank:
     if dist.is_available() and dist.is_initialized():
         return Rank(dist.get_rank(), dist.get_world_size())
@@ -59,8 +89,9 @@ def current() -> Rank:
 
 
 def sharded() -> bool:
-    """Whether this process is one of several ranks (models are FSDP2-sharded)."""
-    return current().world_size > 1
+    """Whether models are FSDP2-sharded: this process is one of several ranks, or a group of its own
+    (`alone_group`, for CPU offload)."""
+    return current().world_size > 1 or _ALONE
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,8 @@ class RankHost:
         if device.startswith("cuda"):
             device = "cuda:0"  # Ray makes the rank's GPU the only visible one
         distributed.init_process_group(self.rank, self.world_size, master_addr, master_port, device)
+        if cfg.worker.actor.fsdp.offload_params:  # one rank too: FSDP2 over its group of one
+            distributed.alone_group(device)
         checkpoint.seed_everything(cfg.trainer.seed, cfg.trainer.full_determinism)
         self.roles = build_roles(cfg, plan, total_steps, device)
         return sorted(self.roles)

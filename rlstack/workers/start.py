@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from rlstack.config import Config, resolve_device
 from rlstack.plan import StepPlan
 from rlstack.rewards.manager import build_reward_manager
+from rlstack.workers import distributed
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup, handle
 from rlstack.workers.policy import PolicyWorker, RefWorker
@@ -36,6 +37,7 @@ class Workers:
         finally:
             if self.cluster is not None:
                 self.cluster.close()
+            distributed.close_alone_group()
 
 
 def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
@@ -60,6 +62,8 @@ def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
             cluster.close()
             raise
     else:
+        if cfg.worker.actor.fsdp.offload_params:  # FSDP2's CPU offload shards over a group of one
+            distributed.alone_group(device)
         groups = {
             role: LocalWorkerGroup(w) for role, w in build_roles(cfg, plan, total_steps, device).items()
         }

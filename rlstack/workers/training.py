@@ -89,7 +89,7 @@ class MicroBatching:
                 knob = "shorten the trajectories"
             others = [f"bfloat16 weights ({role}.model.dtype)"]
             if role == "worker.actor":
-                others.insert(0, "worker.actor.fsdp.offload_params=true (several ranks)")
+                others.insert(0, "worker.actor.fsdp.offload_params=true")
                 if backward:
                     others.insert(0, "worker.actor.model.enable_gradient_checkpointing=true")
             logits = (

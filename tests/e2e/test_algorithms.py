@@ -257,3 +257,29 @@ def test_vppo_entropy_tokens_take_the_policy_gradient_in_a_run(tiny_model_dir: P
     assert runs[True]["critic/advantages/max"] == runs[False]["critic/advantages/max"] != 0
     # a fifth of the tokens carry the gradient: the update's gradient is another
     assert runs[True]["actor/grad_norm"] != pytest.approx(runs[False]["actor/grad_norm"], rel=1e-3)
+
+
+def test_cpu_offload_on_one_process_trains_like_the_plain_policy(tiny_model_dir: Path, tmp_path: Path):
+    """EasyR1's offload_params on one GPU: FSDP2's CPU offload over a group of one process, the policy's
+    shards, gradients and optimizer state in host memory; the same training as without it."""
+    from rlstack.workers import distributed
+
+    plain = _two_steps(tiny_model_dir, tmp_path / "plain")
+    seen = {}
+    real = distributed.shard_model
+
+    def spy(model, device, param_dtype=None, offload=False):
+        seen["offload"], seen["world"] = offload, distributed.current().world_size
+        return real(model, device, param_dtype, offload)
+
+    try:
+        distributed.shard_model = spy
+        offloaded = _two_steps(tiny_model_dir, tmp_path / "offload", "worker.actor.fsdp.offload_params=true")
+    finally:
+        distributed.shard_model = real
+        distributed.close_alone_group()
+    assert seen == {"offload": True, "world": 1}
+    assert not distributed.sharded()  # the run's group is gone with it
+    for step in (1, 2):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
+            assert offloaded[step][key] == pytest.approx(plain[step][key], abs=1e-4), (step, key)

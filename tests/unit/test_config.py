@@ -731,9 +731,10 @@ def test_engine_defaults_resolve_at_load(monkeypatch):
     assert cfg.worker.rollout.max_model_len == 128
 
 
-def test_cpu_offload_needs_several_ranks():
-    (problem,) = problems_of(["worker.actor.fsdp.offload_params=true"])
-    assert "only several ranks have" in problem
+def test_cpu_offload_loads_on_one_rank_but_not_with_lora():
+    assert load_config(["worker.actor.fsdp.offload_params=true"]).worker.actor.fsdp.offload_params
+    (problem,) = problems_of(["worker.actor.fsdp.offload_params=true", "worker.actor.model.lora.rank=8"])
+    assert "which LoRA does not take yet" in problem
 
 
 # ------------------------------------------------------------------------------------ EasyR1's keys
