@@ -97,8 +97,12 @@ def judge_in_use(rw: RewardConfig) -> str | None:
     loaded): `builtin:judge`, or a built-in's judge_fallback key; None: nothing."""
     if "builtin:judge" in functions_in_use(rw):
         return "builtin:judge"
-    fallbacks = (("math", rw.math.judge_fallback), ("agent", rw.agent.judge_fallback))
-    return next((f"worker.reward.{name}.judge_fallback=true" for name, on in fallbacks if on), None)
+    keys = (
+        ("math.judge_fallback", rw.math.judge_fallback),
+        ("agent.judge_fallback", rw.agent.judge_fallback),
+        ("agent.judge_always", rw.agent.judge_always),
+    )
+    return next((f"worker.reward.{key}=true" for key, on in keys if on), None)
 
 
 def local_judge_note(cfg: Config) -> str | None:
@@ -167,6 +171,8 @@ class AgentRewardConfig:
     """Longest answer the format check accepts."""
     judge_fallback: bool = False
     """Ask the judge (`worker.reward.judge`) about answers the rule cannot decide."""
+    judge_always: bool = False
+    """Ask the judge about every answer, the rule not consulted (the vl_agent reward of DeepEyes, CodeV and PyVision)."""
 
 
 @dataclass

@@ -4,7 +4,8 @@
 
 - accuracy: the answer in the last `<answer>...</answer>` against the ground truth, by
   math-verify's equivalence, else by normalized text match; an optional `judge` callable decides
-  the cases the rule cannot (e.g. free-text answers).
+  the cases the rule cannot (e.g. free-text answers), or every answer with `judge_always` (the
+  vl_agent reward of DeepEyes, CodeV and PyVision asks its LLM judge about each one).
 - format: the tool-call tags are balanced (`<tool_call>`/`</tool_call>` and `<code>`/`</code>`),
   there is exactly one answer, and it is at most `max_answer_chars` long.
 - tool: 1 only when the answer is correct AND at least one tool call succeeded
@@ -63,9 +64,13 @@ def compute_score(
     tool_bonus: float = 1.2,
     max_answer_chars: int = 200,
     judge: Judge | None = None,
+    judge_always: bool = False,
 ) -> list[dict[str, float]]:
     answers = [extract_answer_tag(str(x["response"])) for x in reward_inputs]
-    accuracy = [rule_accuracy(str(x["ground_truth"]), a) for x, a in zip(reward_inputs, answers)]
+    if judge_always and judge is not None:  # vl_agent's way: the judge decides every answer there is
+        accuracy = [0.0 if a is None else None for a in answers]
+    else:
+        accuracy = [rule_accuracy(str(x["ground_truth"]), a) for x, a in zip(reward_inputs, answers)]
     undecided = [i for i, acc in enumerate(accuracy) if acc is None]
     if undecided and judge is not None:
         queries = [

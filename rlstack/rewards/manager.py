@@ -461,7 +461,7 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
     wants_judge = (
         any(rf.wants_judge for rf in loaded)
         or ("math" in builtins_used and cfg.math.judge_fallback)
-        or ("agent" in builtins_used and cfg.agent.judge_fallback)
+        or ("agent" in builtins_used and (cfg.agent.judge_fallback or cfg.agent.judge_always))
     )
     judge = None
     if wants_judge:
@@ -532,7 +532,8 @@ def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> d
             "format_weight": a.format_weight,
             "tool_bonus": a.tool_bonus,
             "max_answer_chars": a.max_answer_chars,
-            "judge": fallback if a.judge_fallback else None,
+            "judge": fallback if a.judge_fallback or a.judge_always else None,
+            "judge_always": a.judge_always,
         }
     if name == "reward_model":
         from rlstack.rewards.reward_model import RewardModel

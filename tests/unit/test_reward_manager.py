@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from scored_batches import make_batch
 
-from rlstack.config import RewardConfig
+from rlstack.config import ConfigError, RewardConfig, load_config
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager
 from rlstack.tracking import reward_component_means
@@ -268,6 +268,33 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
         assert [p["type"] for p in with_image] == ["image_url", "text"]
     finally:
         server.stop()
+
+
+def test_judge_always_asks_about_every_answer_as_vl_agent_does(monkeypatch):
+    """CodeV's and PyVision's reward (DeepEyes' vl_agent) asks the judge about each answer: a rule-wrong answer
+    the judge accepts scores, a response without an answer is 0 and not asked."""
+    from judge_server import JudgeServer
+
+    from rlstack.rewards.manager import build_reward_manager
+
+    responses = ["<answer>5</answer>", "<answer>3</answer>", "no answer"]
+    server = JudgeServer()
+    try:
+        cfg = RewardConfig(reward_function="builtin:agent")
+        cfg.agent.judge_always = True
+        cfg.judge.base_url, cfg.judge.model, cfg.judge.check_at_start = server.url, "judge", False
+        manager = build_reward_manager(cfg, max_response_length=8)
+        try:
+            out = manager.score(make_batch(responses, ["3", "3", "3"]))
+        finally:
+            manager.close()
+        assert [c["accuracy"] for c in out["reward_components"]] == [1.0, 1.0, 0.0]
+        assert len(server.chat_requests) == 2
+    finally:
+        server.stop()
+    monkeypatch.delenv("LLM_AS_A_JUDGE_BASE", raising=False)
+    with pytest.raises(ConfigError, match="worker.reward.agent.judge_always=true needs a judge endpoint"):
+        load_config(["worker.reward.reward_function=builtin:agent", "worker.reward.agent.judge_always=true"])
 
 
 ASKS_THE_JUDGE = """
