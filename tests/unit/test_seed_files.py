@@ -198,6 +198,71 @@ def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(tmp_path,
     assert cfg.worker.actor.optim.strategy == "adamw_bf16"
 
 
+SEEDS = FIXTURES / "seeds"
+
+
+def test_the_easyr1_guides_snippet_and_command_mean_what_they_mean_in_easyr1(caplog):
+    """The seed guide's config and `config=base.yaml trainer.n_gpus_per_node=4 worker.rollout.n=8`, paths
+    replaced: no KL key but kl_coef, so EasyR1 puts the KL in the reward; every key left out is EasyR1's."""
+    paths = [
+        f"data.train_files={FIXTURES / 'formats' / 'gsm8k.jsonl'}",
+        f"data.format_prompt={EASYR1 / 'format_prompt' / 'math.jinja'}",
+        "worker.actor.model.model_path=builtin:tiny-qwen2",
+        f"worker.reward.reward_function={EASYR1 / 'reward_function' / 'math.py'}:compute_score",
+    ]
+    command = ["trainer.n_gpus_per_node=4", "worker.rollout.n=8"]
+    cfg, notes = _load([f"config={SEEDS / 'easyr1_guide.yaml'}", *paths, *command], caplog)
+    a, d = cfg.algorithm, cfg.data
+    assert (a.use_kl_in_reward, a.use_kl_loss, a.kl_coef, a.kl_penalty) == (True, False, 0.01, "kl")
+    assert (d.max_prompt_length, d.max_response_length, d.rollout_batch_size, d.val_files) == (
+        2048,
+        512,
+        512,
+        "",
+    )
+    assert (cfg.worker.rollout.n, cfg.trainer.n_gpus_per_node, cfg.worker.actor.global_batch_size) == (
+        8,
+        4,
+        128,
+    )
+    assert any("offload_params" in n for n in notes)  # EasyR1's between-phase offload: said, not dropped
+
+
+def test_the_vppo_guides_training_command_loads(tmp_path, monkeypatch, caplog):
+    """shared/seeds/vppo-rl-agent-guide.md's 7B command over VPPO's config, paths replaced."""
+    (tmp_path / "examples" / "format_prompt").mkdir(parents=True)
+    (tmp_path / "examples" / "format_prompt" / "math_format_perception.jinja").write_text(
+        "{{ content | trim }}"
+    )
+    (tmp_path / "examples" / "reward_function").mkdir()
+    shutil.copy(VPPO / "reward_function" / "math.py", tmp_path / "examples" / "reward_function" / "math.py")
+    monkeypatch.chdir(tmp_path)
+    rows = str(FIXTURES / "formats" / "geometry3k.jsonl")
+    command = [
+        f"config={VPPO / 'config.yaml'}",
+        "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
+        f"data.train_files={rows}",
+        f"data.val_files={rows}",
+        "worker.rollout.n=8",
+        "trainer.total_epochs=2",
+        "algorithm.use_vppo_on_perception=true",
+        "algorithm.top_p_perception_tokens=0.4",
+        "algorithm.use_advantage_shaping=true",
+        "algorithm.use_entropy_penalty=true",
+        "algorithm.entropy_penalty_coef=0.06",
+    ]
+    cfg, _ = _load(command, caplog)
+    a = cfg.algorithm
+    assert (a.use_vppo_on_perception, a.top_p_perception_tokens, a.use_advantage_shaping) == (True, 0.4, True)
+    assert (a.use_entropy_penalty, a.entropy_penalty_coef, cfg.worker.rollout.n) == (True, 0.06, 8)
+    # the guide's other reward of the same file, named with its function
+    cfg, _ = _load(
+        [*command, "worker.reward.reward_function=examples/reward_function/math.py:compute_score_wo_format"],
+        caplog,
+    )
+    assert cfg.worker.reward.reward_function.endswith(":compute_score_wo_format")
+
+
 # ------------------------------------------------------------------------------------------ NeMo RL
 
 NEMO = FIXTURES / "nemo_rl"
