@@ -192,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
                     "--machine-checks=warn only checks a config (with --print-config): a run needs what it asks for"
                 ]
             )
-        cfg = load_config(args.overrides, machine_checks=args.machine_checks)
+        cfg = load_config(args.overrides, machine_checks=args.machine_checks, rewards=args.command == "train")
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0

@@ -26,6 +26,7 @@ from rlstack.config.critic import critic_micro_batch
 from rlstack.config.fields import choices, type_name
 from rlstack.config.interpolation import Interpolated, decoded, first_line, resolve_interpolations
 from rlstack.config.machine import engine_choice, resolve_device
+from rlstack.config.own_data import own_data_rule
 from rlstack.config.reward import local_judge_note
 from rlstack.config.schema import (
     MASK,
@@ -38,7 +39,10 @@ from rlstack.config.schema import (
 
 
 def load_config(
-    args: list[str] | None = None, base: dict | None = None, machine_checks: str = "error"
+    args: list[str] | None = None,
+    base: dict | None = None,
+    machine_checks: str = "error",
+    rewards: bool = True,
 ) -> Config:
     """Build a validated Config from `config=file.yaml` and `a.b=c` arguments.
 
@@ -46,7 +50,8 @@ def load_config(
     recipes such as the demo). `machine_checks="warn"`: what this machine cannot run (no GPU, vLLM or
     flash-attn not installed, ...) is printed as warnings instead of stopping the load: to check on a
     laptop a config meant for a GPU node (`--print-config --machine-checks=warn`); every other problem
-    still stops it.
+    still stops it. `rewards=False` (supervised fine-tuning): a config on its own rows need not name a
+    reward function.
     """
     problems: list[str] = []
     layers: list[tuple[dict, dict[str, str]]] = []  # (values, key -> where it came from)
@@ -92,6 +97,9 @@ def load_config(
     if nemo_rl.is_nemo_rl(merged):
         nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
     easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
+    own_notes = own_data_rule(
+        merged, problems, rewards
+    )  # the demo's defaults kept out of a run on its own rows
     for key in masked_secrets(merged):
         env = " or the OPENAI_API_KEY environment variable" if key == "worker.reward.judge.api_key" else ""
         problems.append(
@@ -100,7 +108,7 @@ def load_config(
         )
     cfg = _build(Config, merged, "", sources, problems, interpolated)
     _resolve_backend(cfg)
-    notes = [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
+    notes = own_notes + [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
     machine: list[str] = []
     _resolve_engine(cfg, machine)
     problems += validate(cfg, machine=False)

@@ -115,7 +115,7 @@ def _convert(weights: Path, dcp: Path, out: Path, resolve_base) -> None:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from rlstack.models.loading import is_vision_model
+    from rlstack.models.vision import is_vision_model
 
     base = Path(resolve_base(_base_model(weights)))
     config = AutoConfig.from_pretrained(base)

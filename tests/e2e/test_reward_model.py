@@ -182,6 +182,7 @@ def _rm_run(model: Path, rm_dir: Path, out: Path, *extra: str):
             f"data.train_files={rows}",
             "data.val_files=",
             "data.rollout_batch_size=4",
+            "data.max_prompt_length=64",
             "data.max_response_length=8",
             "worker.actor.global_batch_size=4",
             "worker.rollout.n=2",

@@ -21,6 +21,14 @@ task's prompt field (EasyR1's default is `prompt`) and a group of 2 (EasyR1's de
 cannot use)."""
 
 
+OWN_ROWS = [
+    "data.max_prompt_length=64",
+    "data.max_response_length=16",
+    "worker.reward.reward_function=builtin:exact_match",
+]
+"""What a config on its own rows names (rlstack's defaults for these are the tiny demo's: `config.own_data`)."""
+
+
 def write_yaml(path: Path, text: str) -> Path:
     """`text` (dedented) written at `path`."""
     path.write_text(textwrap.dedent(text).lstrip())

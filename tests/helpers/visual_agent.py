@@ -31,6 +31,7 @@ def build_tool_vlm(folder: Path, base_model: str) -> Path:
             f"worker.actor.model.model_path={base_model}",
             f"trainer.output_dir={folder}",
             f"data.train_files={folder / 'sft.jsonl'}",
+            "worker.reward.reward_function=builtin:agent",  # unused by the warm start; rows of its own name one
             "data.val_files=",
             "data.max_prompt_length=256",
             "data.max_response_length=64",

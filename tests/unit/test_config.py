@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from config_files import EASYR1_RUN, problems_of, write_yaml
+from config_files import EASYR1_RUN, OWN_ROWS, problems_of, write_yaml
 
 from rlstack import config as config_module
 from rlstack.cli import main
@@ -202,6 +202,7 @@ def test_cross_field_problems_are_reported_together(tmp_path):
             f"data.train_files={tmp_path}/missing.jsonl",
             f"data.format_prompt={tmp_path}/missing.jinja",
             f"worker.actor.model.model_path={tmp_path}/missing_model",
+            *OWN_ROWS,
         ]
     )
     assert len(problems) == 6, problems
@@ -349,6 +350,7 @@ def test_existing_paths_pass(tmp_path, tiny_model_dir):
             f"data.train_files={data}",
             f"data.format_prompt={template}",
             f"worker.actor.model.model_path={tiny_model_dir}",
+            *OWN_ROWS,
         ]
     )
     assert cfg.data.train_files == str(data)
@@ -376,7 +378,7 @@ def test_a_missing_relative_model_path_is_a_problem_naming_where_it_was_looked(t
             problem
         )
     assert load_config([f"{key}=acme/tiny"]).worker.actor.model.model_path == "acme/tiny"  # a Hub name
-    (problem,) = problems_of(["data.train_files=models/train@test"])  # data: local, as models/ is here
+    (problem,) = problems_of(["data.train_files=models/train@test", *OWN_ROWS])  # local, as models/ is here
     assert f"looked for {tmp_path / 'models' / 'train'}" in problem, problem
 
 
@@ -1271,3 +1273,25 @@ def test_a_config_that_is_a_directory_says_so_and_lists_its_yaml_files(tmp_path:
         problem
         == f"config={tmp_path} is a directory: name a YAML file in it (config=path/to/file.yaml); it holds run.yaml"
     )
+
+
+def test_a_config_on_its_own_rows_gets_none_of_the_demos_defaults(tmp_path, capsys):
+    """The tiny demo's lengths, reward and validation split do not leak into a run on the user's rows."""
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"problem": "1+1=", "answer": "2"}\n')
+    problems = problems_of([f"data.train_files={rows}"])
+    for key in ("data.max_prompt_length", "data.max_response_length", "worker.reward.reward_function"):
+        assert any(
+            p.startswith(f"{key} is not set for data.train_files=") and "tiny demo's" in p for p in problems
+        )
+    cfg = load_config([f"data.train_files={rows}", *OWN_ROWS])
+    assert cfg.data.val_files == ""  # not builtin:addition@test
+    assert (
+        "no validation rows (the default, builtin:addition@test, is the tiny demo's)"
+        in capsys.readouterr().err
+    )
+    # supervised fine-tuning scores nothing: no reward to name
+    sft = load_config([f"data.train_files={rows}", *OWN_ROWS[:2]], rewards=False)
+    assert sft.worker.reward.reward_function == "builtin:exact_match"
+    # the built-in tasks keep the demo's defaults, which are theirs
+    assert load_config(["data.train_files=builtin:addition@train"]).data.val_files == "builtin:addition@test"

@@ -604,13 +604,17 @@ def test_val_split_holds_out_training_rows_for_validation(tmp_path):
 
 def test_a_hub_config_loads_in_the_config_as_in_the_reader(tmp_path):
     """`org/name:config@split` and a local folder with a config are data sources at load, not missing paths."""
+    from config_files import OWN_ROWS
+
     from rlstack.config import ConfigError, load_config
 
-    cfg = load_config(["data.train_files=openai/gsm8k:main@train", "data.val_files=openai/gsm8k:main@test"])
+    cfg = load_config(
+        ["data.train_files=openai/gsm8k:main@train", "data.val_files=openai/gsm8k:main@test", *OWN_ROWS]
+    )
     assert cfg.data.train_files == "openai/gsm8k:main@train"
     (tmp_path / "set").mkdir()
-    assert load_config([f"data.train_files={tmp_path / 'set'}:main@train"]).data.train_files.endswith(
-        ":main@train"
-    )
+    assert load_config(
+        [f"data.train_files={tmp_path / 'set'}:main@train", *OWN_ROWS]
+    ).data.train_files.endswith(":main@train")
     with pytest.raises(ConfigError, match="does not exist"):  # a missing local folder stays a missing path
-        load_config([f"data.train_files={tmp_path / 'nope'}:main@train"])
+        load_config([f"data.train_files={tmp_path / 'nope'}:main@train", *OWN_ROWS])

@@ -340,7 +340,10 @@ def test_a_nemo_rl_config_of_the_builtin_task_trains(tmp_path: Path):
 
 def _nemo_rl(tmp_path: Path, text: str) -> str:
     config = tmp_path / "nemo.yaml"
-    config.write_text("policy:\n  model_name: builtin:tiny-qwen2\n  generation: {backend: hf}\n" + text)
+    config.write_text(
+        "policy:\n  model_name: builtin:tiny-qwen2\n  max_total_sequence_length: 80\n  generation: {backend: hf}\n"
+        "env:\n  math: {}\n" + text
+    )
     return f"config={config}"
 
 

@@ -254,8 +254,8 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     for section in (*SECTIONS, "data.train", "data.validation", "data.default"):
         _drop_empty(t.values, section)
     unset = []
-    for section in SECTIONS:
-        for key, value in _leaves(t.values.get(section), section):
+    for section in (s for s in SECTIONS if s in t.values):
+        for key, value in _leaves(t.values[section], section):
             if value is None:  # NeMo RL's "off" / "not set"
                 unset.append(key)
             else:
