@@ -49,7 +49,7 @@ class OptimConfig:
 class FSDPConfig:
     mp_param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """With several ranks (FSDP2): the dtype parameters are gathered and computed in, gradients reduced in float32 (unset: `model.dtype`)."""
-    offload_params: bool = field(False, resume=True)
+    offload_params: bool = False
     """Keep the policy's and reference's parameter shards, gradients and optimizer state in host memory (FSDP2's CPU offload, on one rank too; EasyR1's offload_params and offload_optimizer together); saves GPU memory for host transfers and a CPU optimizer step."""
 
 

@@ -351,10 +351,10 @@ class AgentLoop:
         images = list(observation.images)
         if images and not self.multimodal:
             images = []  # a text-only policy cannot see images: it reads that one was made
-            observation = Observation(
-                observation.text + "\n[the tool produced an image; this model cannot see images]",
-                ok=observation.ok,
-                error=observation.error,
+            observation = dataclasses.replace(
+                observation,
+                text=observation.text + "\n[the tool produced an image; this model cannot see images]",
+                images=[],
             )
         turn = {"role": "tool", "text": observation.text, "ok": observation.ok, "images": []}
         if t.num_images + len(images) > self.cfg.max_images:

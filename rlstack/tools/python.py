@@ -15,8 +15,9 @@ What the model gets (also in `PythonTool.schema`'s description):
   `max_output_chars` characters (each of them cut to a fair share when they are more; a cut says
   so), then the tool's own notes; and as images every figure shown with `plt.show()` /
   `fig.show()`, every `Image.show()`, and a final expression that is a PIL image or a figure; at
-  most `max_images_per_call`, each resized to [`min_pixels`, `max_pixels`] (`fit_image`); and an
-  image file whose path the code printed on a line of its own (CodeV), read in the sandbox.
+  most `max_images_per_call`, each resized to [`min_pixels`, `max_pixels`] (`fit_image`); with the
+  codev contract (or `printed_images=True`) an image file whose path the code printed on a line of
+  its own too (CodeV's way of showing a crop), read in the sandbox.
 - A call that runs past `timeout_s`, crashes the interpreter (segfault, `os._exit`) or uses up its
   CPU budget `cpu_s` ends with an observation that says so and that the state is lost; the next call
   starts a fresh interpreter. Running out of memory (`MemoryError`), writing a file past
@@ -155,14 +156,14 @@ class PythonTool:
         max_pixels: int = MAX_PIXELS,
         startup_timeout_s: float = 60.0,
         contract: str = "rlstack",
-        printed_images: bool = True,
+        printed_images: bool | None = None,
     ) -> None:
         """Limits: `timeout_s` wall clock per call; `cpu_s` CPU seconds over one interpreter's life;
         `startup_timeout_s` for an interpreter to start (importing Pillow, loading the images);
         `disk_mb` for all its files at once (working directory, input images, /tmp, /dev/shm).
         `contract` (set from `worker.rollout.agent.tool_contract`) names the input images.
-        `printed_images`: an image file whose path the code prints comes back as an image (CodeV's
-        programs save a crop and print its path)."""
+        `printed_images`: an image file whose path the code prints on a line of its own comes back as an
+        image (CodeV's programs save a crop and print its path); None: on with the codev contract."""
         if contract not in CONTRACTS:
             raise ToolError(f"builtin:python: contract={contract!r} is not one of {sorted(CONTRACTS)}")
         self.contract = CONTRACTS[contract]
@@ -176,7 +177,7 @@ class PythonTool:
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
         self.max_output_chars, self.max_images_per_call = max_output_chars, max_images_per_call
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
-        self.printed_images = printed_images
+        self.printed_images = contract == "codev" if printed_images is None else printed_images
         self.limits = SandboxLimits(
             wall_s=timeout_s,
             cpu_s=cpu_s,

@@ -56,6 +56,8 @@ _ALONE = False
 """This process's models are FSDP2-sharded over a group of one (`alone_group`)."""
 _MADE_GROUP = False
 """`alone_group` started the process group (a one-process run), so `close_alone_group` ends it."""
+_GROUP_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+_SAVED_ENV: dict[str, str | None] = {}
 
 
 def alone_group(device: str) -> None:
@@ -70,6 +72,9 @@ def alone_group(device: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if device == "cuda":  # torch.cuda.set_device needs an index
+        device = f"cuda:{torch.cuda.current_device()}"
+    _SAVED_ENV.update({k: os.environ.get(k) for k in _GROUP_ENV})
     init_process_group(0, 1, "127.0.0.1", port, device)
     _ALONE = _MADE_GROUP = True
 
@@ -79,6 +84,13 @@ def close_alone_group() -> None:
     global _ALONE, _MADE_GROUP
     if _MADE_GROUP and dist.is_initialized():
         dist.destroy_process_group()
+    if _MADE_GROUP:  # the environment init_process_group set, as it was
+        for k, v in _SAVED_ENV.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _SAVED_ENV.clear()
     _ALONE = _MADE_GROUP = False
 
 

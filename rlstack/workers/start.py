@@ -64,10 +64,14 @@ def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
     else:
         if cfg.worker.actor.fsdp.offload_params:  # FSDP2's CPU offload shards over a group of one
             distributed.alone_group(device)
-        groups = {
-            role: LocalWorkerGroup(w) for role, w in build_roles(cfg, plan, total_steps, device).items()
-        }
-        rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
+        try:
+            groups = {
+                role: LocalWorkerGroup(w) for role, w in build_roles(cfg, plan, total_steps, device).items()
+            }
+            rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
+        except BaseException:
+            distributed.close_alone_group()
+            raise
     return Workers(
         groups=groups,
         policy=handle(groups["actor"], PolicyWorker),

@@ -45,7 +45,10 @@ def test_a_step_directory_or_its_weights_folder_loads_as_the_trained_model(tiny_
         loaded = model.state_dict()
         for k, v in state.items():
             assert torch.equal(loaded[k], v), k
-    assert resolve_model_path(str(step)) == resolve_model_path(str(step))  # converted once, reused
+    written = Path(resolve_model_path(str(step))) / "model.safetensors"
+    stamp = written.stat().st_mtime_ns
+    assert Path(resolve_model_path(str(step / "policy" / "weights"))) / "model.safetensors" == written
+    assert written.stat().st_mtime_ns == stamp  # converted once, reused
     cfg = load_config([f"worker.actor.model.model_path={step}"])  # the config check takes it as a model
     assert cfg.worker.actor.model.model_path == str(step)
 

@@ -156,7 +156,7 @@ def test_shown_images_come_back_resized(make_tool):
 
 def test_a_printed_image_path_comes_back_as_the_image(make_tool):
     """CodeV's programs save a crop and print its path: the file, read in the sandbox, comes back."""
-    tool = make_tool([Image.new("RGB", (60, 40), (0, 0, 200))], max_images_per_call=2)
+    tool = make_tool([Image.new("RGB", (60, 40), (0, 0, 200))], max_images_per_call=2, contract="codev")
     code = (
         "import os\nos.makedirs('/tmp/out', exist_ok=True)\n"
         "image_1.crop((0, 0, 30, 40)).save('crop.png')\n"
@@ -165,7 +165,7 @@ def test_a_printed_image_path_comes_back_as_the_image(make_tool):
         "print('crop.png')\nprint(\"'/tmp/out/red.jpg'\")\nprint('missing.png')\n"
         "print('saved crop.png and more')"  # a sentence naming a file is not a path
     )
-    obs = run(tool, "from PIL import Image\n" + code)
+    obs = run(tool, "from PIL import Image\nimage_1 = Image.open(image_filename)\n" + code)
     assert obs.ok and len(obs.images) == 2, obs.text
     assert obs.images[0].getpixel((0, 0)) == (0, 0, 200) and obs.images[1].getpixel((5, 5))[0] > 150
     assert obs.images[0].size[0] < obs.images[0].size[1]  # the crop's aspect ratio (30 x 40), fitted
@@ -174,8 +174,12 @@ def test_a_printed_image_path_comes_back_as_the_image(make_tool):
     assert obs.images == [] and "fake.png was printed but is not an image" in obs.text
     obs = run(tool, "image_1.show()\nimage_1.show()\nprint('crop.png')")  # no room left: said
     assert len(obs.images) == 2 and "1 more were not (at most 2 per call)" in obs.text
-    off = make_tool([Image.new("RGB", (60, 40))], printed_images=False)
-    assert run(off, "image_1.save('a.png')\nprint('a.png')").images == []
+    off = make_tool([Image.new("RGB", (60, 40))], printed_images=False, contract="codev")
+    assert run(off, "print(image_filename)").images == []
+    plain = make_tool([Image.new("RGB", (60, 40))])  # rlstack's contract: printed paths are text
+    assert run(plain, "print('image_1.png')").images == []
+    on = make_tool([Image.new("RGB", (60, 40))], printed_images=True)
+    assert len(run(on, "print('image_1.png')").images) == 1
 
 
 def test_a_cell_ending_in_an_expression_that_ran_is_evaluated(make_tool):

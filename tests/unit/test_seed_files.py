@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -284,8 +285,10 @@ def _unnamed(shipped: dict, cfg: Any, notes: list[str]) -> list[str]:
     with the same value."""
     out = []
     for key, value in _leaves(shipped).items():
-        sections = [key.rsplit(".", i)[0] for i in range(key.count(".") + 1)]
-        if any(section in n for section in sections for n in notes):
+        sections = [key.rsplit(".", i)[0] for i in range(max(1, key.count(".")))]  # the key and its sections
+        # but the top one (a note naming `policy` does not name every policy key)
+        named = (re.compile(rf"(?<![\w.]){re.escape(s)}(?![\w.])") for s in sections)  # whole keys, not parts
+        if any(pattern.search(n) for pattern in named for n in notes):
             continue
         if _get(cfg, key) not in (KeyError,) and _get(cfg, key) == value:
             continue
@@ -331,7 +334,6 @@ def test_nemo_rls_grpo_math_1b_as_shipped_loads_and_every_key_is_read_or_said(ne
             "algorithm.adv_estimator",
             "reinforce_plus_plus_baseline",
         ),
-        ("++loss_fn.reference_policy_kl_type=k1", "algorithm.kl_penalty", "kl"),
         ("++loss_fn.use_kl_in_reward=true", "algorithm.use_kl_in_reward", True),
         ("++loss_fn.use_cispo=true", "worker.actor.loss_type", "cispo"),
         ("++grpo.use_dynamic_sampling=true", "algorithm.online_filtering", True),
@@ -372,7 +374,8 @@ def test_nemo_rls_importance_sampling_keys_set_the_rollout_correction(nemo_dir, 
         ("++checkpointing.save_optimizer=false", "hold the optimizer state"),
         ("++reward_penalties.penalize_empty_final_answer=true", "NeMo-Gym's reward-zeroing penalties"),
         ("++policy.draft.enabled=true", "no draft model"),
-        ("++loss_fn.kl_output_clamp_value=5.0", "KL clamps are fixed at 10"),
+        ("++loss_fn.kl_output_clamp_value=5.0", "clamps the k3 estimate (low_var_kl) at 10 always"),
+        ("++loss_fn.reference_policy_kl_type=k1", "k1 / k2 never"),  # with the file's clamps
     ],
 )
 def test_nemo_rl_values_rlstack_cannot_mean_are_refused_by_name(nemo_dir, override, message):
@@ -398,3 +401,15 @@ def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, c
     )
     # the cluster's 2 GPUs: one for the policy, one for the reward model, as NeMo RL splits them
     assert cfg.trainer.n_gpus_per_node == 1
+
+
+def test_nemo_rls_k1_kl_without_clamps_is_rlstacks_kl(nemo_dir, caplog):
+    args = [
+        f"config={nemo_dir / 'grpo_math_1B.yaml'}",
+        "++loss_fn.reference_policy_kl_type=k1",
+        "++loss_fn.kl_input_clamp_value=null",
+        "++loss_fn.kl_output_clamp_value=null",
+    ]
+    cfg, notes = _load(args, caplog)
+    assert (cfg.algorithm.kl_penalty, cfg.algorithm.kl_coef) == ("kl", 0.01)
+    assert any("rlstack does not clamp k1 / k2 either" in n for n in notes)

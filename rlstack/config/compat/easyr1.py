@@ -205,8 +205,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         _estimator_loss(values, notes, problems, at)
     if easyr1_file:
         _easyr1_defaults(values, notes, problems)
-        kl_keys = ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")
-        if not disable_kl_read and all(tree.get(values, k) is tree.MISSING for k in kl_keys):
+        if not disable_kl_read and tree.get(values, "algorithm.use_kl_in_reward") is tree.MISSING:
             # EasyR1's disable_kl defaults to false: a KL penalty in the reward
             _disable_kl("algorithm.disable_kl", False, values, notes, lambda _: " (unset: EasyR1's default)")
     modules = tree.get(values, LORA_MODULES)

@@ -56,6 +56,16 @@ SECTIONS = (
 """Top-level sections of a NeMo RL config (rlstack's are data, worker, algorithm, trainer)."""
 
 PORTS = Inert(ANY, "rlstack picks free ports")
+DATA_PLANE_KEYS = (
+    "impl",
+    "backend",
+    "storage_capacity",
+    "num_storage_units",
+    "claim_meta_poll_interval_s",
+    "global_segment_size",
+    "local_buffer_size",
+    "observability",
+)
 DRAFT_KEYS = ("model_name", "loss_weight", "num_layers", "aux_layer_indices")
 PENALTIES = (
     "penalize_duplicated_reasoning",
@@ -223,7 +233,7 @@ TABLE: dict[str, Moved | Inert] = {
     **{f"reward_penalties.{k}": Inert((False,), GYM_PENALTIES) for k in PENALTIES},
     "reward_penalties.token_ids": Inert((None,), GYM_PENALTIES),
     "data_plane.enabled": Inert((False,), "rlstack moves batches between its own workers"),
-    "data_plane": Inert(ANY, "read with data_plane.enabled"),
+    **{f"data_plane.{k}": Inert(ANY, "read with data_plane.enabled") for k in DATA_PLANE_KEYS},
     "on_policy_distillation": Inert((None,), "on-policy distillation from teachers is not built in rlstack"),
 }
 

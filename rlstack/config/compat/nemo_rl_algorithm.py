@@ -5,6 +5,7 @@ a value rlstack cannot mean is a problem naming the key and what to use instead.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import rlstack.config.tree as tree
@@ -18,13 +19,25 @@ def _taken(t: Translation, prefix: str, *names: str) -> dict[str, Any]:
     return {n: t.take(f"{prefix}.{n}") for n in names if t.get(f"{prefix}.{n}") is not MISSING}
 
 
+def _section(t: Translation, section: str, *names: str) -> dict[str, Any]:
+    """The keys `names` of `section` that are set, read out with the section; any other key in it is a
+    problem naming it (a key of a newer NeMo RL that rlstack does not know yet)."""
+    own = _taken(t, section, *names)
+    rest = t.get(section)  # what is left of it (`take` answers from the config as written)
+    t.take(section)
+    for k in rest if isinstance(rest, dict) else ():
+        t.problems.append(
+            f"{section}.{k}{t.at(f'{section}.{k}')}: NeMo RL's key, which rlstack does not read; remove it"
+        )
+    return own
+
+
 def advantages(t: Translation) -> None:
     """`grpo.adv_estimator` (NeMo RL's current layout, over the older `grpo.normalize_rewards` /
     `grpo.use_leave_one_out_baseline`): grpo with or without the std and the leave-one-out baseline
     (`grpo`, `loo_std`, `rloo`), or REINFORCE++ with (`minus_baseline`) or without the group mean."""
     section = "grpo.adv_estimator"
-    own = _taken(t, section, "name", "normalize_rewards", "use_leave_one_out_baseline", "minus_baseline")
-    t.take(section)
+    own = _section(t, section, "name", "normalize_rewards", "use_leave_one_out_baseline", "minus_baseline")
     legacy = _taken(t, "grpo", "normalize_rewards", "use_leave_one_out_baseline")
     name = own.get("name", "grpo")
     if name == "reinforce_plus_plus":
@@ -84,16 +97,25 @@ def kl(t: Translation) -> None:
     key = "loss_fn.reference_policy_kl_penalty"
     coef, kind = t.take(key), t.take("loss_fn.reference_policy_kl_type")
     in_reward = t.take("loss_fn.use_kl_in_reward")
+    k3 = kind is MISSING or kind == "k3"  # rlstack clamps its low_var_kl (k3) only, and always
     for clamp, value in KL_CLAMPS.items():
         got = t.take(clamp)
-        if got is MISSING or got is None or float(got) == value:
-            if got is not MISSING:
-                t.notes.append(
-                    f"{clamp}{t.at(clamp)}: NeMo RL's key, not used: rlstack clamps the same ({value:g})"
-                )
+        if got is MISSING:
+            continue
+        if k3 and got is not None and float(got) == value:
+            t.notes.append(
+                f"{clamp}{t.at(clamp)}: NeMo RL's key, not used: rlstack clamps k3 the same ({value:g})"
+            )
+        elif not k3 and got is None:
+            t.notes.append(
+                f"{clamp}{t.at(clamp)}: NeMo RL's key, null: rlstack does not clamp k1 / k2 either"
+            )
         else:
+            said = "k3" if kind is MISSING else kind
             t.problems.append(
-                f"{clamp}={got!r}{t.at(clamp)}: rlstack's KL clamps are fixed at {value:g}; remove it"
+                f"{clamp}={got!r}{t.at(clamp)} with loss_fn.reference_policy_kl_type={said}: rlstack clamps the k3 "
+                f"estimate (low_var_kl) at {value:g} always and k1 / k2 never; set it to {value:g} with k3, or null "
+                "with k1 / k2"
             )
     if kind is not MISSING and kind not in KL_TYPES:
         t.problems.append(
@@ -112,7 +134,8 @@ def kl(t: Translation) -> None:
         t.move("loss_fn.use_kl_in_reward", "algorithm.use_kl_loss", False)
     if coef:
         t.move(key, "algorithm.kl_coef", coef)
-        t.move(key, "algorithm.kl_penalty", KL_TYPES["k3" if kind is MISSING else kind])
+        kind_key = key if kind is MISSING else "loss_fn.reference_policy_kl_type"  # k3 where it is not set
+        t.move(kind_key, "algorithm.kl_penalty", KL_TYPES["k3" if kind is MISSING else kind])
     elif kind is not MISSING:
         where = t.at("loss_fn.reference_policy_kl_type")
         t.notes.append(
@@ -155,9 +178,15 @@ def reward_shaping(t: Translation) -> None:
     """`grpo.reward_shaping` (DAPO's overlong penalty) as `worker.reward.overlong_buffer_length` /
     `overlong_penalty_factor`; `grpo.reward_scaling` (a linear map of the reward) is not built."""
     section = "grpo.reward_shaping"
-    shaping = _taken(t, section, "enabled", "overlong_buffer_length", "overlong_buffer_penalty")
-    shaping |= _taken(t, section, "max_response_length", "stop_properly_penalty_coef")
-    t.take(section)
+    shaping = _section(
+        t,
+        section,
+        "enabled",
+        "overlong_buffer_length",
+        "overlong_buffer_penalty",
+        "max_response_length",
+        "stop_properly_penalty_coef",
+    )
     if shaping.get("enabled") is True:
         t.move(
             f"{section}.overlong_buffer_length",
@@ -180,8 +209,7 @@ def reward_shaping(t: Translation) -> None:
     elif shaping:
         t.notes.append(f"{section}{t.at(section)}: NeMo RL's keys, not used: reward_shaping.enabled is false")
     section = "grpo.reward_scaling"
-    scaling = _taken(t, section, "enabled", "source_min", "source_max", "target_min", "target_max")
-    t.take(section)
+    scaling = _section(t, section, "enabled", "source_min", "source_max", "target_min", "target_max")
     if scaling.get("enabled") is True:
         t.problems.append(
             f"{section}.enabled=true{t.at(section)}: rlstack does not rescale rewards; scale them in the reward "
@@ -269,10 +297,13 @@ def lora(t: Translation) -> None:
     t.move(f"{section}.target_modules", f"{lora}.target_modules", targets)
     excluded = list(cfg.get("exclude_modules") or [])
     if excluded:  # NeMo RL's names match a module's name or its end
-        t.move(
-            f"{section}.exclude_modules",
-            f"{lora}.exclude_modules",
-            "|".join(f"(?:.*\\.)?{m}" for m in excluded),
+        pattern = "|".join(f"(?:.*\\.)?{re.escape(m)}" for m in excluded)
+        t.move(f"{section}.exclude_modules", f"{lora}.exclude_modules", pattern)
+    known = {"enabled", "dim", "alpha", "dropout", "target_modules", "exclude_modules", "match_all_linear"}
+    known |= {"dropout_position", "lora_A_init", "use_triton"}
+    for k in sorted(cfg.keys() - known):
+        t.problems.append(
+            f"{section}.{k}{t.at(section)}: NeMo RL's LoRA key, which rlstack does not read; remove it"
         )
     t.notes.append(
         f"{section}{t.at(section)}: dropout_position, lora_A_init and use_triton not used: peft applies dropout to "
@@ -311,9 +342,8 @@ def importance_sampling(t: Translation) -> None:
     if on is not True:
         if on is False:
             t.move(key, "worker.actor.rollout_correction", None)
-        for k, v in found.items():
-            if v is not None:
-                t.notes.append(f"loss_fn.{k}{t.at('loss_fn.' + k)}: NeMo RL's key, not used: {key} is false")
+        for k in found:
+            t.notes.append(f"loss_fn.{k}{t.at('loss_fn.' + k)}: NeMo RL's key, not used: {key} is false")
         return
     kind = found.get("truncated_importance_sampling_type") or "tis"
     ratio, low = found.get("truncated_importance_sampling_ratio"), found.get(IS_MIN)

@@ -300,8 +300,9 @@ def _loggers(t: Translation) -> None:
             )
         else:
             tree.set(t.values, "trainer.logger", ["console", "file", *on])
+            said = ", ".join(f"logger.{name}_enabled" for name, v in enabled.items() if v is not tree.MISSING)
             t.notes.append(
-                f"logger.*_enabled{t.at('logger')}: NeMo RL's keys, read as trainer.logger={['console', 'file', *on]}"
+                f"{said}{t.at('logger')}: NeMo RL's keys, read as trainer.logger={['console', 'file', *on]}"
             )
     named = next((name for name in on if TRACKERS[name]), "wandb")
     for name, keys in TRACKERS.items():
@@ -318,10 +319,15 @@ def _loggers(t: Translation) -> None:
                 )
         if t.get(f"logger.{name}") == {}:
             t.take(f"logger.{name}")
+            t.notes.append(f"logger.{name}{t.at('logger.' + name)}: NeMo RL's key, empty: nothing to read")
 
 
 def _checkpoints(t: Translation) -> None:
     enabled = t.take("checkpointing.enabled")
+    if enabled is True:
+        t.notes.append(
+            f"checkpointing.enabled{t.at('checkpointing')}: NeMo RL's key: checkpoints as saved below"
+        )
     if enabled is False and t.get("trainer.save_model_only") is not tree.MISSING:
         t.notes.append(
             f"checkpointing.enabled=false{t.at('checkpointing')}: NeMo RL's key, trainer.save_model_only is set"
