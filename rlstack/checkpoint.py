@@ -113,6 +113,20 @@ def checkpoint_metrics(path: Path) -> dict[str, float]:
         return {}
 
 
+def model_dir_once(out: Path, make: Callable[[], None]) -> str:
+    """`out`, a model directory made by `make()` the first time it is asked for (`out/config.json` says it
+    is there), under a lock beside it, so that two ranks on one machine make it once."""
+    import fcntl
+
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / "config.json").is_file():
+                make()
+    return str(out)
+
+
 def write_dir_atomically(out: Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp_dir)` on a hidden sibling of `out`, then put it in `out`'s place (replacing what was
     there): a crash leaves nothing half-written where readers look."""

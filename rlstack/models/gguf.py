@@ -13,7 +13,6 @@ run then reads that directory like any other model: the policy, the reference, t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlstack.checkpoint import write_dir_atomically
+from rlstack.checkpoint import model_dir_once, write_dir_atomically
 from rlstack.errors import RLStackError
 
 SOURCE_FILE = "rlstack_gguf_source.json"
@@ -76,23 +75,17 @@ def resolve_gguf(file: Path, cache: Path) -> str:
     if not file.is_file():
         raise GGUFError(f"GGUF file {str(file)!r} does not exist (check the path, relative to {os.getcwd()})")
     out = converted_dir(file, cache)
-    if (out / "config.json").is_file():
-        return str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two ranks on one machine convert once
-        if not (out / "config.json").is_file():
-            types = _convert(file, out)
-            _drop_older_copies(file, out)
-            quantized = sorted(set(types) - FLOAT_TYPES)
-            what = (
-                f"{'/'.join(quantized)}-quantized weights dequantized" if quantized else "weights converted"
-            )
-            print(
-                f"[rlstack] {file.name}: {what} to float32 safetensors in {out} (once; reused)",
-                file=sys.stderr,
-            )
-    return str(out)
+
+    def make() -> None:
+        types = _convert(file, out)
+        _drop_older_copies(file, out)
+        quantized = sorted(set(types) - FLOAT_TYPES)
+        what = f"{'/'.join(quantized)}-quantized weights dequantized" if quantized else "weights converted"
+        print(
+            f"[rlstack] {file.name}: {what} to float32 safetensors in {out} (once; reused)", file=sys.stderr
+        )
+
+    return model_dir_once(out, make)
 
 
 def _convert(file: Path, out: Path) -> dict[str, int]:

@@ -13,7 +13,6 @@ Megatron checkpoints (`weights/iter_*`) are refused with NeMo RL's converter nam
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from rlstack.checkpoint import write_dir_atomically
+from rlstack.checkpoint import model_dir_once, write_dir_atomically
 from rlstack.errors import RLStackError
 
 
@@ -49,18 +48,13 @@ def resolve_nemo_checkpoint(weights: Path, cache: Path, resolve_base) -> str:
     key = f"{weights.resolve()}\0{stamp}"
     step = weights.parent.parent
     out = cache / "models" / "nemo_rl" / f"{step.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if (out / "config.json").is_file():
-        return str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two ranks on one machine convert once
-        if not (out / "config.json").is_file():
-            _convert(weights, dcp, out, resolve_base)
-            print(
-                f"[rlstack] {step}: NeMo RL checkpoint written as a Hugging Face model in {out} (once; reused)",
-                file=sys.stderr,
-            )
-    return str(out)
+
+    def make() -> None:
+        _convert(weights, dcp, out, resolve_base)
+        note = f"[rlstack] {step}: NeMo RL checkpoint written as a Hugging Face model in {out} (once; reused)"
+        print(note, file=sys.stderr)
+
+    return model_dir_once(out, make)
 
 
 def _dcp_dir(weights: Path) -> Path:
