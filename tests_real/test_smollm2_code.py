@@ -15,7 +15,9 @@ from rlstack.config import load_config
 from rlstack.rewards.code import extract_code
 from rlstack.trainer import Trainer
 
-pytestmark = pytest.mark.timeout(900)  # the untouched model's validation and two steps: 2-4 minutes on 2 cores
+pytestmark = pytest.mark.timeout(
+    900
+)  # the untouched model's validation and two steps: 2-4 minutes on 2 cores
 
 SMALL = [
     "data.rollout_batch_size=2",
