@@ -280,11 +280,12 @@ def _checked(reply: dict, pngs: tuple[bytes, ...]) -> _Reply:
         "value": (str, type(None)),
         "dropped_images": int,
         "notes": list,
-        "evaluated": bool,
     }
     wrong = [key for key, kind in shape.items() if not isinstance(reply.get(key), kind)]
     if wrong:
         raise _Corrupt(f"unexpected fields {wrong}")
+    if not isinstance(reply.get("evaluated", False), bool):
+        raise _Corrupt("evaluated must be true or false")
     if not all(isinstance(x, str) for x in reply["notes"]):
         raise _Corrupt("notes must be strings")
     if not reply["ok"] and (reply["traceback"] is None or reply["error"] is None):
@@ -299,7 +300,7 @@ def _checked(reply: dict, pngs: tuple[bytes, ...]) -> _Reply:
         notes=tuple(reply["notes"]),
         dropped_images=reply["dropped_images"],
         pngs=pngs,
-        evaluated=reply["evaluated"],
+        evaluated=reply.get("evaluated", False),  # a reply without it (a cell's own frames): not evaluated
     )
 
 
