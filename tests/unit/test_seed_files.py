@@ -164,9 +164,10 @@ def test_an_easyr1_key_on_the_command_line_alone_keeps_rlstacks_defaults():
 VPPO = FIXTURES / "vppo"
 
 
-def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(tmp_path, monkeypatch, caplog):
-    """VPPO's examples/configs/config.yaml (an EasyR1 fork), run from its checkout's root as VPPO's scripts do:
-    its format prompt and its reward file named without `:compute_score` where it names them."""
+@pytest.fixture()
+def vppo_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The working directory as VPPO's checkout root, where its config names its format prompt and its
+    reward file (the prompt is ours: only its path matters here)."""
     (tmp_path / "examples" / "format_prompt").mkdir(parents=True)
     (tmp_path / "examples" / "format_prompt" / "math_format_perception.jinja").write_text(
         "{{ content | trim }}"
@@ -174,6 +175,12 @@ def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(tmp_path,
     (tmp_path / "examples" / "reward_function").mkdir()
     shutil.copy(VPPO / "reward_function" / "math.py", tmp_path / "examples" / "reward_function" / "math.py")
     monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(vppo_checkout, caplog):
+    """VPPO's examples/configs/config.yaml (an EasyR1 fork), run from its checkout's root as VPPO's scripts do:
+    its format prompt and its reward file named without `:compute_score` where it names them."""
     rows = str(FIXTURES / "formats" / "geometry3k.jsonl")
     paths = [
         f"data.train_files={rows}",
@@ -229,15 +236,8 @@ def test_the_easyr1_guides_snippet_and_command_mean_what_they_mean_in_easyr1(cap
     assert any("offload_params" in n for n in notes)  # EasyR1's between-phase offload: said, not dropped
 
 
-def test_the_vppo_guides_training_command_loads(tmp_path, monkeypatch, caplog):
+def test_the_vppo_guides_training_command_loads(vppo_checkout, caplog):
     """shared/seeds/vppo-rl-agent-guide.md's 7B command over VPPO's config, paths replaced."""
-    (tmp_path / "examples" / "format_prompt").mkdir(parents=True)
-    (tmp_path / "examples" / "format_prompt" / "math_format_perception.jinja").write_text(
-        "{{ content | trim }}"
-    )
-    (tmp_path / "examples" / "reward_function").mkdir()
-    shutil.copy(VPPO / "reward_function" / "math.py", tmp_path / "examples" / "reward_function" / "math.py")
-    monkeypatch.chdir(tmp_path)
     rows = str(FIXTURES / "formats" / "geometry3k.jsonl")
     command = [
         f"config={VPPO / 'config.yaml'}",
