@@ -19,6 +19,8 @@ failed; a check that crashes is that check's FAIL line and the others still run.
 - lora: `worker.actor.model.lora.rank=8` trains: finite loss and gradient norm, only adapters change;
 - fsdp2_bf16: `worker.actor.fsdp.mp_param_dtype=bfloat16` on one NCCL rank: FSDP2 keeps float32 master
   parameters (and AdamW state), the linear layers compute in bfloat16, an update applies;
+- offload_one_process: `worker.actor.fsdp.offload_params=true` in a one-process run: the policy's shards
+  in host memory over a group of one, two GRPO steps that train as without it, the peak memory of each;
 - grpo_smollm2_135m, grpo_qwen2.5_1.5b: a few real GRPO steps of rlstack's `Trainer` (builtin:addition,
   builtin:exact_match) on randomly initialised models of those shapes; the figure is steps/s (median
   step after a warm-up) and the peak GPU memory allocated (`perf/max_memory_allocated_gb`).
@@ -525,6 +527,78 @@ def check_fsdp2_bf16(ctx: Context) -> Outcome:
     return figure, {"backend": backend, "grad_norm": metrics["actor/grad_norm"], "max_weight_change": moved}
 
 
+def check_offload_one_process(ctx: Context) -> Outcome:
+    """`worker.actor.fsdp.offload_params=true` in a one-process run (EasyR1's offload_params on one GPU):
+    FSDP2's CPU offload over a process group of one, the policy's shards in host memory; two GRPO steps
+    that train as the same run without it does (the first step's rollout is the same weights' and scores
+    the same; loss and gradient norm within bfloat16's rounding), and the peak GPU memory of each."""
+    import torch
+
+    from rlstack.trainer import Trainer
+    from rlstack.workers import distributed
+
+    seen: dict[str, object] = {}
+    real = distributed.shard_model
+
+    def spy(model, device, param_dtype=None, offload=False):
+        out = real(model, device, param_dtype, offload)
+        seen["offload"], seen["world"] = offload, distributed.current().world_size
+        seen["places"] = sorted({str(p.to_local().device.type) for p in model.parameters()})
+        return out
+
+    runs: dict[bool, list[dict]] = {}
+    for offload in (False, True):
+        cfg = ctx.config(
+            "trainer.max_steps=2",
+            f"trainer.experiment_name=offload-{offload}",
+            f"worker.actor.fsdp.offload_params={str(offload).lower()}",
+            # an entropy bonus: a gradient even where every sample of the random model scores the same
+            "worker.actor.entropy_coeff=0.01",
+        )
+        distributed.shard_model = spy
+        try:
+            Trainer(cfg).fit()
+        finally:
+            distributed.shard_model = real
+            distributed.close_alone_group()
+        runs[offload] = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+        _release(ctx)
+    if seen.get("offload") is not True or seen.get("world") != 1:
+        raise CheckFailed(f"the offloaded run sharded with {seen}: expected offload over a world of one")
+    host = "cpu" if ctx.device == "cuda" else seen["places"][0]
+    if seen["places"] != [host]:
+        raise CheckFailed(f"the offloaded policy's shards live on {seen['places']}, expected {host}")
+    if distributed.sharded() or torch.distributed.is_initialized():
+        raise CheckFailed("the run's group of one outlived the run")
+    plain, off = runs[False], runs[True]
+    for rows in (plain, off):
+        for r in rows:
+            _finite(r, "actor/pg_loss", "actor/grad_norm")
+    if plain[0]["critic/score/mean"] != off[0]["critic/score/mean"]:
+        raise CheckFailed(f"step 1 scored {off[0]['critic/score/mean']} offloaded, {plain[0]['critic/score/mean']} not")
+    tol = 0.05 if ctx.dtype == "bfloat16" else 1e-4
+    if not plain[0]["actor/grad_norm"] > 0:
+        raise CheckFailed(f"step 1 had no gradient ({plain[0]['actor/grad_norm']}): nothing to compare")
+    for key in ("actor/entropy", "actor/grad_norm"):
+        a, b = plain[0][key], off[0][key]
+        if abs(a - b) > tol * max(1.0, abs(a)):
+            raise CheckFailed(f"step 1 {key}: {b} offloaded against {a} (tolerance {tol} relative)")
+    memory = "perf/max_memory_allocated_gb" if ctx.device == "cuda" else "perf/max_rss_gb"
+    peaks = {k: max(r.get(memory, math.nan) for r in rows) for k, rows in runs.items()}
+    figure = (
+        f"shards on {host} over a group of one; step 1 entropy {off[0]['actor/entropy']:.4g} "
+        f"(plain {plain[0]['actor/entropy']:.4g}), grad_norm {off[0]['actor/grad_norm']:.4g} "
+        f"(plain {plain[0]['actor/grad_norm']:.4g}); peak {memory.split('/')[1]} {peaks[True]:.2f} GiB "
+        f"offloaded, {peaks[False]:.2f} GiB not"
+    )
+    return figure, {
+        "entropy": [off[0]["actor/entropy"], plain[0]["actor/entropy"]],
+        "grad_norm": [off[0]["actor/grad_norm"], plain[0]["actor/grad_norm"]],
+        "peak_offloaded_gib": peaks[True],
+        "peak_plain_gib": peaks[False],
+    }
+
+
 def check_grpo(ctx: Context, name: str) -> Outcome:
     """A few GRPO steps of rlstack's `Trainer` on the model of shape `name`: steps/s (1 / the median
     `timing_s/step` after the warm-up) and the peak memory (GPU: allocated; CPU: resident)."""
@@ -568,6 +642,7 @@ CHECKS: list[tuple[str, Callable[[Context], Outcome]]] = [
     ("padding_free", check_padding_free),
     ("lora", check_lora),
     ("fsdp2_bf16", check_fsdp2_bf16),
+    ("offload_one_process", check_offload_one_process),
     ("grpo_smollm2_135m", partial(check_grpo, name="smollm2-135m")),
     ("grpo_qwen2.5_1.5b", partial(check_grpo, name="qwen2.5-1.5b")),
 ]
@@ -598,8 +673,8 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def run_checks(cpu: bool) -> dict:
-    """Every check, one line each as it ends; the results by name."""
+def run_checks(cpu: bool, only: list[str] | None = None) -> dict:
+    """Every check (or those named in `only`), one line each as it ends; the results by name."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -611,6 +686,8 @@ def run_checks(cpu: bool) -> dict:
         os.environ.setdefault("RLSTACK_CACHE", str(Path(tmp) / "cache"))
         ctx = Context(device, Path(tmp), CPU_WORK if cpu else GPU_WORK, "float32" if cpu else "bfloat16")
         for name, check in CHECKS:
+            if only and name not in only:
+                continue
             start = time.perf_counter()
             try:
                 if not cpu and not torch.cuda.is_available():
@@ -712,8 +789,12 @@ def bundle_main(out: Path) -> int:
     return 0
 
 
-def run_main(cpu: bool, json_out: str | None) -> int:
-    results = run_checks(cpu)
+def run_main(cpu: bool, json_out: str | None, only: list[str] | None = None) -> int:
+    unknown = sorted(set(only or ()) - {name for name, _ in CHECKS})
+    if unknown:
+        print(f"gpu_check: no check named {unknown}; the checks: {[name for name, _ in CHECKS]}", file=sys.stderr)
+        return 2
+    results = run_checks(cpu, only)
     failed = [name for name, r in results.items() if not r["passed"]]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} checks passed", flush=True)
     if json_out:
@@ -730,8 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the checks")
     r.add_argument("--cpu", action="store_true", help="on this CPU with tiny shapes and gloo (the dry run)")
     r.add_argument("--json", dest="json_out", help="write every check's result and figures here")
+    r.add_argument("--only", type=lambda s: s.split(","), help="run only these checks (comma-separated)")
     a = p.parse_args(argv)
-    return bundle_main(a.out_dir) if a.mode == "bundle" else run_main(a.cpu, a.json_out)
+    return bundle_main(a.out_dir) if a.mode == "bundle" else run_main(a.cpu, a.json_out, a.only)
 
 
 if __name__ == "__main__":

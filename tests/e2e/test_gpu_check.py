@@ -86,6 +86,17 @@ def test_cpu_dry_run_passes_every_check_with_only_the_gpu_machines_packages_and_
     for name in ("grpo_smollm2_135m", "grpo_qwen2.5_1.5b"):
         assert report["checks"][name]["values"]["steps_per_s"] > 0
 
+    offload = report["checks"]["offload_one_process"]["values"]
+    assert offload["grad_norm"][0] == pytest.approx(offload["grad_norm"][1], rel=1e-4) and offload["grad_norm"][0] > 0
+
+
+def test_only_runs_the_named_checks_and_refuses_an_unknown_name(capsys):
+    assert gpu_check.main(["run", "--cpu", "--only", "padding_free,no_such_check"]) == 2
+    assert "no check named ['no_such_check']" in capsys.readouterr().err
+    assert gpu_check.main(["run", "--cpu", "--only", "padding_free"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("PASS ", "FAIL "))]
+    assert [line.split()[1] for line in lines] == ["padding_free:"]
+
 
 def _index_reachable(folder: Path) -> bool:
     """Whether pip reaches its package index for the bundle's downloads (one try, a short timeout)."""
