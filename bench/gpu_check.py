@@ -561,7 +561,9 @@ def check_offload_one_process(ctx: Context) -> Outcome:
         finally:
             distributed.shard_model = real
             distributed.close_alone_group()
-        runs[offload] = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+        runs[offload] = [
+            json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
         _release(ctx)
     if seen.get("offload") is not True or seen.get("world") != 1:
         raise CheckFailed(f"the offloaded run sharded with {seen}: expected offload over a world of one")
@@ -575,7 +577,9 @@ def check_offload_one_process(ctx: Context) -> Outcome:
         for r in rows:
             _finite(r, "actor/pg_loss", "actor/grad_norm")
     if plain[0]["critic/score/mean"] != off[0]["critic/score/mean"]:
-        raise CheckFailed(f"step 1 scored {off[0]['critic/score/mean']} offloaded, {plain[0]['critic/score/mean']} not")
+        raise CheckFailed(
+            f"step 1 scored {off[0]['critic/score/mean']} offloaded, {plain[0]['critic/score/mean']} not"
+        )
     tol = 0.05 if ctx.dtype == "bfloat16" else 1e-4
     if not plain[0]["actor/grad_norm"] > 0:
         raise CheckFailed(f"step 1 had no gradient ({plain[0]['actor/grad_norm']}): nothing to compare")
@@ -792,7 +796,10 @@ def bundle_main(out: Path) -> int:
 def run_main(cpu: bool, json_out: str | None, only: list[str] | None = None) -> int:
     unknown = sorted(set(only or ()) - {name for name, _ in CHECKS})
     if unknown:
-        print(f"gpu_check: no check named {unknown}; the checks: {[name for name, _ in CHECKS]}", file=sys.stderr)
+        print(
+            f"gpu_check: no check named {unknown}; the checks: {[name for name, _ in CHECKS]}",
+            file=sys.stderr,
+        )
         return 2
     results = run_checks(cpu, only)
     failed = [name for name, r in results.items() if not r["passed"]]

@@ -87,7 +87,10 @@ def test_cpu_dry_run_passes_every_check_with_only_the_gpu_machines_packages_and_
         assert report["checks"][name]["values"]["steps_per_s"] > 0
 
     offload = report["checks"]["offload_one_process"]["values"]
-    assert offload["grad_norm"][0] == pytest.approx(offload["grad_norm"][1], rel=1e-4) and offload["grad_norm"][0] > 0
+    assert (
+        offload["grad_norm"][0] == pytest.approx(offload["grad_norm"][1], rel=1e-4)
+        and offload["grad_norm"][0] > 0
+    )
 
 
 def test_only_runs_the_named_checks_and_refuses_an_unknown_name(capsys):
