@@ -208,21 +208,26 @@ class PythonTool:
             if isinstance(started, Observation):
                 return started
             self._interpreter = started
+        interpreter = self._interpreter  # `close` from another thread may drop it while this call runs
         self._calls += 1
         request = {"id": self._calls, "code": code}
-        reply, console = self._interpreter.exchange(request, self.timeout_s, self.max_output_chars)
+        reply, console = interpreter.exchange(request, self.timeout_s, self.max_output_chars)
+        if interpreter.stopped:  # closed meanwhile (the agent loop stopped waiting): nothing more is its
+            return failed("the call was stopped before it ended: the tool was closed")
         if not isinstance(reply, _Reply):  # lost (a cell's request never gets the init reply's dict)
             self.close()
             return self._lost(reply if isinstance(reply, _Lost) else _Lost("sent a corrupt reply"), console)
-        self._interpreter.process.kill_strays()
+        interpreter.process.kill_strays()
         if self.printed_images:
-            reply = self._add_printed_images(reply, console)
+            reply = self._add_printed_images(interpreter, reply, console)
             if isinstance(reply, _Lost):
                 self.close()
                 return self._lost(reply, console)
         return self._observation(reply, console)
 
-    def _add_printed_images(self, reply: _Reply, console: _Console) -> _Reply | _Lost:
+    def _add_printed_images(
+        self, interpreter: _Interpreter, reply: _Reply, console: _Console
+    ) -> _Reply | _Lost:
         """`reply` with the images whose paths the cell printed, each on a line of its own (files in its
         sandbox, read there), in the order printed, after those it showed, up to `max_images_per_call`
         in all."""
@@ -233,10 +238,9 @@ class PythonTool:
             return reply
         if room <= 0:
             return dataclasses.replace(reply, dropped_images=reply.dropped_images + len(paths))
-        assert self._interpreter is not None
         self._calls += 1
         request = {"id": self._calls, "open": paths[:room]}
-        opened, _ = self._interpreter.exchange(request, self.timeout_s, self.max_output_chars)
+        opened, _ = interpreter.exchange(request, self.timeout_s, self.max_output_chars)
         if not isinstance(opened, _Reply):
             return opened if isinstance(opened, _Lost) else _Lost("sent a corrupt reply")
         return dataclasses.replace(

@@ -36,6 +36,7 @@ import selectors
 import signal
 import struct
 import termios
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -115,6 +116,10 @@ class _Interpreter:
             raise
         self._pidfd = pidfd
         self._finalizer = weakref.finalize(self, os.close, pidfd)
+        self._guard = threading.Lock()
+        self._busy = False
+        self.stopped = False
+        """`close` ran: no exchange starts any more (one in flight ends with the program)."""
 
     def exchange(
         self, message: dict, timeout_s: float, max_output_chars: int
@@ -122,6 +127,22 @@ class _Interpreter:
         """Send `message`, wait up to `timeout_s` for its reply; (the reply, or what went wrong; the console).
 
         The reply is a `_Reply` for a cell's request (one with an `id`), the init reply's dict otherwise."""
+        with self._guard:
+            if self.stopped:
+                return _Lost("was stopped"), _Console(max_output_chars)
+            self._busy = True
+        try:
+            return self._exchange(message, timeout_s, max_output_chars)
+        finally:
+            with self._guard:
+                self._busy = False
+                release = self.stopped
+            if release:  # `close` ran in another thread meanwhile: the pipes are this thread's to close
+                self._release()
+
+    def _exchange(
+        self, message: dict, timeout_s: float, max_output_chars: int
+    ) -> tuple[_Reply | dict | _Lost, _Console]:
         _read_available(self._console, None)  # what earlier calls' threads printed is not this call's
         console = _Console(max_output_chars)
         try:
@@ -136,6 +157,18 @@ class _Interpreter:
         return reply, console
 
     def close(self) -> None:
+        """Stop the program and close its pipes. From another thread than one in `exchange` (a call the agent
+        loop stopped waiting for), the program is stopped here and that thread closes the pipes as it returns
+        (which the program's end makes prompt): closed under it, a pipe's number would go to the next file
+        this process opens, and that thread would read, blocking, from a stranger's file."""
+        with self._guard:
+            busy, self.stopped = self._busy, True
+        if busy:
+            self.process.stop()
+        else:
+            self._release()
+
+    def _release(self) -> None:
         self._finalizer()
         self.process.close()
 

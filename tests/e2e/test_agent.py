@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -470,6 +471,12 @@ def test_a_tool_call_past_the_timeout_ends_its_trajectory_without_waiting(tiny_m
     assert time.perf_counter() - began < 20
     assert out["end_reason"] == ["timeout", "done"]
     assert "42" in out["response_text"][1]
+    # the abandoned call's thread ends with its interpreter, closed at the timeout (a thread left running
+    # is joined when the trainer exits: it would hold the exit up to the tool's own 120 s, or for ever)
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("tool") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("tool")] == []
 
 
 def test_the_trainer_drops_the_groups_of_timed_out_trajectories(tiny_model_dir, tmp_path):

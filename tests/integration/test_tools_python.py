@@ -371,6 +371,31 @@ def test_four_interpreters_in_four_threads(make_tool):
     assert threading.active_count() >= 1  # and the trainer is alive
 
 
+def test_closing_a_tool_while_another_thread_waits_on_it_ends_that_call_and_reads_no_stranger(make_tool):
+    """The agent loop stops waiting for a call past tool_timeout_s and closes its tool while the call's
+    thread still reads the interpreter's pipes: that thread must end at once with the program, and the
+    pipe numbers it holds, which files opened right after the close take, must not be read by it (a
+    blocking stranger's pipe kept it, and pytest's exit, waiting forever)."""
+    tool = make_tool(timeout_s=30.0)
+    assert run(tool, "1").ok  # the interpreter is up
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(run, tool, "import time\ntime.sleep(60)")
+        time.sleep(1.0)
+        began = time.perf_counter()
+        tool.close()
+        strangers = [os.pipe() for _ in range(8)]  # blocking pipes, on the lowest free numbers
+        try:
+            observation = call.result(timeout=15)
+        finally:
+            for r, w in strangers:
+                os.close(r)
+                os.close(w)
+    assert time.perf_counter() - began < 15
+    assert not observation.ok and "stopped before it ended" in observation.error
+    assert tool._interpreter is None
+    assert run(tool, "2 + 2").text == "4"  # the tool starts a fresh interpreter
+
+
 def test_startup_failure_names_the_problem(make_tool):
     tool = make_tool()
     tool.package_dirs = ()  # as if the sandbox's Python could not see the trainer's packages

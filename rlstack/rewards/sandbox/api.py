@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import threading
 import time
 import weakref
 from typing import Any
@@ -136,28 +137,44 @@ class SandboxProcess:
         self.stderr = os.fdopen(fds[2], "rb", buffering=0)
         self._helper = helper
         self._returncode: int | None = None
+        self._ended = _Ended(pool, helper)
+        self._lock = threading.Lock()
+        """One call to the launcher at a time: a thread left reading the pipes may close while another stops."""
         self._finalizer = weakref.finalize(
-            self, _close_remote, pool, helper, (self.stdin, self.stdout, self.stderr)
+            self, _close_remote, self._ended, (self.stdin, self.stdout, self.stderr)
         )
 
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
-        if self._returncode is None and self._finalizer.alive:
-            self._returncode = self._ask("poll")
-        return self._returncode
+        with self._lock:
+            if self._ended.done:
+                self._returncode = self._ended.returncode if self._returncode is None else self._returncode
+            elif self._returncode is None and self._finalizer.alive:
+                self._returncode = self._ask("poll")
+            return self._returncode
 
     def kill_strays(self) -> None:
         """Kill every process of the run except the program itself (children it left running)."""
-        if self._finalizer.alive:
-            self._ask("kill_strays")
+        with self._lock:
+            if self._finalizer.alive and not self._ended.done:
+                self._ask("kill_strays")
+
+    def stop(self) -> None:
+        """Kill the program and everything of its run and remove its files, but keep our ends of its pipes
+        open (`close` closes them): a thread still reading them then reads their end, not a descriptor
+        closed under it, whose number the next file this process opens would take (idempotent)."""
+        with self._lock:
+            if self._finalizer.alive:
+                self._ended.end()
 
     def close(self) -> int | None:
         """Kill the program and everything of its run, remove its files; its exit status (idempotent)."""
-        if self._finalizer.alive:
-            returncode = self._finalizer()
-            if self._returncode is None:
-                self._returncode = returncode
-        return self._returncode
+        with self._lock:
+            if self._finalizer.alive:
+                returncode = self._finalizer()
+                if self._returncode is None:
+                    self._returncode = returncode
+            return self._returncode
 
     def _ask(self, what: str) -> Any:
         try:
@@ -166,18 +183,32 @@ class SandboxProcess:
             raise OSError(f"the sandboxed process's launcher is gone ({type(e).__name__}: {e})") from e
 
 
-def _close_remote(pool: launcher.LauncherPool, helper: launcher.Launcher, pipes: tuple) -> int | None:
-    """Close our ends of the pipes, have the launcher end the run, and give the launcher back."""
+class _Ended:
+    """A run's end, asked of its launcher once: the run killed and its files removed, the launcher given back."""
+
+    def __init__(self, pool: launcher.LauncherPool, helper: launcher.Launcher) -> None:
+        self.pool, self.helper = pool, helper
+        self.done = False
+        self.returncode: int | None = None
+
+    def end(self) -> int | None:
+        if not self.done:
+            self.done = True
+            try:
+                self.returncode = self.helper.call(("close",))[0]
+            except (OSError, EOFError):
+                self.pool.discard(self.helper)
+            else:
+                self.pool.release(self.helper)
+        return self.returncode
+
+
+def _close_remote(ended: _Ended, pipes: tuple) -> int | None:
+    """Close our ends of the pipes, have the launcher end the run (unless `stop` did), give the launcher back."""
     for pipe in pipes:
         with contextlib.suppress(OSError):
             pipe.close()
-    try:
-        returncode = helper.call(("close",))[0]
-    except (OSError, EOFError):
-        pool.discard(helper)
-        return None
-    pool.release(helper)
-    return returncode
+    return ended.end()
 
 
 class LocalProcess:
