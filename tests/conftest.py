@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 
 # Nothing in the tests may reach a model or dataset hub; fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +27,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         kind = Path(str(item.fspath)).parent.name
         if kind in KINDS:
             item.add_marker(getattr(pytest.mark, kind))
+
+
+EXIT_WATCHDOG_S = 120
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the last test, the process has EXIT_WATCHDOG_S to exit: Python joins every thread a thread
+    pool still runs, and one the code under test left blocked would hold the run (and CI) for ever; past
+    it, every thread's stack goes to stderr and the run ends with status 1."""
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=sys.__stderr__)
 
 
 EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-uniform random model
