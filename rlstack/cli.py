@@ -210,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
         from rlstack.config import load_config, to_yaml
         from rlstack.evaluate import EvalSettings, Evaluator, eval_run_config
 
-        cfg = load_config(args.overrides)
+        cfg = load_config(args.overrides, trains=False)
         if args.print_config:
             print(to_yaml(eval_run_config(cfg)), end="")
             return 0

@@ -43,6 +43,7 @@ def load_config(
     base: dict | None = None,
     machine_checks: str = "error",
     rewards: bool = True,
+    trains: bool = True,
 ) -> Config:
     """Build a validated Config from `config=file.yaml` and `a.b=c` arguments.
 
@@ -51,7 +52,7 @@ def load_config(
     flash-attn not installed, ...) is printed as warnings instead of stopping the load: to check on a
     laptop a config meant for a GPU node (`--print-config --machine-checks=warn`); every other problem
     still stops it. `rewards=False` (supervised fine-tuning): a config on its own rows need not name a
-    reward function.
+    reward function. `trains=False` (`rlstack eval`): the config's training rows are not read.
     """
     problems: list[str] = []
     layers: list[tuple[dict, dict[str, str]]] = []  # (values, key -> where it came from)
@@ -98,8 +99,8 @@ def load_config(
         nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
     easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys
     own_notes = own_data_rule(
-        merged, problems, rewards
-    )  # the demo's defaults kept out of a run on its own rows
+        merged, problems, rewards, trains
+    )  # the demo's defaults out of a run on its own rows
     for key in masked_secrets(merged):
         env = " or the OPENAI_API_KEY environment variable" if key == "worker.reward.judge.api_key" else ""
         problems.append(

@@ -8,6 +8,9 @@ prompts, 16-token responses, validation on `builtin:addition@test`, `builtin:exa
 - `data.max_prompt_length`, `data.max_response_length` and `worker.reward.reward_function` left out are
   problems that name the key (EasyR1's lengths are 512 / 512; it has no default reward either).
 
+A config that names its own model (not a `builtin:` one) and no `data.train_files` trains it on the demo's
+task: a note says so (the tests' tiny models do that on purpose).
+
 EasyR1's and NeMo RL's files are translated first and set these keys their own way
 (`compat.easyr1.EASYR1_DEFAULTS`, `compat.nemo_rl`).
 """
@@ -26,10 +29,13 @@ MUST_SET = {
 }
 
 
-def own_data_rule(values: dict, problems: list[str], rewards: bool = True) -> list[str]:
+def own_data_rule(values: dict, problems: list[str], rewards: bool = True, trains: bool = True) -> list[str]:
     """The problems and notes of a config on its own rows that leaves the demo's keys unset; the notes.
-    `rewards=False`: a supervised run, which scores nothing."""
+    `rewards=False`: a supervised run, which scores nothing. `trains=False`: an evaluation, which reads
+    no training rows."""
     rows = tree.get(values, "data.train_files")
+    if rows is tree.MISSING and trains:
+        return own_model_note(values, rewards)
     if not isinstance(rows, str) or not rows or rows.startswith("builtin:"):
         return []
     for key, why in MUST_SET.items():
@@ -44,3 +50,23 @@ def own_data_rule(values: dict, problems: list[str], rewards: bool = True) -> li
             "builtin:addition@test, is the tiny demo's); set data.val_files or data.val_split to validate"
         ]
     return []
+
+
+def own_model_note(values: dict, rewards: bool = True) -> list[str]:
+    """A config that names its own model and no data trains it on the demo's task: said, not silent."""
+    model = tree.get(values, "worker.actor.model.model_path")
+    if not isinstance(model, str) or model.startswith("builtin:"):
+        return []
+    demo = {
+        "data.max_prompt_length": "64 tokens",
+        "data.max_response_length": "16 tokens",
+        "worker.reward.reward_function": "builtin:exact_match",
+    }
+    if not rewards:
+        del demo["worker.reward.reward_function"]
+    left = [f"{key}={value}" for key, value in demo.items() if tree.get(values, key) is tree.MISSING]
+    also = f", with the demo's {', '.join(left)}" if left else ""
+    return [
+        f"data.train_files is not set: worker.actor.model.model_path={model!r} trains on the tiny demo's task "
+        f"(builtin:addition){also}; set data.train_files to train on your rows"
+    ]

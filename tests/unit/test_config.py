@@ -1295,3 +1295,24 @@ def test_a_config_on_its_own_rows_gets_none_of_the_demos_defaults(tmp_path, caps
     assert sft.worker.reward.reward_function == "builtin:exact_match"
     # the built-in tasks keep the demo's defaults, which are theirs
     assert load_config(["data.train_files=builtin:addition@train"]).data.val_files == "builtin:addition@test"
+
+
+def test_a_config_naming_its_own_model_and_no_data_says_it_trains_on_the_demos_task(tiny_model_dir, capsys):
+    model = f"worker.actor.model.model_path={tiny_model_dir}"
+    load_config([model, "data.max_response_length=32"])
+    err = capsys.readouterr().err
+    assert (
+        f"data.train_files is not set: worker.actor.model.model_path='{tiny_model_dir}' trains on the tiny demo"
+        in err
+    )
+    assert "data.max_prompt_length=64 tokens, worker.reward.reward_function=builtin:exact_match;" in err
+    assert "max_response_length" not in err  # set: not the demo's
+    load_config([model], rewards=False)  # supervised: no reward
+    assert (
+        "max_response_length=16 tokens;" in (err := capsys.readouterr().err) and "reward_function" not in err
+    )
+    for quiet in ([model, "data.train_files=builtin:addition@train"], ["trainer.max_steps=1"]):
+        load_config(quiet)  # named data, or the built-in model: the demo, as asked
+        assert "data.train_files is not set" not in capsys.readouterr().err
+    load_config([model], trains=False)  # rlstack eval reads no training rows
+    assert "data.train_files is not set" not in capsys.readouterr().err
