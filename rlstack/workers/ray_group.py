@@ -324,6 +324,17 @@ class RayRewards:
         env = {"env_vars": cluster.env}
         reward = dataclasses.replace(rw, num_workers=1, judge=judge_endpoint(rw.judge))
         gpus = rw.reward_model.num_gpus if "builtin:reward_model" in functions_in_use(rw) else 0
+        if gpus > 0:  # Ray would keep an actor it cannot place pending for ever: say so now
+            left = ray.available_resources().get("GPU", 0)
+            if n * gpus > left:
+                raise RLStackError(
+                    f"worker.reward.num_workers={n} reward actors x worker.reward.reward_model.num_gpus={gpus:g} "
+                    f"= {n * gpus:g} GPUs, but the Ray cluster has {left:g} GPU(s) left after the "
+                    f"{cluster.world_size} policy rank(s){' and the rollout workers' if cluster.rollout_hosts else ''}: "
+                    "lower num_workers or num_gpus (0 loads the reward model on the actor's CPU), lower "
+                    "trainer.n_gpus_per_node, or add GPUs (NeMo RL's cluster.gpus_per_node counts the "
+                    "reward model's GPUs; rlstack's trainer.n_gpus_per_node does not)"
+                )
         self.hosts = [
             ray.remote(RewardHost)
             .options(num_cpus=cpus, num_gpus=gpus, runtime_env=env)

@@ -13,6 +13,7 @@ from scored_batches import make_batch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 from rlstack.config import ConfigError, RewardModelConfig, load_config
+from rlstack.errors import RLStackError
 from rlstack.models.tiny import build_char_tokenizer
 from rlstack.rewards.manager import build_reward_manager, reward_inputs
 from rlstack.rewards.reward_model import RewardModel, RewardModelError
@@ -218,6 +219,18 @@ def test_grpo_adds_the_reward_models_score_to_a_rule_reward_also_in_a_ray_reward
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = _rm_run(tiny_model_dir, rm_dir, tmp_path / "ray", "trainer.backend=ray")
+        # a reward actor that asks for GPUs the cluster does not have left is refused, not left pending
+        with pytest.raises(
+            RLStackError, match=r"num_gpus=1 = 1 GPUs, but the Ray cluster has 0 GPU\(s\) left"
+        ):
+            _rm_run(
+                tiny_model_dir,
+                rm_dir,
+                tmp_path / "gpus",
+                "trainer.backend=ray",
+                "worker.reward.reward_model.num_gpus=1",
+            )
+        assert ray.available_resources().get("CPU") == 2  # and nothing of it is left holding the CPUs
     finally:
         ray.shutdown()
     for local, remote in zip(metrics, on_ray):
