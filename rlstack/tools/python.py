@@ -87,6 +87,7 @@ import io
 import logging
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -112,6 +113,7 @@ logger = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 _TRACEBACK_LINES = 12
+_STOPPED = "the call was stopped before it ended: the tool was closed"
 _PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
 _IMAGE_PATH = re.compile(r"(?:[\w.~-]*/)*[\w.~-]+\.(?:png|jpe?g|webp|bmp|gif)", re.IGNORECASE)
 """A printed line that is a path to an image file and nothing else (quotes around it allowed):
@@ -193,6 +195,10 @@ class PythonTool:
         self._files: dict[str, bytes] | None = None
         self._interpreter: _Interpreter | None = None
         self._calls = 0
+        self._guard = threading.Lock()
+        """`close` may come from another thread than a call's (the agent loop's, past tool_timeout_s)."""
+        self._closes = 0
+        """How many times `close` ran: a call whose interpreter was starting meanwhile drops it."""
 
     def reset(self, images: list[Image.Image], extra: dict[str, Any]) -> None:
         self.close()
@@ -203,25 +209,28 @@ class PythonTool:
         code = call.arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return failed(f"the python tool needs a non-empty string argument 'code', got {code!r}")
-        if self._interpreter is None:
-            started = self._start()
+        with self._guard:  # `close` from another thread may drop the interpreter while this call runs
+            interpreter, closes = self._interpreter, self._closes
+        if interpreter is None:
+            started = self._start(closes)
             if isinstance(started, Observation):
                 return started
-            self._interpreter = started
-        interpreter = self._interpreter  # `close` from another thread may drop it while this call runs
+            interpreter = started
         self._calls += 1
         request = {"id": self._calls, "code": code}
         reply, console = interpreter.exchange(request, self.timeout_s, self.max_output_chars)
         if interpreter.stopped:  # closed meanwhile (the agent loop stopped waiting): nothing more is its
-            return failed("the call was stopped before it ended: the tool was closed")
+            return failed(_STOPPED)
         if not isinstance(reply, _Reply):  # lost (a cell's request never gets the init reply's dict)
-            self.close()
+            self._drop(interpreter)
             return self._lost(reply if isinstance(reply, _Lost) else _Lost("sent a corrupt reply"), console)
         interpreter.process.kill_strays()
         if self.printed_images:
             reply = self._add_printed_images(interpreter, reply, console)
+            if interpreter.stopped:
+                return failed(_STOPPED)
             if isinstance(reply, _Lost):
-                self.close()
+                self._drop(interpreter)
                 return self._lost(reply, console)
         return self._observation(reply, console)
 
@@ -251,12 +260,25 @@ class PythonTool:
         )
 
     def close(self) -> None:
-        """Stop the interpreter and remove its files (also between trajectories, via `reset`)."""
-        if self._interpreter is not None:
-            self._interpreter.close()
-            self._interpreter = None
+        """Stop the interpreter and remove its files (also between trajectories, via `reset`). From another
+        thread than a running call's, that call ends at once with a failed observation (`_Interpreter.close`),
+        also while its interpreter is starting."""
+        with self._guard:
+            self._closes += 1
+            interpreter, self._interpreter = self._interpreter, None
+        if interpreter is not None:
+            interpreter.close()
 
-    def _start(self) -> _Interpreter | Observation:
+    def _drop(self, interpreter: _Interpreter) -> None:
+        """Stop `interpreter` after a lost call; the tool's own only if it still is (not one started since)."""
+        with self._guard:
+            if self._interpreter is interpreter:
+                self._interpreter = None
+        interpreter.close()
+
+    def _start(self, closes: int) -> _Interpreter | Observation:
+        """A started interpreter, the tool's own from before its init exchange (so that `close` reaches it
+        there), unless the tool was closed since the call began (`closes`: `_closes` then)."""
         if self._files is None:
             self._files = {
                 f"{self.contract.image_name(i)}.png": _png(img) for i, img in enumerate(self._images)
@@ -275,9 +297,18 @@ class PythonTool:
             interpreter = _Interpreter(process, self.reply_limits)
         except (OSError, ValueError) as e:
             return failed(f"the Python interpreter could not start: {e}")
-        reply, console = interpreter.exchange(init, self.startup_timeout_s, self.max_output_chars)
-        if not isinstance(reply, dict) or reply.get("ready") is not True:
+        with self._guard:
+            closed = self._closes != closes
+            if not closed:
+                self._interpreter = interpreter
+        if closed:  # while the sandbox started
             interpreter.close()
+            return failed(_STOPPED)
+        reply, console = interpreter.exchange(init, self.startup_timeout_s, self.max_output_chars)
+        if interpreter.stopped:
+            return failed(_STOPPED)
+        if not isinstance(reply, dict) or reply.get("ready") is not True:
+            self._drop(interpreter)
             return failed(self._startup_error(reply, console))
         return interpreter
 

@@ -326,7 +326,7 @@ class RayRewards:
         gpus = rw.reward_model.num_gpus if "builtin:reward_model" in functions_in_use(rw) else 0
         if gpus > 0:  # Ray would keep an actor it cannot place pending for ever: say so now
             left = ray.available_resources().get("GPU", 0)
-            if n * gpus > left:
+            if n * gpus > left + 1e-6:  # a cluster-wide sum: one actor's GPUs must also fit on one node
                 raise RLStackError(
                     f"worker.reward.num_workers={n} reward actors x worker.reward.reward_model.num_gpus={gpus:g} "
                     f"= {n * gpus:g} GPUs, but the Ray cluster has {left:g} GPU(s) left after the "

@@ -5,6 +5,7 @@ run that adds its score to a rule reward."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -216,7 +217,7 @@ def test_grpo_adds_the_reward_models_score_to_a_rule_reward_also_in_a_ray_reward
         assert m["critic/score/mean"] == pytest.approx(m["reward/accuracy"] + 0.5 * score, abs=1e-4)
     ray = pytest.importorskip("ray")
     # with trainer.backend=ray, the reward model loads in the reward actor and scores as it does locally
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = _rm_run(tiny_model_dir, rm_dir, tmp_path / "ray", "trainer.backend=ray")
         # a reward actor that asks for GPUs the cluster does not have left is refused, not left pending
@@ -230,7 +231,10 @@ def test_grpo_adds_the_reward_models_score_to_a_rule_reward_also_in_a_ray_reward
                 "trainer.backend=ray",
                 "worker.reward.reward_model.num_gpus=1",
             )
-        assert ray.available_resources().get("CPU") == 2  # and nothing of it is left holding the CPUs
+        deadline = time.monotonic() + 30  # and nothing of it is left holding the CPUs (Ray frees them lazily)
+        while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray.available_resources().get("CPU") == 2
     finally:
         ray.shutdown()
     for local, remote in zip(metrics, on_ray):

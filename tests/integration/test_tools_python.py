@@ -380,7 +380,10 @@ def test_closing_a_tool_while_another_thread_waits_on_it_ends_that_call_and_read
     assert run(tool, "1").ok  # the interpreter is up
     with ThreadPoolExecutor(1) as pool:
         call = pool.submit(run, tool, "import time\ntime.sleep(60)")
-        time.sleep(1.0)
+        deadline = time.monotonic() + 10
+        while not tool._interpreter._busy and time.monotonic() < deadline:  # the call is in its exchange
+            time.sleep(0.01)
+        time.sleep(0.2)
         began = time.perf_counter()
         tool.close()
         strangers = [os.pipe() for _ in range(8)]  # blocking pipes, on the lowest free numbers
@@ -394,6 +397,29 @@ def test_closing_a_tool_while_another_thread_waits_on_it_ends_that_call_and_read
     assert not observation.ok and "stopped before it ended" in observation.error
     assert tool._interpreter is None
     assert run(tool, "2 + 2").text == "4"  # the tool starts a fresh interpreter
+
+
+def test_closing_a_tool_while_its_interpreter_starts_ends_the_call_and_the_new_interpreter(
+    make_tool, monkeypatch
+):
+    tool = make_tool(timeout_s=30.0)
+    starting, go = threading.Event(), threading.Event()
+    real = python_tool.SandboxProcess  # the `spawned` fixture's spy: it checks the process is gone at the end
+
+    def slow_start(*args, **kwargs):
+        starting.set()
+        go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(python_tool, "SandboxProcess", slow_start)
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(run, tool, "print('ran')")
+        assert starting.wait(10)
+        tool.close()  # the agent loop gave up on the call while the sandbox was starting
+        go.set()
+        observation = call.result(timeout=30)
+    assert not observation.ok and "stopped before it ended" in observation.error
+    assert tool._interpreter is None
 
 
 def test_startup_failure_names_the_problem(make_tool):
