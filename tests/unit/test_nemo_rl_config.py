@@ -162,8 +162,14 @@ def test_the_prompt_file_renders_as_nemo_rl_formats_it(
 
 def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: Path):
     test_config = f"config={configs / 'code_grpo_test.yaml'}"
-    cfg = load_config(
-        [test_config, "data.prompt_file=null", "policy.train_global_batch_size=128", "worker.rollout.name=hf"]
+    cfg = load_config(  # a GPU node's config (bfloat16): what this machine cannot run is a warning
+        [
+            test_config,
+            "data.prompt_file=null",
+            "policy.train_global_batch_size=128",
+            "worker.rollout.name=hf",
+        ],
+        machine_checks="warn",
     )
     w, d, a, t = cfg.worker, cfg.data, cfg.algorithm, cfg.trainer
     assert w.actor.model.model_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -208,7 +214,8 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
             "policy.train_global_batch_size=128",
             "worker.rollout.name=hf",
             "data.max_response_length=512",
-        ]
+        ],
+        machine_checks="warn",
     )
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (1536, 512)
 
@@ -236,7 +243,7 @@ def test_nemo_rls_chat_templates(configs: Path, tmp_path: Path):
                 }
             )
         )
-        cfg = load_config([f"config={child}", *base[1:]])
+        cfg = load_config([f"config={child}", *base[1:]], machine_checks="warn")
         assert cfg.worker.actor.model.chat_template == expected, value
 
 
@@ -288,11 +295,13 @@ def test_rlstacks_key_on_the_command_line_wins_over_the_files_nemo_rl_key(config
     base = [f"config={configs / 'grpo_math_1B.yaml'}", "data.prompt_file=null", "worker.rollout.name=hf"]
     base += ["data.dataset_name=null", "data.train_files=builtin:addition@train"]
     base += ["data.max_prompt_length=256", "data.max_response_length=256"]  # no split in the file
-    cfg = load_config([*base, "worker.rollout.temperature=0.7", "worker.rollout.n=32"])
+    cfg = load_config([*base, "worker.rollout.temperature=0.7", "worker.rollout.n=32"], machine_checks="warn")
     assert cfg.worker.rollout.temperature == 0.7  # policy.generation.temperature is 1.0 in the file
     assert cfg.worker.rollout.n == 32 and cfg.worker.actor.global_batch_size == 16  # 512 trajectories of 32
     # 512 trajectories of 8 are 64 prompts, more than a step's 32: one optimizer step per rollout
-    assert load_config([*base, "worker.rollout.n=8"]).worker.actor.global_batch_size == 32
+    assert (
+        load_config([*base, "worker.rollout.n=8"], machine_checks="warn").worker.actor.global_batch_size == 32
+    )
 
 
 def test_a_nemo_rl_config_of_the_builtin_task_trains(tmp_path: Path):
@@ -435,13 +444,13 @@ def test_nemo_rls_command_line_reads_as_it_does_there(configs: Path, capsys: pyt
     args = ["--config", "grpo_math_1B.yaml", "++grpo.max_num_steps=3", "+policy.generation.temperature=0.7"]
     args += ["grpo.num_generations_per_prompt=4", "++worker.rollout.name=hf", "data.prompt_file=null"]
     args += ["data.dataset_name=null", "data.train_files=builtin:addition@train"]
-    assert main(["train", *args, "--print-config"]) == 0
+    assert main(["train", *args, "--print-config", "--machine-checks=warn"]) == 0  # bfloat16: a GPU node's
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["trainer"]["max_steps"] == 3  # 1000000 in the file
     assert resolved["worker"]["rollout"]["temperature"] == 0.7 and resolved["worker"]["rollout"]["n"] == 4
     # the same as config=F with plain overrides
     plain = [a.lstrip("+") for a in args[2:]]
-    assert main(["train", "config=grpo_math_1B.yaml", *plain, "--print-config"]) == 0
+    assert main(["train", "config=grpo_math_1B.yaml", *plain, "--print-config", "--machine-checks=warn"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == resolved
     # Hydra's ~key (delete) has no meaning where every key has a default: named, with what to write
     for where in (["~grpo.max_num_steps", "--print-config"], ["--print-config", "~grpo.max_num_steps"]):
