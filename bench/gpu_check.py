@@ -5,8 +5,8 @@ package index. Everything else rlstack's training path imports travels as wheels
 64 MiB, built here, where pip reaches the index:
 
     python bench/gpu_check.py bundle OUT_DIR     # wheels of rlstack and EXTRAS, this script, OUT_DIR/run.sh
-    sh OUT_DIR/run.sh [--json OUT]               # there: install the wheels (pip --no-index), run the checks
-    python bench/gpu_check.py run [--cpu] [--json OUT]
+    sh OUT_DIR/run.sh [--json OUT] [--only A,B]  # there: install the wheels (pip --no-index), run the checks
+    python bench/gpu_check.py run [--cpu] [--json OUT] [--only A,B]
 
 `run` prints one line per check, `PASS|FAIL <name>: <figure or reason>`, and exits non-zero when one
 failed; a check that crashes is that check's FAIL line and the others still run. On CUDA:
@@ -729,7 +729,7 @@ def versions() -> dict[str, str]:
 
 RUN_SH = """#!/bin/sh
 # Install rlstack and {extras} from this folder (no package index), then run the GPU checks:
-#   sh run.sh [--cpu] [--json OUT]
+#   sh run.sh [--cpu] [--json OUT] [--only CHECK,CHECK]
 # PYTHON names the interpreter that holds torch, transformers, peft and accelerate (default python3).
 # Packages already installed there are kept (--no-deps: nothing else is resolved); rlstack is replaced.
 set -e
