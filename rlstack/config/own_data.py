@@ -18,6 +18,8 @@ EasyR1's and NeMo RL's files are translated first and set these keys their own w
 from __future__ import annotations
 
 import rlstack.config.tree as tree
+from rlstack.config.data import DataConfig
+from rlstack.config.reward import RewardConfig
 
 MUST_SET = {
     "data.max_prompt_length": "its default (64 tokens) is the tiny demo's; EasyR1's is 512",
@@ -57,10 +59,11 @@ def own_model_note(values: dict, rewards: bool = True) -> list[str]:
     model = tree.get(values, "worker.actor.model.model_path")
     if not isinstance(model, str) or model.startswith("builtin:"):
         return []
+    data, reward = DataConfig(), RewardConfig()  # the defaults, which are the demo's
     demo = {
-        "data.max_prompt_length": "64 tokens",
-        "data.max_response_length": "16 tokens",
-        "worker.reward.reward_function": "builtin:exact_match",
+        "data.max_prompt_length": f"{data.max_prompt_length} tokens",
+        "data.max_response_length": f"{data.max_response_length} tokens",
+        "worker.reward.reward_function": reward.reward_function,
     }
     if not rewards:
         del demo["worker.reward.reward_function"]

@@ -147,8 +147,8 @@ class SandboxProcess:
     def poll(self) -> int | None:
         """The exit status once the program has exited (negative: killed by that signal), else None."""
         with self._lock:
-            if self._ended.done:
-                self._returncode = self._ended.returncode if self._returncode is None else self._returncode
+            if self._returncode is None and self._ended.done:
+                self._returncode = self._ended.returncode
             elif self._returncode is None and self._finalizer.alive:
                 self._returncode = self._ask("poll")
             return self._returncode
