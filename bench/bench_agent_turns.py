@@ -8,12 +8,16 @@ one run, on the same prompts (`--prompts` x `--n` per call, `--rounds` calls aft
 - `agent`: `AgentLoop.generate` with the sandboxed Python tool (`builtin:python`);
 - `one_turn`: the same prompts generated in one turn with EOS ignored, exactly as many new tokens per
   trajectory as the agent's trajectories sampled on average (`SamplingSettings.ignore_eos`);
-- each with the HF engine's shared-prefix prefill (`enable_prefix_caching`, the default) and without.
+- each with three settings of the HF engine: `kept_turns` (the default, `enable_prefix_caching`): the
+  prefix every prompt of a call shares (the system turn and the worked example) prefilled once per call,
+  and each trajectory's KV cache kept between its turns, so that a second turn prefills only the first
+  turn's last token and the tool's reply; `shared_prefix`: the shared prefix only, every later turn
+  prefilling the trajectory's whole context again less that prefix (the engine before kept caches);
+  `neither`: every turn prefills every trajectory's whole context.
 
 Reported per side: sampled tokens per second of wall time (the agent's tool time included, and
-without it), and the seconds of each call. What the engine keeps between turns: nothing but the model;
-each turn prefills the trajectory's whole context again, less the prefix every prompt of the call shares
-(the system turn and the worked example), which is prefilled once per call.
+without it), the prompt tokens the engine's prefills computed and those it read from kept caches, and
+the seconds of each call.
 
     .venv/bin/python bench/bench_agent_turns.py     # writes bench/results/agent_turns.json
 """
@@ -47,7 +51,7 @@ def warm_model(workdir: Path) -> Path:
     return out if (out / "config.json").is_file() else run_sft(cfg)
 
 
-def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> dict:
+def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool, keep_turns: bool) -> dict:
     model, processor = load_causal_lm(str(model_dir)), VisionProcessor(load_tokenizer(str(model_dir)), None)
     data = load_config(["data.max_prompt_length=256"]).data
     dataset = PromptDataset.from_config("builtin:big_word_problems@test", processor.tokenizer, data, -1)
@@ -57,13 +61,21 @@ def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> di
     runs = []
     for r in range(args.rounds + 1):
         batch = dataset.batch(list(range(r * args.prompts, (r + 1) * args.prompts)))
-        engine = HFEngine(model, processor.tokenizer, seed=r, multimodal=False, share_prefix=share_prefix)
+        engine = HFEngine(
+            model,
+            processor.tokenizer,
+            seed=r,
+            multimodal=False,
+            share_prefix=share_prefix,
+            keep_turns=keep_turns,
+        )
         loop = AgentLoop(
             engine, processor, build_toolset(agent.tools), agent, args.max_response_length, False
         )
         start = time.perf_counter()
         out = loop.generate(batch, args.n, 1.0)
         agent_s = time.perf_counter() - start
+        prefilled, reused = engine.prefilled_tokens, engine.reused_tokens
         sampled = int(out["response_mask"].sum())
         tools_s = out.meta["agent_timing"]["tools"]
         length = round(sampled / len(out))  # the agent's mean sampled tokens per trajectory
@@ -79,6 +91,8 @@ def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> di
                 "agent_tools_s": tools_s,
                 "agent_sampled_tokens": sampled,
                 "tool_calls_per_trajectory": float(out["tool_calls"].float().mean()),
+                "agent_prefilled_tokens": prefilled,
+                "agent_reused_tokens": reused,
                 "one_turn_s": one_turn_s,
                 "one_turn_sampled_tokens": int(single["response_mask"].sum()),
             }
@@ -94,6 +108,8 @@ def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool) -> di
         "one_turn_tokens_per_s": one_tokens / one_s,
         "agent_vs_one_turn": (agent_tokens / agent_s) / (one_tokens / one_s),
         "agent_without_tools_vs_one_turn": (agent_tokens / (agent_s - tools_s)) / (one_tokens / one_s),
+        "agent_prefilled_tokens_per_call": sum(r["agent_prefilled_tokens"] for r in runs) / len(runs),
+        "agent_reused_tokens_per_call": sum(r["agent_reused_tokens"] for r in runs) / len(runs),
         "runs": runs,
     }
 
@@ -114,12 +130,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     model_dir = Path(args.model) if args.model else warm_model(Path(args.workdir))
-    shared = measure(model_dir, args, share_prefix=True)
-    unshared = measure(model_dir, args, share_prefix=False)
-    result = {
-        "shared_prefix": shared,
-        "no_shared_prefix": unshared,
-        "agent_speedup_from_shared_prefix": shared["agent_tokens_per_s"] / unshared["agent_tokens_per_s"],
+    sides = {
+        "kept_turns": measure(model_dir, args, share_prefix=True, keep_turns=True),
+        "shared_prefix": measure(model_dir, args, share_prefix=True, keep_turns=False),
+        "neither": measure(model_dir, args, share_prefix=False, keep_turns=False),
+    }
+    result = sides | {
+        "agent_speedup_from_kept_turns": sides["kept_turns"]["agent_tokens_per_s_without_tools"]
+        / sides["shared_prefix"]["agent_tokens_per_s_without_tools"],
+        "agent_speedup_from_shared_prefix": sides["shared_prefix"]["agent_tokens_per_s_without_tools"]
+        / sides["neither"]["agent_tokens_per_s_without_tools"],
         "setup": vars(args) | {"model": str(model_dir)},
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -128,12 +148,8 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        json.dumps(
-            {k: v for k, v in result.items() if k not in ("shared_prefix", "no_shared_prefix")}, indent=2
-        )
-    )
-    for name in ("shared_prefix", "no_shared_prefix"):
+    print(json.dumps({k: v for k, v in result.items() if k not in sides}, indent=2))
+    for name in sides:
         print(name, {k: round(v, 3) for k, v in result[name].items() if k != "runs"})
 
 

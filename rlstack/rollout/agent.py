@@ -108,6 +108,8 @@ class Trajectory:
     answered: bool = False
     """The last turn ended with EOS and waits for the environment's feedback."""
     feedback_turns: int = 0
+    cache: object | None = None
+    """The engine's kept KV cache of the context so far (`Completion.cache`), for the next turn's request."""
 
     @property
     def done(self) -> bool:
@@ -115,6 +117,7 @@ class Trajectory:
 
     def finish(self, reason: str) -> None:
         self.end_reason = reason
+        self.cache = None  # its memory goes back now, not when the rollout ends
         if self.toolbox is not None:
             self.toolbox.close()
 
@@ -133,10 +136,17 @@ class Trajectory:
         self.turns.append(turn)
         return True
 
-    def request(self) -> Request:
+    def request(self, keep: bool) -> Request:
+        """The next turn's request; `keep`: another turn may follow it (the engine keeps its KV cache)."""
         seed = None if self.seed is None else mix_seed(self.seed, self.num_turns)
         return Request(
-            self.prompt_ids + self.tokens, self.images, self.pixel_values, self.image_grid_thw, seed
+            self.prompt_ids + self.tokens,
+            self.images,
+            self.pixel_values,
+            self.image_grid_thw,
+            seed,
+            keep=keep,
+            cache=self.cache,
         )
 
 
@@ -230,7 +240,8 @@ class AgentLoop:
         began = time.perf_counter()
         try:
             completions = self.engine.generate(
-                [t.request() for t in active], dataclasses.replace(sampling, max_tokens=budget)
+                [t.request(self.multi_turn and t.num_turns + 1 < self.cfg.max_turns) for t in active],
+                dataclasses.replace(sampling, max_tokens=budget),
             )
         except RequestTooLong as e:
             t = active[e.index]
@@ -249,6 +260,7 @@ class AgentLoop:
             t.logprobs += logp
             t.num_turns += 1
             t.weight_version_last = c.weight_version
+            t.cache = c.cache
             if self.multi_turn:
                 t.turns.append(
                     {"role": "assistant", "text": self.tokenizer.decode(new, skip_special_tokens=True)}

@@ -73,6 +73,13 @@ class Request:
     the same weights, whatever other requests share the call (vLLM's per-request seed). This is what
     makes a seeded run's samples independent of how its prompts are split across ranks. None: the
     engine's own random stream."""
+    keep: bool = False
+    """The caller may continue this completion in a later call (a multi-turn trajectory's next turn): an
+    engine that can keeps its KV cache and returns it in `Completion.cache`."""
+    cache: object | None = None
+    """A `Completion.cache` of an earlier call that this prompt continues (the prompt starts with that
+    completion's prompt and tokens): the engine prefills only what comes after. Ignored where it does not
+    fit (other tokens, other weights, another engine); each is used at most once."""
 
 
 _MASK64 = (1 << 64) - 1
@@ -112,6 +119,9 @@ class Completion:
     weight_version: int | None = None
     """The version of the weights that sampled its last token (it can be newer than the version the
     call began with where weights land in flight); None where the engine does not say."""
+    cache: object | None = None
+    """With `Request.keep`, where the engine keeps KV caches between calls (the HF engine): what to pass as
+    `Request.cache` of the request that continues this completion. Opaque; it holds memory until dropped."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +134,8 @@ class EngineCapabilities:
     multimodal: bool
     """Accepts requests with images."""
     prefix_caching: bool
-    """Reuses the KV cache of a shared prefix (the `n` samples of a prompt; a trajectory's earlier turns)."""
+    """Reuses the KV cache of a shared prefix (the `n` samples of a prompt; a trajectory's earlier turns:
+    vLLM by its automatic prefix caching, the HF engine by `Request.cache`)."""
     in_flight_updates: bool = False
     """`update_weights` may be called from another thread while `generate` runs; it returns without
     waiting for the generation, and the weights land between two of its decoding steps: the tokens after that are sampled,

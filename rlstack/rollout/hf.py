@@ -6,8 +6,13 @@ checkpoints. Temperature, top-k and top-p use transformers' logits warpers. Neig
 with the same prompt (the `n` samples of a prompt; for a vision-language model, the same images
 too) are prefilled once and share its KV cache; the tokens every prompt of a call starts with (a
 system prompt, a worked example; `worker.rollout.enable_prefix_caching`) are prefilled once for the
-whole call. Nothing is kept between calls: an agent's next turn prefills its whole context again
-(less the shared prefix). Vision-language prompts get M-RoPE positions from
+whole call. Between calls it keeps what a multi-turn trajectory asks for (`Request.keep`): each such
+completion's keys and values (prompt and response but its last token, in `Completion.cache`, compacted
+to the row's own tokens), which the trajectory's next turn hands back (`Request.cache`) so that only its
+new tokens are prefilled: the completion's last token and the tool's reply. A kept cache is used once and
+only under the weights that made it (none is kept from a call during which weights landed); text-only
+models with the lean cache (see `hf_sampling.sample`). `prefilled_tokens` and `reused_tokens` count
+the prompt tokens computed and those read from kept caches. Vision-language prompts get M-RoPE positions from
 the model's `get_rope_index`; each decoded token takes the prompt's largest position + 1 + its
 index, in all three dimensions, which is what `get_rope_index` gives the response tokens of the
 finished sequence. A completion ends at EOS or, optionally, at a stop string (`StopStrings`).
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -38,7 +44,7 @@ from rlstack.rollout.engine import (
     SamplingSettings,
     end_token_ids,
 )
-from rlstack.rollout.hf_sampling import StopStrings, sample
+from rlstack.rollout.hf_sampling import KeptKV, StopStrings, sample
 
 
 def context_length(config) -> int | None:
@@ -62,6 +68,17 @@ def _request_seeds(requests: Sequence[Request]) -> torch.Tensor | None:
     return torch.tensor(seeds, dtype=torch.long)
 
 
+@dataclass(frozen=True)
+class _TurnCache:
+    """`Completion.cache` of the HF engine: a completion's kept KV cache, the engine that made it and the
+    version of the weights it was computed with."""
+
+    engine: int
+    """`id` of the engine."""
+    version: int
+    kv: KeptKV
+
+
 class HFEngine:
     """The `Engine` over a Hugging Face causal LM (the policy's own module; see module docstring)."""
 
@@ -73,12 +90,16 @@ class HFEngine:
         multimodal: bool,
         shares_policy_weights: bool = True,
         share_prefix: bool = True,
+        keep_turns: bool | None = None,
     ):
         """`model`: the policy's own module (`shares_policy_weights`), or a copy of its own whose weights
         `update_weights` loads (the policy is sharded over ranks and cannot generate rank by rank).
-        `share_prefix`: prefill the tokens every prompt of a call starts with once (`sample`)."""
+        `share_prefix`: prefill the tokens every prompt of a call starts with once (`sample`). `keep_turns`
+        (default: `share_prefix`, both `worker.rollout.enable_prefix_caching`): keep the KV caches that
+        requests ask for (`Request.keep`) for their next turn."""
         self.model = model
         self.share_prefix = share_prefix
+        self.keep_turns = share_prefix if keep_turns is None else keep_turns
         self.tokenizer = tokenizer
         self.generator = torch.Generator().manual_seed(seed)
         self.multimodal = multimodal
@@ -106,6 +127,10 @@ class HFEngine:
         """(index of the first token they sampled, version) of the weights that landed during the call."""
         self._steps = 0
         """Decoding steps of the call so far."""
+        self.prefilled_tokens = 0
+        """Prompt tokens the prefills computed (a shared prefix once), over the engine's calls."""
+        self.reused_tokens = 0
+        """Prompt tokens read from kept KV caches (`Request.cache`) instead, over the engine's calls."""
 
     def generate(self, requests: Sequence[Request], sampling: SamplingSettings) -> list[Completion]:
         # A vision-language model's requests all carry their (possibly empty) processed images: its
@@ -146,6 +171,8 @@ class HFEngine:
                 stop=StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None,
                 between_steps=self._between_steps,
                 share_prefix=self.share_prefix,
+                kept=[self._kept(r.cache, first) for r in requests],
+                keep=[r.keep and self.keep_turns for r in requests],
             )
         except BaseException:
             # Staged weights wait for the next call: an error while landing them would hide this one.
@@ -158,6 +185,12 @@ class HFEngine:
                 self._land_staged()  # weights that came after the last decoding step
         finally:
             self.model.train(was_training)
+        self.prefilled_tokens += int(out["prefilled"])
+        self.reused_tokens += int(out["reused"])
+        # Keys and values computed under one version only: none is kept where weights landed mid-call.
+        caches = [
+            None if kv is None or self._landed else _TurnCache(id(self), first, kv) for kv in out["kept"]
+        ]
         P = max(len(r.prompt_ids) for r in requests)
         tokens = out["input_ids"][:, P:].tolist()
         logprobs = out["rollout_logprobs"][:, P:].tolist()
@@ -168,9 +201,15 @@ class HFEngine:
             return max((v for start, v in self._landed if start <= n - 1), default=first)
 
         return [
-            Completion(t[:n], lp[:n], "length" if cut else "stop", version(n))
-            for t, lp, n, cut in zip(tokens, logprobs, lengths, truncated)
+            Completion(t[:n], lp[:n], "length" if cut else "stop", version(n), cache)
+            for t, lp, n, cut, cache in zip(tokens, logprobs, lengths, truncated, caches)
         ]
+
+    def _kept(self, cache: object | None, version: int) -> KeptKV | None:
+        """The kept KV cache of `Request.cache` where this engine made it under the weights of `version`."""
+        if isinstance(cache, _TurnCache) and cache.engine == id(self) and cache.version == version:
+            return cache.kv
+        return None
 
     @torch.no_grad()
     def score(self, request: Request, token_ids: list[int]) -> list[float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -81,13 +81,101 @@ class _SharedPrefix:
         return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+@dataclass
+class KeptKV:
+    """The keys and values a row's tokens left in the KV cache of a `sample` call (`keep`), for a later
+    call whose prompt continues those tokens (a multi-turn trajectory's next turn): that call copies them
+    into its cache and prefills only the tokens after them.
+
+    `keys[l]` / `values[l]`: layer l's `[KV heads, len(token_ids), head dim]`. A `KeptKV` is used once:
+    the call that reads it empties it layer by layer as it copies (the memory goes back at once).
+    """
+
+    token_ids: tuple[int, ...]
+    """The tokens it holds: the row's prompt and its response but the last token (whose keys and
+    values the call never computed: nothing came after it)."""
+    keys: list[torch.Tensor | None] = field(repr=False)
+    values: list[torch.Tensor | None] = field(repr=False)
+
+    def continued_by(self, prompt: Sequence[int]) -> bool:
+        """`prompt` starts with its tokens and has at least one more, and it has not been used yet."""
+        n = len(self.token_ids)
+        return (
+            n < len(prompt)
+            and bool(self.keys)
+            and self.keys[0] is not None
+            and tuple(prompt[:n]) == self.token_ids
+        )
+
+
+@dataclass(frozen=True)
+class _Continued:
+    """The KV cache's layout when rows continue kept caches (`KeptKV`): columns `0 .. C-1` hold each row's
+    kept keys and values right-aligned (C: the longest kept), then its new tokens right-aligned in the
+    columns after (up to the longest run of new tokens), masked columns between. Positions come from the
+    mask, so each row's tokens keep the positions they had when its kept part was computed."""
+
+    kept: list[KeptKV | None]
+    width: int
+    """C: columns of kept keys and values."""
+
+    @staticmethod
+    def of(prompts: list[list[int]], kept: Sequence[KeptKV | None]) -> _Continued | None:
+        """The layout, or None when no row continues a kept cache."""
+        usable = [k if k is not None and k.continued_by(p) else None for p, k in zip(prompts, kept)]
+        width = max((len(k.token_ids) for k in usable if k is not None), default=0)
+        return _Continued(usable, width) if width else None
+
+    def reused(self, row: int) -> int:
+        k = self.kept[row]
+        return 0 if k is None else len(k.token_ids)
+
+    def columns(self, prompts: list[list[int]]) -> int:
+        """Columns of the layout: C and the longest run of new tokens."""
+        return self.width + max(len(p) - self.reused(i) for i, p in enumerate(prompts))
+
+    def layout(
+        self, prompts: list[list[int]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, mask and positions [B, columns] (the kept columns' ids are the kept tokens)."""
+        C, width = self.width, self.columns(prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            c = self.reused(i)
+            ids[i, C - c : C] = torch.tensor(p[:c], dtype=torch.long)
+            mask[i, C - c : C] = 1
+            ids[i, width - (len(p) - c) :] = torch.tensor(p[c:], dtype=torch.long)
+            mask[i, width - (len(p) - c) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def fill(self, cache: DynamicCache) -> None:
+        """Write the kept keys and values into `cache`'s first C columns (zeros where a row has fewer: masked,
+        but never uninitialised memory, whose NaNs a mask would not hide), layer by layer, emptying each
+        `KeptKV` as it goes."""
+        C, B = self.width, len(self.kept)
+        first = next(k for k in self.kept if k is not None)
+        for layer_index, layer in enumerate(cache.layers):
+            k0, v0 = first.keys[layer_index], first.values[layer_index]
+            keys = k0.new_zeros((B, k0.shape[0], C, k0.shape[-1]))
+            values = v0.new_zeros((B, v0.shape[0], C, v0.shape[-1]))
+            for i, k in enumerate(self.kept):
+                if k is not None:
+                    c = len(k.token_ids)
+                    keys[i, :, C - c :] = k.keys[layer_index]
+                    values[i, :, C - c :] = k.values[layer_index]
+                    k.keys[layer_index] = k.values[layer_index] = None
+            layer.update(keys, values)
+
+
 def _cloned_out_of_inference_mode(fn):
     """Clone a function's tensor results, so that tensors made under `torch.inference_mode`
-    can be used as inputs of a later backward pass (the update's)."""
+    can be used as inputs of a later backward pass (the update's). Other results (`kept`) pass as they are."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return {k: v.clone() for k, v in fn(*args, **kwargs).items()}
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fn(*args, **kwargs).items()}
 
     return wrapper
 
@@ -145,7 +233,9 @@ def sample(
     stop: StopStrings | None = None,
     between_steps: Callable[[], None] | None = None,
     share_prefix: bool = True,
-) -> dict[str, torch.Tensor]:
+    kept: Sequence[KeptKV | None] | None = None,
+    keep: Sequence[bool] | None = None,
+) -> dict[str, torch.Tensor | list[KeptKV | None]]:
     """Sample one response per prompt. `temperature == 0` decodes greedily.
 
     Each token is drawn by inverting the row's cumulative distribution at a uniform random number:
@@ -164,9 +254,17 @@ def sample(
     whole batch (`_SharedPrefix`) instead of once per prompt (text-only models whose attention has no
     sliding window shorter than the call's sequences).
 
+    `kept` (one per prompt, or None): the KV cache an earlier call kept for a prompt that continues it
+    (`KeptKV`): its tokens are not prefilled again. `keep` (one bool per prompt): keep each such row's
+    KV cache in `kept` of the result. Both apply where the cache is the lean one (text-only models whose
+    attention has no sliding window shorter than the call's sequences); elsewhere every prompt is prefilled
+    whole and nothing is kept.
+
     Returns `[B, P + R]` tensors (prompts left-padded to P, responses right-padded to the
-    longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; and
-    `truncated` [B] (neither EOS nor a stop string within `max_new_tokens`).
+    longest response R): input_ids, attention_mask, response_mask, rollout_logprobs; `truncated` [B]
+    (neither EOS nor a stop string within `max_new_tokens`); `prefilled` (the prompt tokens the prefill
+    computed, shared ones once) and `reused` (those read from `kept`), 0-d; with `keep`, `kept` ([B]
+    `KeptKV`, None where not kept).
     """
     device = next(model.parameters()).device
     eos = torch.tensor(
@@ -213,19 +311,35 @@ def sample(
         if multimodal
         else {}
     )
-    cache = _preallocated(DynamicCache(config=model.config), P + max_new_tokens)
+    continued = None if multimodal or kept is None else _Continued.of(prompts, kept)
+    W = P if continued is None else continued.columns(prompts)  # the cache's columns before the response
+    cache = _preallocated(DynamicCache(config=model.config), W + max_new_tokens)
     lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
-    # The KV cache's layout: the prompts' own (left-padded, P columns), or with a shared prefix its
-    # columns first, then each prompt's rest right-aligned (the gap between them masked). Only where no
-    # layer's window slides (`lean`): a sliding window counts cache columns, gap included, not positions.
-    share = share_prefix and lean and not multimodal
+    # The KV cache's layout: the prompts' own (left-padded, P columns); with a shared prefix its columns
+    # first, then each prompt's rest right-aligned (the gap between them masked); with kept caches, their
+    # columns first, then each row's new tokens right-aligned (`_Continued`). Only where no layer's window
+    # slides (`lean`): a sliding window counts cache columns, gaps included, not positions.
+    if not lean and continued is not None:
+        continued, W = None, P
+    if continued is not None:  # rows continue different kept tokens: no two are prefilled as one
+        starts = torch.ones(B, dtype=torch.bool, device=device)
+        rows, picked = torch.arange(B, device=device), list(range(B))
+    share = share_prefix and lean and not multimodal and continued is None
     shared = _SharedPrefix.of([prompts[r] for r in picked]) if share else None
-    kv_ids, kv_mask, kv_pos = (
-        (prompt_ids, prompt_mask, prompt_pos) if shared is None else shared.layout(prompts, device)
-    )
-    decoder = lean_decoder(model, P + max_new_tokens) if lean else None
+    if continued is not None:
+        kv_ids, kv_mask, kv_pos = continued.layout(prompts, device)
+    elif shared is not None:
+        kv_ids, kv_mask, kv_pos = shared.layout(prompts, device)
+    else:
+        kv_ids, kv_mask, kv_pos = prompt_ids, prompt_mask, prompt_pos
+    decoder = lean_decoder(model, W + max_new_tokens) if lean else None
     begin = 0
-    if shared is not None:
+    reused = 0
+    if continued is not None:
+        continued.fill(cache)
+        begin = continued.width
+        reused = sum(continued.reused(i) for i in range(B))
+    elif shared is not None:
         model(
             input_ids=kv_ids[:1, : shared.length],
             attention_mask=kv_mask[:1, : shared.length],
@@ -246,6 +360,7 @@ def sample(
         **images,
     )
     next_logits = out.logits[:, -1, :]
+    prefilled = int(kv_mask[rows, begin:].sum()) + (shared.length if shared is not None else 0)
     if len(rows) < B:
         run_of_row = starts.long().cumsum(0) - 1
         cache.reorder_cache(run_of_row)
@@ -257,8 +372,8 @@ def sample(
     if decoder is not None:  # the KV buffers the prefill filled, and the prompt padding no row attends
         keys = [layer.key_buffer for layer in cache.layers]
         values = [layer.value_buffer for layer in cache.layers]
-        blocked = torch.zeros(B, P + max_new_tokens, dtype=torch.bool, device=device)
-        blocked[:, :P] = kv_mask == 0
+        blocked = torch.zeros(B, W + max_new_tokens, dtype=torch.bool, device=device)
+        blocked[:, :W] = kv_mask == 0
     for step in range(max_new_tokens):
         logits = next_logits.float()  # [B, V]
         if not bool(torch.isfinite(logits).all()):
@@ -300,7 +415,7 @@ def sample(
         if between_steps is not None:
             between_steps()
         if decoder is not None:
-            next_logits = decoder.step(tok, pos, keys, values, P + step, blocked)
+            next_logits = decoder.step(tok, pos, keys, values, W + step, blocked)
             continue
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         out = model(
@@ -319,13 +434,50 @@ def sample(
     resp_mask = valid.long()
 
     zeros = torch.zeros_like(prompt_ids)
-    return {
+    kept_out: dict[str, list[KeptKV | None]] = {}
+    if keep is not None:
+        kept_out["kept"] = (
+            _kept(cache, prompts, resp, lengths, kv_mask, W, keep) if lean and not multimodal else [None] * B
+        )
+    return kept_out | {
         "input_ids": torch.cat([prompt_ids, torch.where(valid, resp, pad_token_id)], dim=1),
         "attention_mask": torch.cat([prompt_mask, resp_mask], dim=1),
         "response_mask": torch.cat([zeros, resp_mask], dim=1),
         "rollout_logprobs": torch.cat([zeros.float(), resp_logp * resp_mask], dim=1),
         "truncated": ~done,
+        "prefilled": torch.tensor(prefilled),
+        "reused": torch.tensor(reused),
     }
+
+
+def _kept(
+    cache: DynamicCache,
+    prompts: list[list[int]],
+    resp: torch.Tensor,
+    lengths: torch.Tensor,
+    kv_mask: torch.Tensor,
+    width: int,
+    keep: Sequence[bool],
+) -> list[KeptKV | None]:
+    """Each kept row's keys and values, compacted: its prompt's columns of the layout, then its response's
+    but the last token's (decoding computes a token's keys and values in the step after it is drawn)."""
+    out: list[KeptKV | None] = []
+    for i, wanted in enumerate(keep):
+        if not wanted:
+            out.append(None)
+            continue
+        n = int(lengths[i]) - 1
+        columns = torch.cat(
+            [kv_mask[i].nonzero().flatten(), torch.arange(width, width + n, device=kv_mask.device)]
+        )
+        out.append(
+            KeptKV(
+                tuple(prompts[i]) + tuple(resp[i, :n].tolist()),
+                [layer.key_buffer[i].index_select(1, columns) for layer in cache.layers],
+                [layer.value_buffer[i].index_select(1, columns) for layer in cache.layers],
+            )
+        )
+    return out
 
 
 def _srl(z: torch.Tensor, k: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -128,6 +129,36 @@ def _loop(model_dir: Path | str, turns: list[list[str]], **agent: Any) -> tuple[
         }
     )
     return loop.generate(batch, 1, 1.0), scripted
+
+
+class Caching(Scripted):
+    """`Scripted` whose completions carry a cache handle naming the call and row, as the HF engine's kept KV."""
+
+    def generate(self, requests: list[Request], sampling: SamplingSettings) -> list[Completion]:
+        self.handed = getattr(self, "handed", []) + [[(r.keep, r.cache) for r in requests]]
+        call = len(self.handed)
+        return [
+            dataclasses.replace(c, cache=("kv", call, i))
+            for i, c in enumerate(super().generate(requests, sampling))
+        ]
+
+
+def test_each_turns_kept_cache_goes_to_its_next_request_and_a_last_turn_keeps_none(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    turns = [[_call("a"), _call("b"), _call("c")], [_call("a"), "done<eos>"]]
+    prompts = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(2)]
+    engine = Caching(tok, prompts, turns)
+    cfg = AgentConfig(
+        tools=[{"name": "echo", "import_path": f"{__name__}:Echo"}], tool_call_format="hermes", max_turns=3
+    )
+    loop = AgentLoop(engine, VisionProcessor(tok, None), build_toolset(cfg.tools), cfg, 400, multimodal=False)
+    out = loop.generate(Batch({"prompt_ids": prompts}), 1, 1.0)
+    assert out["end_reason"] == ["max_turns", "done"]
+    assert engine.handed == [
+        [(True, None), (True, None)],  # both may go on: keep
+        [(True, ("kv", 1, 0)), (True, ("kv", 1, 1))],  # each gets its own first turn's cache back
+        [(False, ("kv", 2, 0))],  # the third and last turn: nothing to keep
+    ]
 
 
 def _call(x: str = "", **args: Any) -> str:
