@@ -3,7 +3,8 @@
 The tool demo's model (SmolLM2-135M-Instruct after its warm start, `rlstack/configs/demo_real_tool_sft.yaml`,
 built once in the work folder unless `--model` names one) answers `builtin:big_word_problems@test` rows
 with a call of the Python tool, reads the value and boxes it: two turns per trajectory. Side by side in
-one run, on the same prompts (`--prompts` x `--n` per call, `--rounds` calls after a warm-up):
+one run, on the same prompts with the same seeds (`--prompts` x `--n` per call, `--rounds` rounds after a
+warm-up; in each round every side in turn, the order rotating, each side sampling the same tokens):
 
 - `agent`: `AgentLoop.generate` with the sandboxed Python tool (`builtin:python`);
 - `one_turn`: the same prompts generated in one turn with EOS ignored, exactly as many new tokens per
@@ -51,52 +52,41 @@ def warm_model(workdir: Path) -> Path:
     return out if (out / "config.json").is_file() else run_sft(cfg)
 
 
-def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool, keep_turns: bool) -> dict:
-    model, processor = load_causal_lm(str(model_dir)), VisionProcessor(load_tokenizer(str(model_dir)), None)
-    data = load_config(["data.max_prompt_length=256"]).data
-    dataset = PromptDataset.from_config("builtin:big_word_problems@test", processor.tokenizer, data, -1)
+SIDES = {"kept_turns": (True, True), "shared_prefix": (True, False), "neither": (False, False)}
+"""Side name: (`share_prefix`, `keep_turns`) of the HF engine."""
+
+
+def one_round(model, processor, batch, r: int, share_prefix: bool, keep_turns: bool, args) -> dict:
+    """One agent call and one one-turn call of the same length, on a fresh engine seeded with the round."""
     agent = AgentConfig(
         tools=[{"name": "python", "import_path": "builtin:python"}], tool_call_format="code", max_turns=3
     )
-    runs = []
-    for r in range(args.rounds + 1):
-        batch = dataset.batch(list(range(r * args.prompts, (r + 1) * args.prompts)))
-        engine = HFEngine(
-            model,
-            processor.tokenizer,
-            seed=r,
-            multimodal=False,
-            share_prefix=share_prefix,
-            keep_turns=keep_turns,
-        )
-        loop = AgentLoop(
-            engine, processor, build_toolset(agent.tools), agent, args.max_response_length, False
-        )
-        start = time.perf_counter()
-        out = loop.generate(batch, args.n, 1.0)
-        agent_s = time.perf_counter() - start
-        prefilled, reused = engine.prefilled_tokens, engine.reused_tokens
-        sampled = int(out["response_mask"].sum())
-        tools_s = out.meta["agent_timing"]["tools"]
-        length = round(sampled / len(out))  # the agent's mean sampled tokens per trajectory
-        plain = AgentLoop(engine, processor, None, agent, length, False, ignore_eos=True)
-        start = time.perf_counter()
-        single = plain.generate(batch, args.n, 1.0)
-        one_turn_s = time.perf_counter() - start
-        if r == 0:
-            continue  # warm-up
-        runs.append(
-            {
-                "agent_s": agent_s,
-                "agent_tools_s": tools_s,
-                "agent_sampled_tokens": sampled,
-                "tool_calls_per_trajectory": float(out["tool_calls"].float().mean()),
-                "agent_prefilled_tokens": prefilled,
-                "agent_reused_tokens": reused,
-                "one_turn_s": one_turn_s,
-                "one_turn_sampled_tokens": int(single["response_mask"].sum()),
-            }
-        )
+    engine = HFEngine(
+        model, processor.tokenizer, seed=r, multimodal=False, share_prefix=share_prefix, keep_turns=keep_turns
+    )
+    loop = AgentLoop(engine, processor, build_toolset(agent.tools), agent, args.max_response_length, False)
+    start = time.perf_counter()
+    out = loop.generate(batch, args.n, 1.0)
+    agent_s = time.perf_counter() - start
+    prefilled, reused = engine.prefilled_tokens, engine.reused_tokens
+    sampled = int(out["response_mask"].sum())
+    length = round(sampled / len(out))  # the agent's mean sampled tokens per trajectory
+    plain = AgentLoop(engine, processor, None, agent, length, False, ignore_eos=True)
+    start = time.perf_counter()
+    single = plain.generate(batch, args.n, 1.0)
+    return {
+        "agent_s": agent_s,
+        "agent_tools_s": out.meta["agent_timing"]["tools"],
+        "agent_sampled_tokens": sampled,
+        "tool_calls_per_trajectory": float(out["tool_calls"].float().mean()),
+        "agent_prefilled_tokens": prefilled,
+        "agent_reused_tokens": reused,
+        "one_turn_s": time.perf_counter() - start,
+        "one_turn_sampled_tokens": int(single["response_mask"].sum()),
+    }
+
+
+def summary(runs: list[dict]) -> dict:
     agent_tokens = sum(r["agent_sampled_tokens"] for r in runs)
     agent_s = sum(r["agent_s"] for r in runs)
     tools_s = sum(r["agent_tools_s"] for r in runs)
@@ -114,6 +104,22 @@ def measure(model_dir: Path, args: argparse.Namespace, share_prefix: bool, keep_
     }
 
 
+def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Every side on each round's prompts in turn (the order rotating by round), after a warm-up round."""
+    model, processor = load_causal_lm(str(model_dir)), VisionProcessor(load_tokenizer(str(model_dir)), None)
+    data = load_config(["data.max_prompt_length=256"]).data
+    dataset = PromptDataset.from_config("builtin:big_word_problems@test", processor.tokenizer, data, -1)
+    runs: dict[str, list[dict]] = {name: [] for name in SIDES}
+    names = list(SIDES)
+    for r in range(args.rounds + 1):
+        batch = dataset.batch(list(range(r * args.prompts, (r + 1) * args.prompts)))
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            run = one_round(model, processor, batch, r, *SIDES[name], args)
+            if r > 0:  # round 0 warms up
+                runs[name].append(run)
+    return {name: summary(side) for name, side in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,17 +130,13 @@ def main() -> None:
     parser.add_argument("--workdir", default="outputs/bench_agent_turns")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--n", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-response-length", type=int, default=96)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "agent_turns.json"))
     args = parser.parse_args()
     torch.manual_seed(0)
     model_dir = Path(args.model) if args.model else warm_model(Path(args.workdir))
-    sides = {
-        "kept_turns": measure(model_dir, args, share_prefix=True, keep_turns=True),
-        "shared_prefix": measure(model_dir, args, share_prefix=True, keep_turns=False),
-        "neither": measure(model_dir, args, share_prefix=False, keep_turns=False),
-    }
+    sides = measure(model_dir, args)
     result = sides | {
         "agent_speedup_from_kept_turns": sides["kept_turns"]["agent_tokens_per_s_without_tools"]
         / sides["shared_prefix"]["agent_tokens_per_s_without_tools"],

@@ -33,6 +33,11 @@ interpreter, and the call's thread is left behind; the trainer drops the traject
 bad arguments and crashing or hanging code are observations the model reads, never a crashed
 rollout.
 
+Each turn's request asks the engine to keep the trajectory's KV cache when another turn may follow
+(`Request.keep`) and hands back the one its previous turn kept (`Request.cache`): the HF engine then
+prefills only the new tokens (the previous turn's last token and the observation). A trajectory drops
+its kept cache when it ends.
+
 The response of a trajectory is everything after its prompt: sampled tokens (`response_mask` 1,
 with their rollout log-probs) and observation tokens (`response_mask` 0, log-prob 0, never trained
 on nor used in ratios). `max_response_length` bounds the whole response, observations included.

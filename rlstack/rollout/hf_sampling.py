@@ -8,7 +8,9 @@ Llama, Mistral, Qwen2, Qwen3 and the Qwen-VL families on CPU, the lean step of
 model, a call of its `forward`.
 A row that has ended keeps attending normally (its tokens are padding, masked out of the result), as
 transformers' `generate` does: masking ended rows in the attention mask sends every call onto a
-slower attention path.
+slower attention path. With the lean step, once half the rows being decoded or more have ended, the
+ended ones leave the decoding batch (their KV buffers are dropped: one copy of the others'), so that
+the longest answers of a call do not decode with every row that finished before them.
 
 Log-probs are under the temperature-scaled distribution before top-k / top-p truncation, which is
 the distribution the policy scores (`logits / temperature`): at temperature 1 with no truncation
@@ -369,13 +371,17 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     attn = kv_mask
-    if decoder is not None:  # the KV buffers the prefill filled, and the prompt padding no row attends
+    keep_rows = keep is not None and lean and not multimodal
+    kept_out: list[KeptKV | None] = [None] * B
+    live: torch.Tensor | None = None
+    """Rows (of the B) still in the decoding batch, in its order; None: all of them (see `_leave`)."""
+    if lean:  # the KV buffers the prefill filled, and the prompt padding no row attends
         keys = [layer.key_buffer for layer in cache.layers]
         values = [layer.value_buffer for layer in cache.layers]
         blocked = torch.zeros(B, W + max_new_tokens, dtype=torch.bool, device=device)
         blocked[:, :W] = kv_mask == 0
     for step in range(max_new_tokens):
-        logits = next_logits.float()  # [B, V]
+        logits = next_logits.float()  # [rows in the decoding batch, V]
         if not bool(torch.isfinite(logits).all()):
             raise TrainingDiverged(
                 "the policy produced non-finite logits while sampling; its weights have diverged"
@@ -394,15 +400,20 @@ def sample(
             # and on CPU 4-8x faster than `torch.multinomial`, whose exponential draws over the whole
             # vocabulary cost 48 ms per step for 16 rows of a 152k vocabulary (12-13 ms this way;
             # bench/bench_cpu_paths.py).
+            # (B numbers drawn from the generator whatever rows decode: the same stream for every row)
             u = _uniform(seeds.to(device), step) if seeds is not None else _draw(B, generator, device)
-            tok = _inverse_cdf(probs, u)
+            tok = _inverse_cdf(probs, u if live is None else u[live])
         else:
             logp_all = torch.log_softmax(logits, dim=-1)
             choice = logits if banned is None else logits.index_fill(1, banned, float("-inf"))
             tok = choice.argmax(-1)
+        logp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+        if live is not None:  # back to all B rows; the rows that left have ended (padding)
+            tok = torch.full((B,), pad_token_id, dtype=tok.dtype, device=device).index_copy(0, live, tok)
+            logp = torch.zeros(B, dtype=logp.dtype, device=device).index_copy(0, live, logp)
         tok = torch.where(done, torch.full_like(tok, pad_token_id), tok)
         tokens.append(tok)
-        logps.append(logp_all.gather(-1, tok[:, None]).squeeze(-1))
+        logps.append(logp)
         newly_valid = ~done
         lengths += newly_valid.long()
         ended = torch.isin(tok, eos)
@@ -415,7 +426,19 @@ def sample(
         if between_steps is not None:
             between_steps()
         if decoder is not None:
-            next_logits = decoder.step(tok, pos, keys, values, W + step, blocked)
+            ended_in_batch = done if live is None else done[live]
+            if 2 * int(ended_in_batch.sum()) >= len(ended_in_batch) > 1:  # half the batch or more has ended
+                members = torch.arange(B, device=device) if live is None else live
+                for j in ended_in_batch.nonzero().flatten().tolist():
+                    i = int(members[j])
+                    if keep_rows and keep[i]:
+                        kept_out[i] = _kept_row(keys, values, j, prompts[i], tokens, i, lengths, kv_mask, W)
+                stay = (~ended_in_batch).nonzero().flatten()
+                keys = [k.index_select(0, stay) for k in keys]
+                values = [v.index_select(0, stay) for v in values]
+                blocked, live = blocked.index_select(0, stay), members[stay]
+            rows_now = slice(None) if live is None else live
+            next_logits = decoder.step(tok[rows_now], pos[rows_now], keys, values, W + step, blocked)
             continue
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         out = model(
@@ -434,12 +457,15 @@ def sample(
     resp_mask = valid.long()
 
     zeros = torch.zeros_like(prompt_ids)
-    kept_out: dict[str, list[KeptKV | None]] = {}
-    if keep is not None:
-        kept_out["kept"] = (
-            _kept(cache, prompts, resp, lengths, kv_mask, W, keep) if lean and not multimodal else [None] * B
-        )
-    return kept_out | {
+    if keep_rows:
+        if decoder is None:  # the model's own forward wrote the cache's buffers (reordered by the prefill)
+            keys = [layer.key_buffer for layer in cache.layers]
+            values = [layer.value_buffer for layer in cache.layers]
+        members = list(range(B)) if live is None else live.tolist()
+        for j, i in enumerate(members):
+            if keep[i]:
+                kept_out[i] = _kept_row(keys, values, j, prompts[i], tokens, i, lengths, kv_mask, W)
+    return ({"kept": kept_out} if keep is not None else {}) | {
         "input_ids": torch.cat([prompt_ids, torch.where(valid, resp, pad_token_id)], dim=1),
         "attention_mask": torch.cat([prompt_mask, resp_mask], dim=1),
         "response_mask": torch.cat([zeros, resp_mask], dim=1),
@@ -450,34 +476,29 @@ def sample(
     }
 
 
-def _kept(
-    cache: DynamicCache,
-    prompts: list[list[int]],
-    resp: torch.Tensor,
+def _kept_row(
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    j: int,
+    prompt: list[int],
+    tokens: list[torch.Tensor],
+    row: int,
     lengths: torch.Tensor,
     kv_mask: torch.Tensor,
     width: int,
-    keep: Sequence[bool],
-) -> list[KeptKV | None]:
-    """Each kept row's keys and values, compacted: its prompt's columns of the layout, then its response's
-    but the last token's (decoding computes a token's keys and values in the step after it is drawn)."""
-    out: list[KeptKV | None] = []
-    for i, wanted in enumerate(keep):
-        if not wanted:
-            out.append(None)
-            continue
-        n = int(lengths[i]) - 1
-        columns = torch.cat(
-            [kv_mask[i].nonzero().flatten(), torch.arange(width, width + n, device=kv_mask.device)]
-        )
-        out.append(
-            KeptKV(
-                tuple(prompts[i]) + tuple(resp[i, :n].tolist()),
-                [layer.key_buffer[i].index_select(1, columns) for layer in cache.layers],
-                [layer.value_buffer[i].index_select(1, columns) for layer in cache.layers],
-            )
-        )
-    return out
+) -> KeptKV:
+    """Row `row`'s keys and values (at index `j` of the decoding batch's buffers), compacted: its prompt's
+    columns of the layout, then its response's but the last token's (decoding computes a token's keys and
+    values in the step after it is drawn)."""
+    n = int(lengths[row]) - 1
+    columns = torch.cat(
+        [kv_mask[row].nonzero().flatten(), torch.arange(width, width + n, device=kv_mask.device)]
+    )
+    return KeptKV(
+        tuple(prompt) + tuple(int(t[row]) for t in tokens[:n]),
+        [k[j].index_select(1, columns) for k in keys],
+        [v[j].index_select(1, columns) for v in values],
+    )
 
 
 def _srl(z: torch.Tensor, k: int) -> torch.Tensor:

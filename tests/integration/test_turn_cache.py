@@ -142,3 +142,45 @@ def test_the_engine_keeps_caches_under_the_weights_that_made_them(model, tok):
         [Request(p + c.token_ids + [5], cache=c.cache) for p, c in zip(prompts, firsts)], settings
     )
     assert engine.reused_tokens == reused
+
+
+def test_ended_rows_leave_the_decoding_batch_and_keep_their_caches(eos_model, tok, monkeypatch):
+    """Once half the rows being decoded have ended they leave the batch: the same tokens and log-probs as
+    decoding every row to the end (the model's own forward, which keeps them), and the kept caches of the
+    rows that left early continue as well as the others'."""
+    from rlstack.models.decoding import LeanDecoder
+
+    prompts = [ids(tok, FEW_SHOT + q) for q in QUESTIONS for _ in range(4)]
+    seeds = [mix_seed(7, i) for i in range(len(prompts))]
+    sizes = []
+    step = LeanDecoder.step
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, t, *a: sizes.append(len(t)) or step(self, t, *a))
+    out = sample(
+        eos_model,
+        prompts,
+        24,
+        tok.eos_token_id,
+        tok.pad_token_id,
+        1.0,
+        seeds=torch.tensor(seeds),
+        keep=[True] * 16,
+    )
+    lengths = out["response_mask"].sum(-1)
+    assert sizes[0] == len(prompts) and min(sizes) < len(prompts) // 2  # the batch shrank, more than once
+    assert len(sizes) == int(lengths.max()) - 1  # and decoded until the longest row ended
+    with monkeypatch.context() as m:
+        m.setattr(hf_sampling, "lean_decoder", lambda *a, **k: None)
+        whole = sample(
+            eos_model, prompts, 24, tok.eos_token_id, tok.pad_token_id, 1.0, seeds=torch.tensor(seeds)
+        )
+    for k in ("input_ids", "response_mask", "truncated"):
+        assert torch.equal(out[k], whole[k]), k
+    torch.testing.assert_close(out["rollout_logprobs"], whole["rollout_logprobs"], atol=1e-5, rtol=0)
+
+    nexts = second_turn(tok, prompts, out)
+    seeds2 = [mix_seed(8, i) for i in range(len(prompts))]
+    continued = draw(eos_model, tok, nexts, seeds2, kept=out["kept"])
+    assert int(continued["reused"]) == sum(len(p) + int(n) - 1 for p, n in zip(prompts, lengths))
+    ref = draw(eos_model, tok, nexts, seeds2, share_prefix=False)
+    assert torch.equal(continued["input_ids"], ref["input_ids"])
+    torch.testing.assert_close(continued["rollout_logprobs"], ref["rollout_logprobs"], atol=1e-5, rtol=0)
