@@ -212,6 +212,7 @@ class AgentLoop:
             for t in trajectories:  # after an error mid-rollout: stop the interpreters still running
                 if not t.done and t.toolbox is not None:
                     t.toolbox.close()
+                t.cache = None  # and let the kept KV caches go, even while a traceback holds the trajectories
             pool.shutdown(wait=False, cancel_futures=True)  # a timed-out call's thread is not waited for
         return self._assemble(batch, trajectories, temperature)
 

@@ -73,8 +73,8 @@ class _TurnCache:
     """`Completion.cache` of the HF engine: a completion's kept KV cache, the engine that made it and the
     version of the weights it was computed with."""
 
-    engine: int
-    """`id` of the engine."""
+    engine: object
+    """The engine's own token (`HFEngine._token`): a cache is read by the engine that made it only."""
     version: int
     kv: KeptKV
 
@@ -127,6 +127,8 @@ class HFEngine:
         """(index of the first token they sampled, version) of the weights that landed during the call."""
         self._steps = 0
         """Decoding steps of the call so far."""
+        self._token = object()
+        """Names this engine in the caches it keeps (`_TurnCache.engine`)."""
         self.prefilled_tokens = 0
         """Prompt tokens the prefills computed (a shared prefix once), over the engine's calls."""
         self.reused_tokens = 0
@@ -189,7 +191,7 @@ class HFEngine:
         self.reused_tokens += int(out["reused"])
         # Keys and values computed under one version only: none is kept where weights landed mid-call.
         caches = [
-            None if kv is None or self._landed else _TurnCache(id(self), first, kv) for kv in out["kept"]
+            None if kv is None or self._landed else _TurnCache(self._token, first, kv) for kv in out["kept"]
         ]
         P = max(len(r.prompt_ids) for r in requests)
         tokens = out["input_ids"][:, P:].tolist()
@@ -207,7 +209,7 @@ class HFEngine:
 
     def _kept(self, cache: object | None, version: int) -> KeptKV | None:
         """The kept KV cache of `Request.cache` where this engine made it under the weights of `version`."""
-        if isinstance(cache, _TurnCache) and cache.engine == id(self) and cache.version == version:
+        if isinstance(cache, _TurnCache) and cache.engine is self._token and cache.version == version:
             return cache.kv
         return None
 

@@ -9,7 +9,7 @@ model, a call of its `forward`.
 A row that has ended keeps attending normally (its tokens are padding, masked out of the result), as
 transformers' `generate` does: masking ended rows in the attention mask sends every call onto a
 slower attention path. With the lean step, once half the rows being decoded or more have ended, the
-ended ones leave the decoding batch (their KV buffers are dropped: one copy of the others'), so that
+ended ones leave the decoding batch (the others' KV buffers are copied, the old ones freed), so that
 the longest answers of a call do not decode with every row that finished before them.
 
 Log-probs are under the temperature-scaled distribution before top-k / top-p truncation, which is
@@ -95,7 +95,7 @@ class KeptKV:
 
     token_ids: tuple[int, ...]
     """The tokens it holds: the row's prompt and its response but the last token (whose keys and
-    values the call never computed: nothing came after it)."""
+    values a call computes only when another step follows it, which the last step of a call does not)."""
     keys: list[torch.Tensor | None] = field(repr=False)
     values: list[torch.Tensor | None] = field(repr=False)
 
@@ -124,7 +124,11 @@ class _Continued:
     @staticmethod
     def of(prompts: list[list[int]], kept: Sequence[KeptKV | None]) -> _Continued | None:
         """The layout, or None when no row continues a kept cache."""
-        usable = [k if k is not None and k.continued_by(p) else None for p, k in zip(prompts, kept)]
+        usable, seen = [], set()
+        for p, k in zip(prompts, kept):  # a kept cache handed to two rows serves the first
+            fits = k is not None and id(k) not in seen and k.continued_by(p)
+            usable.append(k if fits else None)
+            seen |= {id(k)} if fits else set()
         width = max((len(k.token_ids) for k in usable if k is not None), default=0)
         return _Continued(usable, width) if width else None
 
@@ -321,8 +325,10 @@ def sample(
     # first, then each prompt's rest right-aligned (the gap between them masked); with kept caches, their
     # columns first, then each row's new tokens right-aligned (`_Continued`). Only where no layer's window
     # slides (`lean`): a sliding window counts cache columns, gaps included, not positions.
-    if not lean and continued is not None:
+    if not lean and continued is not None:  # a sliding window: every prompt is prefilled whole
         continued, W = None, P
+        cache = _preallocated(DynamicCache(config=model.config), W + max_new_tokens)
+        lean = all(isinstance(layer, _PreallocatedLayer) for layer in cache.layers)
     if continued is not None:  # rows continue different kept tokens: no two are prefilled as one
         starts = torch.ones(B, dtype=torch.bool, device=device)
         rows, picked = torch.arange(B, device=device), list(range(B))
@@ -374,7 +380,8 @@ def sample(
     keep_rows = keep is not None and lean and not multimodal
     kept_out: list[KeptKV | None] = [None] * B
     live: torch.Tensor | None = None
-    """Rows (of the B) still in the decoding batch, in its order; None: all of them (see `_leave`)."""
+    """Rows (of the B) still in the decoding batch, in its order; None: all of them (ended rows leave it
+    once they are half of it or more)."""
     if lean:  # the KV buffers the prefill filled, and the prompt padding no row attends
         keys = [layer.key_buffer for layer in cache.layers]
         values = [layer.value_buffer for layer in cache.layers]
@@ -437,6 +444,9 @@ def sample(
                 keys = [k.index_select(0, stay) for k in keys]
                 values = [v.index_select(0, stay) for v in values]
                 blocked, live = blocked.index_select(0, stay), members[stay]
+                for layer, k, v in zip(cache.layers, keys, values):  # the full buffers go back now
+                    layer.key_buffer, layer.value_buffer = k, v
+                    layer.keys, layer.values = k[:, :, : layer.length], v[:, :, : layer.length]
             rows_now = slice(None) if live is None else live
             next_logits = decoder.step(tok[rows_now], pos[rows_now], keys, values, W + step, blocked)
             continue

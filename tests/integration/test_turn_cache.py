@@ -104,12 +104,13 @@ def test_a_kept_cache_is_used_once_and_only_by_a_prompt_that_continues_it(model,
     assert all(k is None for k in kept[0].keys)  # emptied as it was copied: its memory went back
     again = draw(model, tok, [nexts[0]], [1], kept=[kept[0]])
     assert int(again["reused"]) == 0 and int(again["prefilled"]) == len(nexts[0])
-    torch.testing.assert_close(
-        again["rollout_logprobs"],
-        out["rollout_logprobs"][:1, -again["rollout_logprobs"].shape[1] :],
-        atol=1e-5,
-        rtol=0,
-    )
+
+    # One kept cache handed to two rows that both continue it: the first reads it, the second is prefilled.
+    kept = draw(model, tok, prompts[:1], seeds[:1], keep=[True])["kept"]
+    twice = draw(model, tok, [nexts[0], nexts[0]], [1, 1], kept=[kept[0], kept[0]])
+    assert int(twice["reused"]) == len(kept[0].token_ids)
+    assert torch.equal(twice["input_ids"][0], twice["input_ids"][1])  # the same seed: the same tokens
+    torch.testing.assert_close(twice["rollout_logprobs"][0], twice["rollout_logprobs"][1], atol=1e-5, rtol=0)
 
 
 def test_the_engine_keeps_caches_under_the_weights_that_made_them(model, tok):
@@ -144,35 +145,31 @@ def test_the_engine_keeps_caches_under_the_weights_that_made_them(model, tok):
     assert engine.reused_tokens == reused
 
 
-def test_ended_rows_leave_the_decoding_batch_and_keep_their_caches(eos_model, tok, monkeypatch):
+@pytest.mark.parametrize("seeded", [True, False])
+def test_ended_rows_leave_the_decoding_batch_and_keep_their_caches(eos_model, tok, monkeypatch, seeded):
     """Once half the rows being decoded have ended they leave the batch: the same tokens and log-probs as
     decoding every row to the end (the model's own forward, which keeps them), and the kept caches of the
-    rows that left early continue as well as the others'."""
+    rows that left early continue as well as the others'. Unseeded, the generator still draws a number for
+    every row at every step: the same stream."""
     from rlstack.models.decoding import LeanDecoder
 
     prompts = [ids(tok, FEW_SHOT + q) for q in QUESTIONS for _ in range(4)]
     seeds = [mix_seed(7, i) for i in range(len(prompts))]
+
+    def run(**kw):
+        draws = {"seeds": torch.tensor(seeds)} if seeded else {"generator": torch.Generator().manual_seed(3)}
+        return sample(eos_model, prompts, 24, tok.eos_token_id, tok.pad_token_id, 1.0, **draws, **kw)
+
     sizes = []
     step = LeanDecoder.step
     monkeypatch.setattr(LeanDecoder, "step", lambda self, t, *a: sizes.append(len(t)) or step(self, t, *a))
-    out = sample(
-        eos_model,
-        prompts,
-        24,
-        tok.eos_token_id,
-        tok.pad_token_id,
-        1.0,
-        seeds=torch.tensor(seeds),
-        keep=[True] * 16,
-    )
+    out = run(keep=[True] * len(prompts))
     lengths = out["response_mask"].sum(-1)
     assert sizes[0] == len(prompts) and min(sizes) < len(prompts) // 2  # the batch shrank, more than once
     assert len(sizes) == int(lengths.max()) - 1  # and decoded until the longest row ended
     with monkeypatch.context() as m:
         m.setattr(hf_sampling, "lean_decoder", lambda *a, **k: None)
-        whole = sample(
-            eos_model, prompts, 24, tok.eos_token_id, tok.pad_token_id, 1.0, seeds=torch.tensor(seeds)
-        )
+        whole = run()
     for k in ("input_ids", "response_mask", "truncated"):
         assert torch.equal(out[k], whole[k]), k
     torch.testing.assert_close(out["rollout_logprobs"], whole["rollout_logprobs"], atol=1e-5, rtol=0)
