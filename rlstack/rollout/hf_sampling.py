@@ -40,6 +40,10 @@ from rlstack.models.vision import (
 )
 from rlstack.rollout.hf_cache import _preallocated, _PreallocatedLayer
 
+ENDED_SHARE_TO_LEAVE = 0.5
+"""Share of the decoding batch's rows that have ended at which they leave it (lean step only; above 1:
+never, every row decodes to the end of the call)."""
+
 SHARED_PREFIX_MIN = 32
 """Fewest tokens common to every prompt of a call for `sample` to prefill them once (a shorter prefix
 saves less than its extra forward pass costs)."""
@@ -434,7 +438,10 @@ def sample(
             between_steps()
         if decoder is not None:
             ended_in_batch = done if live is None else done[live]
-            if 2 * int(ended_in_batch.sum()) >= len(ended_in_batch) > 1:  # half the batch or more has ended
+            if (
+                int(ended_in_batch.sum()) >= ENDED_SHARE_TO_LEAVE * len(ended_in_batch)
+                and len(ended_in_batch) > 1
+            ):
                 members = torch.arange(B, device=device) if live is None else live
                 for j in ended_in_batch.nonzero().flatten().tolist():
                     i = int(members[j])

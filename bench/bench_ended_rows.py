@@ -1,0 +1,108 @@
+"""Ended rows leaving the decoding batch, on the real model: generation with and without it, side by side.
+
+SmolLM2-135M-Instruct (untouched) answers the real-model demo's word problems (`demo_real_grpo.yaml`:
+chat prompts, answers ending at EOS) through the agent loop and the HF engine, as a training rollout does
+(`--prompts` x `--n` at temperature 0.7, `--max-tokens`) and as its held-out evaluation does (greedy,
+`--val-prompts`, one each). Each call runs twice in turn (the order alternating by round), once with ended
+rows leaving the decoding batch once they are half of it (`hf_sampling.ENDED_SHARE_TO_LEAVE` 0.5, the
+default) and once decoding every row to the end of the call (2.0); the same seeds sample the same tokens,
+which the script checks.
+
+    .venv/bin/python bench/bench_ended_rows.py     # writes bench/results/ended_rows.json (about 10 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+import rlstack.rollout.hf_sampling as hf_sampling
+from rlstack.config import AgentConfig, load_config
+from rlstack.data.dataset import PromptDataset
+from rlstack.demo import CONFIGS
+from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlstack.models.vision import VisionProcessor
+from rlstack.rollout.agent import AgentLoop
+from rlstack.rollout.hf import HFEngine
+
+SIDES = {"leave": 0.5, "stay": 2.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--n", type=int, default=6)
+    parser.add_argument("--val-prompts", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ended_rows.json"))
+    args = parser.parse_args()
+    cfg = load_config([f"config={CONFIGS / 'demo_real_grpo.yaml'}"])
+    path = str(resolve_model_path(cfg.worker.actor.model.model_path))
+    model = load_causal_lm(path).eval()
+    processor = VisionProcessor(load_tokenizer(path), None)
+    dataset = PromptDataset.from_config(cfg.data.val_files, processor.tokenizer, cfg.data, -1)
+    calls = {"rollout": (args.prompts, args.n, 0.7), "validation": (args.val_prompts, 1, 0.0)}
+    runs: dict[str, dict[str, list[dict]]] = {call: {side: [] for side in SIDES} for call in calls}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for call, (prompts, n, temperature) in calls.items():
+            batch = dataset.batch(list(range(r * prompts, (r + 1) * prompts)))
+            tokens = {}
+            for side in list(SIDES)[:: 1 if r % 2 else -1]:
+                hf_sampling.ENDED_SHARE_TO_LEAVE = SIDES[side]
+                engine = HFEngine(model, processor.tokenizer, seed=r, multimodal=False)
+                loop = AgentLoop(engine, processor, None, AgentConfig(), args.max_tokens, False)
+                start = time.perf_counter()
+                out = loop.generate(batch, n, temperature)
+                seconds = time.perf_counter() - start
+                tokens[side] = out["input_ids"]
+                lengths = out["response_mask"].sum(-1).float()
+                if r > 0:
+                    runs[call][side].append(
+                        {"s": seconds, "sampled": int(lengths.sum()), "longest": int(lengths.max())}
+                    )
+            assert torch.equal(tokens["leave"], tokens["stay"]), (
+                f"{call}, round {r}: the sides sampled differently"
+            )
+    result = {
+        call: {
+            side: {
+                "tokens_per_s": sum(x["sampled"] for x in rs) / sum(x["s"] for x in rs),
+                "mean_length": sum(x["sampled"] for x in rs) / (len(rs) * calls[call][0] * calls[call][1]),
+                "runs": rs,
+            }
+            for side, rs in sides.items()
+        }
+        for call, sides in runs.items()
+    }
+    for call in calls:
+        result[call]["speedup"] = result[call]["leave"]["tokens_per_s"] / result[call]["stay"]["tokens_per_s"]
+    result |= {
+        "setup": vars(args) | {"model": path},
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for call in calls:
+        print(
+            call,
+            {
+                k: round(v["tokens_per_s"], 1) if isinstance(v, dict) else round(v, 3)
+                for k, v in result[call].items()
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()
