@@ -438,10 +438,10 @@ def sample(
             between_steps()
         if decoder is not None:
             ended_in_batch = done if live is None else done[live]
-            if (
-                int(ended_in_batch.sum()) >= ENDED_SHARE_TO_LEAVE * len(ended_in_batch)
-                and len(ended_in_batch) > 1
-            ):
+            ended_count = int(
+                ended_in_batch.sum()
+            )  # fewer than all: a call whose rows all ended stopped above
+            if ended_count and ended_count >= ENDED_SHARE_TO_LEAVE * len(ended_in_batch):
                 members = torch.arange(B, device=device) if live is None else live
                 for j in ended_in_batch.nonzero().flatten().tolist():
                     i = int(members[j])
