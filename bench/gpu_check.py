@@ -6,7 +6,7 @@ package index. Everything else rlstack's training path imports travels as wheels
 
     python bench/gpu_check.py bundle OUT_DIR     # wheels of rlstack and EXTRAS, this script, OUT_DIR/run.sh
     sh OUT_DIR/run.sh [--json OUT] [--only A,B]  # there: install the wheels (pip --no-index), run the checks
-    python bench/gpu_check.py run [--cpu] [--json OUT] [--only A,B]
+    python bench/gpu_check.py run [--cpu] [--json OUT] [--only A,B] [--forward-decoding]
 
 `run` prints one line per check, `PASS|FAIL <name>: <figure or reason>`, and exits non-zero when one
 failed; a check that crashes is that check's FAIL line and the others still run. On CUDA:
@@ -14,6 +14,11 @@ failed; a check that crashes is that check's FAIL line and the others still run.
 - device_placement: the policy, reference and rollout engine models sit on the GPU; a log-prob pass of
   the policy and of the reference runs there;
 - hf_rollout: the HF engine (`worker.rollout.name=hf`) generates prompts x samples on the GPU;
+- turn_cache: a second agent turn continued from the KV cache the engine kept from the first prefills only
+  its new tokens and samples what the same turn prefilled whole does (float32, rows ending at different
+  steps, so that ended rows leave the decoding batch);
+- lean_decoding: the lean decoding step against the model's own forward: the same samples in float32,
+  and tokens/s of each in the policy's dtype (`--forward-decoding` runs every check without the lean step);
 - padding_free: `worker.actor.padding_free=true` gives the padded layout's log-probs (float32: up to
   rounding; bfloat16: no further from float32 than the padded layout in bfloat16 is, within 2x);
 - lora: `worker.actor.model.lora.rank=8` trains: finite loss and gradient norm, only adapters change;
@@ -625,11 +630,18 @@ def check_grpo(ctx: Context, name: str) -> Outcome:
     if not (math.isfinite(steps_per_s) and math.isfinite(peak)):
         raise CheckFailed(f"steps/s {steps_per_s}, {memory} {peak}")
     length = statistics.mean(r["response_length/mean"] for r in timed)
+    phases = {
+        k.split("/", 1)[1]: statistics.median(r[k] for r in timed)
+        for k in timed[0]
+        if k.startswith("timing_s/") and k != "timing_s/step"
+    }
     what = "GPU memory allocated" if ctx.device == "cuda" else "resident memory"
     figure = (
         f"{steps_per_s:.3g} steps/s, peak {peak:.2f} GiB {what} ({n_params / 1e6:.3g}M parameters, {ctx.dtype}; "
         f"{w.prompts} prompts x {w.samples}, responses {length:.0f} tokens mean of <= {w.response_tokens}; "
-        f"median of {w.timed_steps} steps after {w.warmup_steps})"
+        f"median of {w.timed_steps} steps after {w.warmup_steps}; "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items() if v >= 0.01)
+        + ")"
     )
     return figure, {
         "steps_per_s": steps_per_s,
@@ -637,12 +649,194 @@ def check_grpo(ctx: Context, name: str) -> Outcome:
         "parameters": n_params,
         "response_length_mean": length,
         "step_s": [r["timing_s/step"] for r in timed],
+        "phases_s": list(phases.values()),
+        "phases": ", ".join(phases),
     }
+
+
+def _engine_model(ctx: Context, dtype: str):
+    """The SmolLM2-shaped model of the checks, in `dtype` on the device, for sampling (eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlstack.models.tiny import build_char_tokenizer
+
+    path, _ = ctx.model()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(ctx.device).eval()
+    return model, build_char_tokenizer()
+
+
+def _ending_tokens(vocab: int) -> list[int]:
+    """A fiftieth of the vocabulary's ids, made end-of-sequence tokens: a random model, whose next-token
+    distribution is near uniform, then ends each row at a different step (about 2% a step)."""
+    return list(range(vocab - vocab // 50, vocab))
+
+
+def _agreement(got: list[list[int]], want: list[list[int]], got_logp, want_logp) -> tuple[float, float]:
+    """(share of rows sampled exactly alike, largest |log-prob difference| over the tokens each row shares
+    with its reference before they first differ)."""
+    same, worst = 0, 0.0
+    for a, b, la, lb in zip(got, want, got_logp, want_logp):
+        same += a == b
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        n = n + 1 if n < min(len(a), len(b)) else n  # the first differing token's own log-prob too
+        worst = max([worst, *(abs(x - y) for x, y in zip(la[:n], lb[:n]))])
+    return same / len(got), worst
+
+
+TURN_TOLERANCE = 1e-3
+"""Largest |log-prob| difference (float32) between a turn continued from a kept cache and the same turn
+prefilled whole: rounding of kernels over differently laid-out columns (the CPU tests hold 1e-5)."""
+
+
+def check_turn_cache(ctx: Context) -> Outcome:
+    """The HF engine's KV caches kept between an agent's turns (`Request.keep` / `Request.cache`) on the
+    device: a second turn (the first's response, then a reply of its own length) continued from its kept
+    cache prefills only its new tokens and samples what the same turn prefilled whole samples (float32;
+    rows end at different steps), and the time of each second turn."""
+    import torch
+
+    from rlstack.rollout.engine import Request, SamplingSettings
+    from rlstack.rollout.hf import HFEngine
+
+    model, tok = _engine_model(ctx, "float32")
+    w = ctx.work
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, vocab, (40,), generator=g).tolist()  # a worked example every prompt shares
+    prompts = [prefix + torch.randint(3, vocab, (5 + 3 * i,), generator=g).tolist() for i in range(w.prompts)]
+    engines = {
+        kept: HFEngine(model, tok, seed=0, multimodal=False, keep_turns=kept) for kept in (True, False)
+    }
+    for engine in engines.values():
+        engine.eos_token_ids = set(_ending_tokens(vocab))
+    settings = SamplingSettings(max_tokens=w.response_tokens)
+    firsts = engines[True].generate(
+        [
+            Request(p, seed=i * w.samples + j, keep=True)
+            for i, p in enumerate(prompts)
+            for j in range(w.samples)
+        ],
+        settings,
+    )
+    lengths = [len(c.token_ids) for c in firsts]
+    if not all(c.cache is not None for c in firsts):
+        raise CheckFailed("the engine kept no cache for a request that asked (Request.keep)")
+    replies = [torch.randint(3, vocab, (1 + k % 7,), generator=g).tolist() for k in range(len(firsts))]
+    seconds_ids = [prompts[k // w.samples] + c.token_ids + r for k, (c, r) in enumerate(zip(firsts, replies))]
+    timed, outs = {}, {}
+    for kept in (True, False):
+        engine = engines[kept]
+        requests = [
+            Request(ids, seed=1000 + k, cache=firsts[k].cache if kept else None)
+            for k, ids in enumerate(seconds_ids)
+        ]
+        before = engine.prefilled_tokens
+        _sync(ctx)
+        start = time.perf_counter()
+        outs[kept] = engine.generate(requests, settings)
+        _sync(ctx)
+        timed[kept] = (time.perf_counter() - start, engine.prefilled_tokens - before)
+    new_tokens = sum(1 + len(r) for r in replies)  # the first turn's last token and the reply
+    if timed[True][1] != new_tokens:
+        raise CheckFailed(f"the continued turn prefilled {timed[True][1]} tokens, expected {new_tokens}")
+    same, worst = _agreement(
+        [c.token_ids for c in outs[True]],
+        [c.token_ids for c in outs[False]],
+        [c.logprobs for c in outs[True]],
+        [c.logprobs for c in outs[False]],
+    )
+    if not worst <= TURN_TOLERANCE or same < 0.9:
+        raise CheckFailed(
+            f"continued and whole second turns: {same:.0%} of rows alike, log-probs up to {worst:.3g} apart "
+            f"(tolerance {TURN_TOLERANCE})"
+        )
+    figure = (
+        f"{len(firsts)} second turns: kept caches prefill {timed[True][1]} tokens, whole {timed[False][1]}; "
+        f"{same:.0%} of rows sample alike, |log-prob diff| <= {worst:.2g} (float32); first turns "
+        f"{min(lengths)}-{max(lengths)} tokens; second turn {timed[True][0]:.2f} s kept, {timed[False][0]:.2f} s whole"
+    )
+    return figure, {
+        "prefilled_kept": timed[True][1],
+        "prefilled_whole": timed[False][1],
+        "rows_alike": same,
+        "logprob_max_diff": worst,
+        "seconds_kept": timed[True][0],
+        "seconds_whole": timed[False][0],
+    }
+
+
+def check_lean_decoding(ctx: Context) -> Outcome:
+    """The lean decoding step (`rlstack.models.decoding.LeanDecoder`, which the HF engine uses on the CPU
+    only) run on this device against the model's own forward: what it samples (float32: log-probs up to
+    rounding) and its tokens/s in the policy's dtype, the same rows and seeds."""
+    import torch
+
+    import rlstack.rollout.hf_sampling as hf_sampling
+    from rlstack.models.decoding import LeanDecoder, why_not_lean
+    from rlstack.rollout.hf_sampling import sample
+
+    w = ctx.work
+    rows = w.prompts * w.samples
+    forced = lambda model, positions: LeanDecoder(model)  # noqa: E731  (on any device)
+    real = hf_sampling.lean_decoder
+    values: dict[str, float | str | list[float]] = {}
+    parts = []
+    for dtype, steps in (("float32", min(32, w.response_tokens)), (ctx.dtype, w.response_tokens)):
+        model, _ = _engine_model(ctx, dtype)
+        reason = why_not_lean(model, 64 + steps)
+        if reason and "not on the CPU" not in reason:
+            raise CheckFailed(f"the model does not qualify for the lean step: {reason}")
+        g = torch.Generator().manual_seed(2)
+        prompts = [
+            torch.randint(3, model.config.vocab_size, (24 + i % 8,), generator=g).tolist()
+            for i in range(rows)
+        ]
+        runs = {}
+        for lean in (False, True):
+            hf_sampling.lean_decoder = forced if lean else (lambda model, positions: None)
+            try:
+                call = partial(
+                    sample, model, prompts, steps, eos_token_id=[], pad_token_id=0, temperature=1.0,
+                    seeds=torch.arange(rows), share_prefix=False,
+                )  # fmt: skip
+                call()  # warm-up
+                _sync(ctx)
+                start = time.perf_counter()
+                out = call()
+                _sync(ctx)
+                runs[lean] = (out, time.perf_counter() - start)
+            finally:
+                hf_sampling.lean_decoder = real
+        (a, ta), (b, tb) = runs[True], runs[False]
+        P = max(map(len, prompts))
+        same, worst = _agreement(
+            a["input_ids"][:, P:].tolist(), b["input_ids"][:, P:].tolist(),
+            a["rollout_logprobs"][:, P:].tolist(), b["rollout_logprobs"][:, P:].tolist(),
+        )  # fmt: skip
+        tokens = rows * steps
+        values |= {
+            f"{dtype}_rows_alike": same,
+            f"{dtype}_logprob_max_diff": worst,
+            f"{dtype}_lean_tokens_per_s": tokens / ta,
+            f"{dtype}_forward_tokens_per_s": tokens / tb,
+        }
+        if dtype == "float32" and not worst <= TURN_TOLERANCE:
+            raise CheckFailed(f"float32: the lean step's log-probs are up to {worst:.3g} from the forward's")
+        parts.append(
+            f"{dtype}: {same:.0%} of rows alike, |log-prob diff| <= {worst:.2g}, {tokens / ta:.0f} tokens/s lean "
+            f"against {tokens / tb:.0f} forward ({tb / ta:.2f}x)"
+        )
+        del model
+        _release(ctx)
+    return f"{rows} rows x {w.response_tokens} tokens; " + "; ".join(parts), values
 
 
 CHECKS: list[tuple[str, Callable[[Context], Outcome]]] = [
     ("device_placement", check_device_placement),
     ("hf_rollout", check_hf_rollout),
+    ("turn_cache", check_turn_cache),
+    ("lean_decoding", check_lean_decoding),
     ("padding_free", check_padding_free),
     ("lora", check_lora),
     ("fsdp2_bf16", check_fsdp2_bf16),
@@ -819,7 +1013,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cpu", action="store_true", help="on this CPU with tiny shapes and gloo (the dry run)")
     r.add_argument("--json", dest="json_out", help="write every check's result and figures here")
     r.add_argument("--only", type=lambda s: s.split(","), help="run only these checks (comma-separated)")
+    r.add_argument(
+        "--forward-decoding",
+        action="store_true",
+        help="decode every token through the model's forward, not the lean step (the side it is compared with)",
+    )
     a = p.parse_args(argv)
+    if a.mode == "run" and a.forward_decoding:
+        import rlstack.rollout.hf_sampling as hf_sampling
+
+        hf_sampling.lean_decoder = lambda model, positions: None
     return bundle_main(a.out_dir) if a.mode == "bundle" else run_main(a.cpu, a.json_out, a.only)
 
 

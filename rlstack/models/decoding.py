@@ -1,8 +1,8 @@
 """One decoding step of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, and the language model
-of Qwen2-VL, Qwen2.5-VL and Qwen3-VL) on CPU, in as few tensor operations as the architecture allows.
+of Qwen2-VL, Qwen2.5-VL and Qwen3-VL), in as few tensor operations as the architecture allows.
 
-A decoding step gives each row one new token; on a small model on CPU its time goes mostly to
-dispatching operations, not to arithmetic. The Hugging Face module makes about 400 top-level calls per
+A decoding step gives each row one new token; on a small model its time goes mostly to dispatching
+operations (on a GPU: launching kernels), not to arithmetic. The Hugging Face module makes about 400 top-level calls per
 step for a 3-layer model: it builds a four-dimensional mask, casts, transposes, repeats key/value heads
 and goes through its cache and attention interfaces. `LeanDecoder.step` computes the same function of
 the same parameters with about 25 calls per layer: RMS norms through `F.rms_norm`, the projections as
@@ -12,10 +12,12 @@ KV buffers the prefill filled. It reads the module's parameters at every
 step (never a copy), so weights loaded or trained in place between steps are the weights it uses.
 
 `lean_decoder` says which models qualify; any other model (LoRA adapters, another architecture, a
-sliding window shorter than the generation, a GPU) decodes through its own
-`forward`, as before. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
+sliding window shorter than the generation, training mode) decodes through its own `forward`. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
 benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 57-63 ms
 with the lean step against 67-75 ms through the module (two runs) (`python bench/bench_cpu_paths.py`, "decoding").
+On one H200 (`bench/gpu_check.py`'s `lean_decoding`, a SmolLM2-135M-shaped model, 32 rows x 128 tokens),
+1,429 tokens/s against 1,046 in bfloat16 (1.37x) and 2,058 against 1,585 in float32 (1.30x), where the
+samples agree with the module's to 1.9e-6 in log-prob.
 """
 
 from __future__ import annotations
@@ -54,8 +56,6 @@ def why_not_lean(model: nn.Module, positions: int) -> str | None:
     name = type(model).__name__
     if name not in ARCHITECTURES:
         return f"{name} is not one of {sorted(ARCHITECTURES)}"
-    if next(model.parameters()).device.type != "cpu":
-        return "the model is not on the CPU"
     if model.training:
         return "the model is in training mode (the step has no dropout)"
     layer_class, norm_class = ARCHITECTURES[name]

@@ -3,7 +3,7 @@ prefill once per distinct prompt, then one decoding step per token; the token dr
 or from a generator) and the stop strings (`StopStrings`).
 
 Decoding takes one step per generated token after the first (the prefill gives the first): for
-Llama, Mistral, Qwen2, Qwen3 and the Qwen-VL families on CPU, the lean step of
+Llama, Mistral, Qwen2, Qwen3 and the Qwen-VL families, the lean step of
 `rlstack.models.decoding` over the module's parameters and the prefill's KV buffers; for any other
 model, a call of its `forward`.
 A row that has ended keeps attending normally (its tokens are padding, masked out of the result), as

@@ -101,6 +101,8 @@ def assert_same_samples(model, monkeypatch, **kw) -> dict:
 def test_samples_and_logprobs_match_the_module_for_each_architecture(arch, monkeypatch):
     model = ARCHITECTURES[arch]()
     assert why_not_lean(model, 64) is None
+    # the device is no condition: on one H200 the step matched the module's samples (bench/gpu_check.py)
+    assert why_not_lean(ARCHITECTURES[arch]().to("meta"), 64) is None
     out = assert_same_samples(model, monkeypatch)
     assert out["response_mask"].sum() > 12  # not everything ended at once: the steps were exercised
 
