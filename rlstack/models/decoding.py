@@ -11,8 +11,10 @@ matrix products over grouped heads (`grouped_attention`, shared with `small_quer
 KV buffers the prefill filled. It reads the module's parameters at every
 step (never a copy), so weights loaded or trained in place between steps are the weights it uses.
 
-`lean_decoder` says which models qualify; any other model (LoRA adapters, another architecture, a
-sliding window shorter than the generation, training mode) decodes through its own `forward`. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
+`lean_decoder` says which models qualify: these architectures, their linear layers plain or with peft's
+LoRA adapters (`Projection`: the policy with `worker.actor.model.lora.rank > 0` samples through the step
+too); any other model (another architecture, a LoRA variant such as DoRA, a sliding window shorter than
+the generation, training mode) decodes through its own `forward`. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
 benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 57-63 ms
 with the lean step against 67-75 ms through the module (two runs) (`python bench/bench_cpu_paths.py`, "decoding").
 On one H200 (`bench/gpu_check.py`'s `lean_decoding`, a SmolLM2-135M-shaped model, 32 rows x 128 tokens),
@@ -50,9 +52,81 @@ def _text_model(model: nn.Module) -> nn.Module:
     return getattr(model.model, "language_model", model.model)
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a peft `PeftModel` (LoRA adapters on the policy), else `model`."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
+PROJECTIONS = (
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+)
+"""A decoder layer's linear layers, by (submodule, name)."""
+
+
+class Projection:
+    """One linear layer of the step: a plain `nn.Linear`, or peft's LoRA `Linear` around one, computed as
+    peft computes it (the base layer's product plus `lora_B(lora_A(x)) * scaling` of each active adapter,
+    the input cast to the adapters' dtype and the sum back to the base's) with fewer calls. It holds the
+    modules, not their tensors: weights changed in place between steps are the weights it uses."""
+
+    def __init__(self, base: nn.Linear, adapters: tuple[tuple[nn.Linear, nn.Linear, float], ...] = ()):
+        self.base = base
+        self.adapters = adapters
+        """(lora_A, lora_B, scaling) of each active adapter; empty for a plain layer or merged adapters."""
+
+    @staticmethod
+    def of(module: nn.Module) -> Projection | str:
+        """The projection of `module`, or why the step cannot compute it."""
+        if type(module) is nn.Linear:
+            return Projection(module)
+        base = getattr(module, "base_layer", None)
+        if type(base) is not nn.Linear or not hasattr(module, "lora_A"):
+            return f"a {type(module).__name__}, neither a linear layer nor LoRA adapters on one"
+        if module.disable_adapters or module.merged:  # peft computes the base layer alone
+            return Projection(base)
+        adapters = []
+        for name in module.active_adapters:
+            if name not in module.lora_A:
+                continue
+            if name in getattr(module, "lora_variant", {}):
+                return f"its adapter {name!r} is a LoRA variant ({type(module.lora_variant[name]).__name__})"
+            a, b, dropout = module.lora_A[name], module.lora_B[name], module.lora_dropout[name]
+            if type(a) is not nn.Linear or type(b) is not nn.Linear:
+                return f"its adapter {name!r} is not a pair of linear layers"
+            if not isinstance(dropout, (nn.Identity, nn.Dropout)):
+                return f"its adapter {name!r} has a {type(dropout).__name__} on its input"
+            adapters.append((a, b, module.scaling[name]))
+        return Projection(base, tuple(adapters))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.base.weight, self.base.bias)
+        return self._adapted(y, x) if self.adapters else y
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`residual + self(x)`, in one matrix product where the layer is a plain one without a bias (with
+        adapters, in the module's order: the layer's output first, then the residual)."""
+        if self.base.bias is not None or self.adapters:
+            return residual + self(x)
+        return torch.addmm(residual, x, self.base.weight.t())
+
+    def _adapted(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        dtype = y.dtype
+        for a, b, scaling in self.adapters:
+            x = x.to(a.weight.dtype)
+            y = y + F.linear(F.linear(x, a.weight, a.bias), b.weight, b.bias) * scaling
+        return y.to(dtype)
+
+
 def why_not_lean(model: nn.Module, positions: int) -> str | None:
     """Why `model` cannot decode through `LeanDecoder` for `positions` positions (prompt and response), or
     None when it can."""
+    model = _unwrapped(model)
     name = type(model).__name__
     if name not in ARCHITECTURES:
         return f"{name} is not one of {sorted(ARCHITECTURES)}"
@@ -62,20 +136,13 @@ def why_not_lean(model: nn.Module, positions: int) -> str | None:
     core = _text_model(model)
     norms = [core.norm]
     for i, layer in enumerate(core.layers):
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         if type(layer).__name__ != layer_class:
             return f"layer {i} is a {type(layer).__name__}"
-        linears = [
-            attn.q_proj,
-            attn.k_proj,
-            attn.v_proj,
-            attn.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        ]
-        if any(type(m) is not nn.Linear for m in linears):
-            return f"layer {i} has projections that are not plain linear layers (adapters?)"
+        for part, name in PROJECTIONS:
+            projection = Projection.of(getattr(getattr(layer, part), name))
+            if isinstance(projection, str):
+                return f"layer {i}'s {part}.{name} is {projection}"
         # Qwen2 / Qwen3 set a window per layer (None: full attention); Mistral's attention reads its config's
         window = (
             attn.sliding_window
@@ -105,19 +172,18 @@ def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
 
 
-def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """`residual + linear(x)` in one matrix product where the layer has no bias."""
-    if linear.bias is None:
-        return torch.addmm(residual, x, linear.weight.t())
-    return residual + linear(x)
-
-
 class LeanDecoder:
     """The decoding step of a qualifying model (see `why_not_lean`), over its own parameters."""
 
     def __init__(self, model: nn.Module):
+        model = _unwrapped(model)
         self.model = model
         self.core = _text_model(model)
+        self.projections = [
+            {name: Projection.of(getattr(getattr(layer, part), name)) for part, name in PROJECTIONS}
+            for layer in self.core.layers
+        ]
+        """Each layer's linear layers (`Projection`), by name."""
         self.mrope = self.core is not model.model
         """A vision-language model: positions go to its rotary module as M-RoPE's three (equal) rows."""
         attn = self.core.layers[0].self_attn
@@ -146,22 +212,22 @@ class LeanDecoder:
         cos, sin = cos[:, 0], sin[:, 0]  # [B, D]: unsqueezed to [B, 1, D] against [B, heads, D]
         L = column + 1
         mask = blocked[:, None, None, None, :L]  # [B, KV, g, Q=1, L]
-        for layer, k_cache, v_cache in zip(self.core.layers, keys, values):
+        for layer, proj, k_cache, v_cache in zip(self.core.layers, self.projections, keys, values):
             attn, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm)
-            q = attn.q_proj(h).view(B, -1, D)
-            k = attn.k_proj(h).view(B, -1, D)
+            q = proj["q_proj"](h).view(B, -1, D)
+            k = proj["k_proj"](h).view(B, -1, D)
             if self.qk_norm:
                 q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
             q, k = self.rope(q, k, cos, sin, unsqueeze_dim=1)
             k_cache[:, :, column] = k
-            v_cache[:, :, column] = attn.v_proj(h).view(B, -1, D)
+            v_cache[:, :, column] = proj["v_proj"](h).view(B, -1, D)
             grouped = q.view(
                 B, k_cache.shape[1], g, 1, D
             )  # query heads kv*g .. kv*g+g-1 read key/value head kv
             out = grouped_attention(grouped, k_cache[:, :, :L], v_cache[:, :, :L], self.scaling, blocked=mask)
             out = out.view(B, -1)  # [B, H * D]
-            x = _linear_add(x, out, attn.o_proj)
+            x = proj["o_proj"].add(x, out)
             h = _rms_norm(x, layer.post_attention_layernorm)
-            x = _linear_add(x, mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), mlp.down_proj)
+            x = proj["down_proj"].add(x, mlp.act_fn(proj["gate_proj"](h)) * proj["up_proj"](h))
         return self.model.lm_head(_rms_norm(x, self.core.norm))

@@ -187,9 +187,65 @@ def test_models_the_step_does_not_cover_decode_through_the_module(tiny_model_dir
     assert_same_samples(ARCHITECTURES["mistral"](), monkeypatch)
 
     peft = pytest.importorskip("peft")
-    adapted = peft.get_peft_model(
-        load_causal_lm(str(tiny_model_dir)), peft.LoraConfig(r=2, target_modules=["q_proj", "up_proj"])
-    )
-    assert "is not one of" in why_not_lean(adapted, 16)  # the PeftModel wrapper
-    assert "not plain linear layers" in why_not_lean(adapted.base_model.model, 16)
-    assert lean_decoder(adapted.base_model.model, 16) is None
+    dora = peft.get_peft_model(
+        load_causal_lm(str(tiny_model_dir)), peft.LoraConfig(r=2, target_modules=["q_proj"], use_dora=True)
+    ).eval()
+    assert "layer 0's self_attn.q_proj is its adapter 'default' is a LoRA variant" in why_not_lean(dora, 16)
+    assert lean_decoder(dora, 16) is None
+
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def adapted(arch: str, **lora):
+    """`arch` with LoRA adapters (peft) whose updates are not zero, in eval mode."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ALL_LINEAR} | lora)
+    model = peft.get_peft_model(ARCHITECTURES[arch](), config)
+    torch.manual_seed(3)
+    with torch.no_grad():  # lora_B starts at zero: give the adapters an update of their own
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_lora_adapters_sample_through_the_step_as_through_the_module(arch, monkeypatch):
+    """The policy with LoRA adapters (a peft `PeftModel`, as `worker.actor.model.lora.rank > 0` makes it)
+    decodes through the lean step; its samples and log-probs are the module's, adapters switched off or
+    merged too, and they differ from the base model's."""
+    model = adapted(arch, lora_dropout=0.1)  # dropout is no-op in eval mode, as in the module
+    assert why_not_lean(model, 64) is None
+    out = assert_same_samples(model, monkeypatch)
+    with model.disable_adapter():
+        base = assert_same_samples(model, monkeypatch)
+    assert not torch.allclose(out["rollout_logprobs"], base["rollout_logprobs"], atol=1e-2)
+    model.merge_adapter()
+    merged = assert_same_samples(model, monkeypatch)
+    torch.testing.assert_close(merged["rollout_logprobs"], out["rollout_logprobs"], atol=1e-3, rtol=0)
+
+
+def test_adapters_changed_between_steps_are_the_adapters_a_step_uses(monkeypatch):
+    """In-flight updates of a LoRA policy land in its adapters: the step reads them, never a copy."""
+    model = adapted("llama", target_modules=["v_proj", "down_proj"])
+    lora_b = model.base_model.model.model.layers[1].mlp.down_proj.lora_B["default"].weight
+
+    def perturb():
+        calls[0] += 1
+        if calls[0] == 3:
+            with torch.no_grad():
+                lora_b.add_(1.0)
+
+    original = lora_b.detach().clone()
+    results = []
+    for through_module in (False, True):
+        calls = [0]
+        results.append(sampled(model, through_module, monkeypatch, between_steps=perturb)[0])
+        with torch.no_grad():
+            lora_b.copy_(original)
+    lean, plain = results
+    assert torch.equal(lean["input_ids"], plain["input_ids"])
+    torch.testing.assert_close(lean["rollout_logprobs"], plain["rollout_logprobs"], atol=1e-5, rtol=0)
+    unperturbed, _ = sampled(model, False, monkeypatch)
+    assert not torch.allclose(unperturbed["rollout_logprobs"], lean["rollout_logprobs"], atol=1e-3)

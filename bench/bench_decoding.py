@@ -1,14 +1,22 @@
-"""Ended rows leaving the decoding batch, on the real model: generation with and without it, side by side.
+"""Two ways of decoding the real model, side by side on the same calls: the same seeds, tokens/s of each.
 
 SmolLM2-135M-Instruct (untouched) answers the real-model demo's word problems (`demo_real_grpo.yaml`:
 chat prompts, answers ending at EOS) through the agent loop and the HF engine, as a training rollout does
 (`--prompts` x `--n` at temperature 0.7, `--max-tokens`) and as its held-out evaluation does (greedy,
-`--val-prompts`, one each). Each call runs twice in turn (the order alternating by round), once with ended
-rows leaving the decoding batch once they are half of it (`hf_sampling.ENDED_SHARE_TO_LEAVE` 0.5, the
-default) and once decoding every row to the end of the call (2.0); the same seeds sample the same tokens,
-which the script checks.
+`--val-prompts`, one each). Each call runs once per side in turn (the order alternating by round).
 
-    .venv/bin/python bench/bench_ended_rows.py     # writes bench/results/ended_rows.json (about 10 min)
+`--compare ended-rows` (`bench/results/ended_rows.json`): ended rows leaving the decoding batch once they
+are half of it (`hf_sampling.ENDED_SHARE_TO_LEAVE` 0.5, the default) against decoding every row to the end
+of the call (2.0); the same computation, so the script checks that the sides sample the same tokens.
+
+`--compare lora` (`bench/results/lora_decoding.json`): the policy as the demo trains it, with LoRA adapters
+(`worker.actor.model.lora`, rank 32; their updates made non-zero, as after some training), decoded
+through the lean step (`rlstack.models.decoding.Projection`) against the module's own forward (what
+every LoRA policy used before); the two round differently, so the share of rows sampled alike is
+reported rather than asserted.
+
+    .venv/bin/python bench/bench_decoding.py --compare ended-rows   # about 10 min
+    .venv/bin/python bench/bench_decoding.py --compare lora         # about 12 min
 """
 
 from __future__ import annotations
@@ -27,11 +35,35 @@ from rlstack.config import AgentConfig, load_config
 from rlstack.data.dataset import PromptDataset
 from rlstack.demo import CONFIGS
 from rlstack.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlstack.models.lora import add_lora
 from rlstack.models.vision import VisionProcessor
 from rlstack.rollout.agent import AgentLoop
 from rlstack.rollout.hf import HFEngine
 
-SIDES = {"leave": 0.5, "stay": 2.0}
+LEAN = hf_sampling.lean_decoder
+COMPARISONS = {
+    "ended-rows": {
+        "leave": lambda: setattr(hf_sampling, "ENDED_SHARE_TO_LEAVE", 0.5),
+        "stay": lambda: setattr(hf_sampling, "ENDED_SHARE_TO_LEAVE", 2.0),
+    },
+    "lora": {
+        "lean": lambda: setattr(hf_sampling, "lean_decoder", LEAN),
+        "forward": lambda: setattr(hf_sampling, "lean_decoder", lambda model, positions: None),
+    },
+}
+"""Each comparison's two sides, first the new way: what each sets before its call."""
+RESULTS = {"ended-rows": "ended_rows.json", "lora": "lora_decoding.json"}
+
+
+def lora_policy(model, cfg):
+    """`model` with the demo's LoRA adapters, their updates not zero (lora_B starts at zero)."""
+    model = add_lora(model, cfg.worker.actor.model.lora)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.002)
+    return model.eval()
 
 
 def main() -> None:
@@ -43,21 +75,28 @@ def main() -> None:
     parser.add_argument("--val-prompts", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "ended_rows.json"))
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="ended-rows")
+    parser.add_argument("--out", help="default: bench/results/ended_rows.json or lora_decoding.json")
     args = parser.parse_args()
+    args.out = args.out or str(Path(__file__).parent / "results" / RESULTS[args.compare])
+    SIDES = COMPARISONS[args.compare]
     cfg = load_config([f"config={CONFIGS / 'demo_real_grpo.yaml'}"])
     path = str(resolve_model_path(cfg.worker.actor.model.model_path))
     model = load_causal_lm(path).eval()
+    if args.compare == "lora":
+        model = lora_policy(model, cfg)
     processor = VisionProcessor(load_tokenizer(path), None)
     dataset = PromptDataset.from_config(cfg.data.val_files, processor.tokenizer, cfg.data, -1)
     calls = {"rollout": (args.prompts, args.n, 0.7), "validation": (args.val_prompts, 1, 0.0)}
     runs: dict[str, dict[str, list[dict]]] = {call: {side: [] for side in SIDES} for call in calls}
+    alike: dict[str, list[float]] = {call: [] for call in calls}
+    """Per call and round, the share of rows whose tokens the two sides sampled alike."""
     for r in range(args.rounds + 1):  # round 0 warms up
         for call, (prompts, n, temperature) in calls.items():
             batch = dataset.batch(list(range(r * prompts, (r + 1) * prompts)))
             tokens = {}
             for side in list(SIDES)[:: 1 if r % 2 else -1]:
-                hf_sampling.ENDED_SHARE_TO_LEAVE = SIDES[side]
+                SIDES[side]()
                 engine = HFEngine(model, processor.tokenizer, seed=r, multimodal=False)
                 loop = AgentLoop(engine, processor, None, AgentConfig(), args.max_tokens, False)
                 start = time.perf_counter()
@@ -69,9 +108,13 @@ def main() -> None:
                     runs[call][side].append(
                         {"s": seconds, "sampled": int(lengths.sum()), "longest": int(lengths.max())}
                     )
-            assert torch.equal(tokens["leave"], tokens["stay"]), (
-                f"{call}, round {r}: the sides sampled differently"
-            )
+            new, old = (tokens[side] for side in SIDES)
+            if r > 0:
+                alike[call].append(
+                    float((new == old).all(-1).float().mean()) if new.shape == old.shape else 0.0
+                )
+            if args.compare == "ended-rows":
+                assert torch.equal(new, old), f"{call}, round {r}: the sides sampled differently"
     result = {
         call: {
             side: {
@@ -83,8 +126,10 @@ def main() -> None:
         }
         for call, sides in runs.items()
     }
+    new, old = SIDES
     for call in calls:
-        result[call]["speedup"] = result[call]["leave"]["tokens_per_s"] / result[call]["stay"]["tokens_per_s"]
+        result[call]["speedup"] = result[call][new]["tokens_per_s"] / result[call][old]["tokens_per_s"]
+        result[call]["rows_alike"] = sum(alike[call]) / len(alike[call])
     result |= {
         "setup": vars(args) | {"model": path},
         "cpus": os.cpu_count(),
