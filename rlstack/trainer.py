@@ -1,4 +1,5 @@
-"""The training loop: one driver, the workers behind typed handles (see DESIGN.md).
+"""The training loop: one driver, the workers behind typed handles (`workers/group.py`, `workers/start.py`;
+docs/layout.md maps the rest of the code).
 
 What a step runs is decided once, by the step plan (`rlstack/plan.py`); collecting the batch lives in
 `collection.py`, the weight sync and its check in `weight_sync.py`, validation in `validation.py`, and
