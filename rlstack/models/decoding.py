@@ -17,9 +17,9 @@ too); any other model (another architecture, a LoRA variant such as DoRA, a slid
 the generation, training mode) decodes through its own `forward`. The two agree up to float rounding (tests/integration/test_lean_decoding.py). On the GRPO
 benchmark's generation (the tiny model, 128 rows, 16 new tokens), a whole `sample` call takes 57-63 ms
 with the lean step against 67-75 ms through the module (two runs) (`python bench/bench_cpu_paths.py`, "decoding").
-On one H200 (`bench/gpu_check.py`'s `lean_decoding`, a SmolLM2-135M-shaped model, 32 rows x 128 tokens),
-1,429 tokens/s against 1,046 in bfloat16 (1.37x) and 2,058 against 1,585 in float32 (1.30x), where the
-samples agree with the module's to 1.9e-6 in log-prob.
+On one H200 (`bench/gpu_check.py`'s `lean_decoding`, a SmolLM2-135M-shaped model, 32 rows), 1,429
+tokens/s against 1,046 in bfloat16 over 128 tokens (1.37x), and 2,058 against 1,585 in float32 over 32
+tokens (1.30x), where the samples agree with the module's to 1.9e-6 in log-prob.
 """
 
 from __future__ import annotations
@@ -53,8 +53,10 @@ def _text_model(model: nn.Module) -> nn.Module:
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
-    """The Hugging Face model inside a peft `PeftModel` (LoRA adapters on the policy), else `model`."""
-    return model.get_base_model() if hasattr(model, "peft_config") else model
+    """The Hugging Face model inside a peft `PeftModel` (LoRA adapters on the policy), else `model` (a model
+    whose layers peft or transformers' `load_adapter` wrapped in place is its own decoder stack)."""
+    base = getattr(model, "get_base_model", None)
+    return base() if callable(base) else model
 
 
 PROJECTIONS = (
@@ -73,7 +75,9 @@ class Projection:
     """One linear layer of the step: a plain `nn.Linear`, or peft's LoRA `Linear` around one, computed as
     peft computes it (the base layer's product plus `lora_B(lora_A(x)) * scaling` of each active adapter,
     the input cast to the adapters' dtype and the sum back to the base's) with fewer calls. It holds the
-    modules, not their tensors: weights changed in place between steps are the weights it uses."""
+    modules, not their tensors: weights changed in place between steps are the weights it uses. Which
+    adapters are active, merged or disabled, and their scaling, are read when it is made (a `LeanDecoder`
+    is made per `sample` call, and nothing switches adapters during one)."""
 
     def __init__(self, base: nn.Linear, adapters: tuple[tuple[nn.Linear, nn.Linear, float], ...] = ()):
         self.base = base
@@ -126,6 +130,9 @@ class Projection:
 def why_not_lean(model: nn.Module, positions: int) -> str | None:
     """Why `model` cannot decode through `LeanDecoder` for `positions` positions (prompt and response), or
     None when it can."""
+    kinds = {str(getattr(c, "peft_type", "LORA")) for c in getattr(model, "peft_config", {}).values()}
+    if kinds - {"LORA", "PeftType.LORA"}:
+        return f"its peft adapters are {sorted(kinds)}, not LoRA only"
     model = _unwrapped(model)
     name = type(model).__name__
     if name not in ARCHITECTURES:

@@ -120,11 +120,16 @@ def test_greedy_decoding_matches(eos_model, monkeypatch):
     assert_same_samples(eos_model, monkeypatch, temperature=0.0)
 
 
-def test_bfloat16_logits_match_the_module():
+@pytest.mark.parametrize("lora", [False, True])
+def test_bfloat16_logits_match_the_module(lora):
     """Step by step over a prefilled cache, the logits of a bfloat16 model are the module's full-pass
     logits at the same columns, within a tolerance of bfloat16's coarse rounding (a loose check: it
-    catches a wrong step, not a different rounding order)."""
+    catches a wrong step, not a different rounding order). With LoRA: float32 adapters on the bfloat16
+    base, as peft makes them (the input cast to the adapters' dtype, the sum back to bfloat16)."""
     model = ARCHITECTURES["qwen3"]().to(torch.bfloat16)
+    if lora:
+        model = adapted(model)
+        assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
     B, P, R = 3, 6, 4
     ids = torch.randint(3, 40, (B, P + R), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -192,16 +197,21 @@ def test_models_the_step_does_not_cover_decode_through_the_module(tiny_model_dir
     ).eval()
     assert "layer 0's self_attn.q_proj is its adapter 'default' is a LoRA variant" in why_not_lean(dora, 16)
     assert lean_decoder(dora, 16) is None
+    prompt_tuned = peft.get_peft_model(
+        load_causal_lm(str(tiny_model_dir)),
+        peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2),
+    ).eval()
+    assert "not LoRA only" in why_not_lean(prompt_tuned, 16)  # its virtual tokens are not in the base model
 
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def adapted(arch: str, **lora):
-    """`arch` with LoRA adapters (peft) whose updates are not zero, in eval mode."""
+def adapted(arch: str | torch.nn.Module, **lora):
+    """`arch` (or a model) with LoRA adapters (peft) whose updates are not zero, in eval mode."""
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ALL_LINEAR} | lora)
-    model = peft.get_peft_model(ARCHITECTURES[arch](), config)
+    model = peft.get_peft_model(ARCHITECTURES[arch]() if isinstance(arch, str) else arch, config)
     torch.manual_seed(3)
     with torch.no_grad():  # lora_B starts at zero: give the adapters an update of their own
         for name, p in model.named_parameters():
@@ -221,13 +231,18 @@ def test_lora_adapters_sample_through_the_step_as_through_the_module(arch, monke
     with model.disable_adapter():
         base = assert_same_samples(model, monkeypatch)
     assert not torch.allclose(out["rollout_logprobs"], base["rollout_logprobs"], atol=1e-2)
+    # the Hugging Face model inside, its layers wrapped in place (as transformers' `load_adapter` leaves them)
+    inner = assert_same_samples(model.get_base_model(), monkeypatch)
+    assert torch.equal(inner["input_ids"], out["input_ids"])
     model.merge_adapter()
     merged = assert_same_samples(model, monkeypatch)
     torch.testing.assert_close(merged["rollout_logprobs"], out["rollout_logprobs"], atol=1e-3, rtol=0)
 
 
 def test_adapters_changed_between_steps_are_the_adapters_a_step_uses(monkeypatch):
-    """In-flight updates of a LoRA policy land in its adapters: the step reads them, never a copy."""
+    """The step reads the adapters' weights, never a copy: a change in place between two steps shows in
+    the next step as it does through the module (rlstack's in-flight updates go to engines with merged
+    copies of their own, so this holds the step to the module's behaviour rather than to a run's)."""
     model = adapted("llama", target_modules=["v_proj", "down_proj"])
     lora_b = model.base_model.model.model.layers[1].mlp.down_proj.lora_B["default"].weight
 
