@@ -10,11 +10,111 @@ truth, images, dicts). Rows sampled from the same prompt share a `uid`. Token-le
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 Column = torch.Tensor | list
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One column of the batches a run passes between its parts."""
+
+    form: str
+    """Its shape and type: `[B, T] int64` (token-level, aligned with `input_ids`), `[B] float32`, `list[str]`."""
+    written_by: str
+    """The part that adds it."""
+    read_by: tuple[str, ...] = ()
+    """The worker calls that are sent it (`model`: every forward pass over trajectories; `update`: the policy
+    update; `critic`: the critic's update; `reward`: scoring, the columns a remote reward worker is sent).
+    Columns read only where the batch already is (the driver) name no call."""
+    doc: str = ""
+
+
+COLUMNS: dict[str, ColumnSpec] = {
+    # what a forward pass over trajectories reads (token rows and, for vision models, each row's patches)
+    "input_ids": ColumnSpec(
+        "[B, T] int64", "rollout", ("model",), "prompt left-padded, response right-padded"
+    ),
+    "attention_mask": ColumnSpec("[B, T] int64", "rollout", ("model",), "1 on every real token"),
+    "response_mask": ColumnSpec(
+        "[B, T] int64", "rollout", ("model", "reward"), "1 on sampled response tokens (not tool replies)"
+    ),
+    "pixel_values": ColumnSpec("list[tensor]", "data, rollout", ("model",), "each row's image patches"),
+    "image_grid_thw": ColumnSpec(
+        "list[tensor]", "data, rollout", ("model",), "each row's images' patch grids"
+    ),
+    "position_ids": ColumnSpec("[B, T] int64", "sft data", (), "the supervised rows' positions"),
+    # the prompts (data)
+    "uid": ColumnSpec("list[str]", "data", (), "one per prompt: its samples share it (GRPO's groups)"),
+    "prompt": ColumnSpec("list[str]", "data", ("reward",), "the prompt's text"),
+    "prompt_ids": ColumnSpec("list[list[int]]", "data", (), "the prompt's tokens"),
+    "prompt_messages": ColumnSpec(
+        "list[list[dict]]", "data", ("reward",), "the chat messages, where the data had them"
+    ),
+    "ground_truth": ColumnSpec("list", "data", ("reward",), "the answer the reward checks against"),
+    "data_source": ColumnSpec(
+        "list[str]", "data", ("reward",), "the row's source (reward routing, per-source metrics)"
+    ),
+    "extra": ColumnSpec("list[dict]", "data", ("reward",), "the row's other fields (tests, metadata)"),
+    "where": ColumnSpec("list[str]", "data", ("reward",), "file and line of the row, for error messages"),
+    "images": ColumnSpec("list[list[Image]]", "data", ("reward",), "the prompt's pictures"),
+    "sample_seed": ColumnSpec(
+        "[B] int64", "collection", (), "the prompt's sampling seed (seed, round, place)"
+    ),
+    # what the rollout adds
+    "rollout_logprobs": ColumnSpec(
+        "[B, T] float32", "rollout", ("update",), "the engine's log-probs of its samples"
+    ),
+    "truncated": ColumnSpec("[B] bool", "rollout", (), "stopped by the length limit"),
+    "weight_version": ColumnSpec("[B] int64", "rollout worker", (), "the weights' version a row began under"),
+    "weight_version_last": ColumnSpec(
+        "[B] int64", "rollout", (), "the version of its last token (in-flight updates)"
+    ),
+    "end_reason": ColumnSpec(
+        "list[str]", "agent loop", (), "done, max_turns, over_length, tool_error, max_images"
+    ),
+    "response_text": ColumnSpec("list[str]", "agent loop", ("reward",), "the response decoded"),
+    "num_turns": ColumnSpec("[B] int64", "agent loop", (), "assistant turns"),
+    "tool_calls": ColumnSpec("[B] int64", "agent loop", ("reward",), "tool calls made"),
+    "tool_errors": ColumnSpec("[B] int64", "agent loop", ("reward",), "calls whose reply was an error"),
+    "num_images": ColumnSpec("[B] int64", "agent loop", (), "images the tools returned"),
+    "turns": ColumnSpec("list[list[dict]]", "agent loop", ("reward",), "each turn's text, call and reply"),
+    "tool_images": ColumnSpec(
+        "list[list[Image]]", "agent loop", ("reward",), "the images the tools returned"
+    ),
+    "feedback_turns": ColumnSpec("[B] int64", "agent loop", (), "turns a feedback message followed"),
+    # scoring
+    "scores": ColumnSpec("[B] float32", "reward", (), "the reward (`overall`)"),
+    "reward_components": ColumnSpec("list[dict]", "reward", (), "every number the reward function returned"),
+    "reward_info": ColumnSpec("list[dict]", "reward", (), "its non-numbers (reasons, errors)"),
+    "baseline_scores": ColumnSpec(
+        "[B] float32", "collection", (), "the base model's score of the prompt (VPPO)"
+    ),
+    # the policy's, the reference's and the critic's passes, and the algorithm between them
+    "old_logprobs": ColumnSpec(
+        "[B, T] float32", "policy", ("update",), "the policy's log-probs before the update"
+    ),
+    "entropy": ColumnSpec("[B, T] float32", "policy", (), "the policy's entropies in the same pass"),
+    "ref_logprobs": ColumnSpec("[B, T] float32", "reference", ("update",), "the reference model's log-probs"),
+    "masked_logprobs": ColumnSpec("[B, T] float32", "policy", (), "log-probs with the images masked (VPPO)"),
+    "visual_dependency": ColumnSpec(
+        "[B, T] float32", "driver", (), "per-token dependency on the images (VPPO)"
+    ),
+    "perception_mask": ColumnSpec("[B, T] bool", "driver", ("update",), "the tokens VPPO's loss keeps"),
+    "values": ColumnSpec("[B, T] float32", "critic", ("critic",), "the critic's values"),
+    "returns": ColumnSpec("[B, T] float32", "driver", ("critic",), "GAE's returns"),
+    "advantages": ColumnSpec("[B, T] float32", "driver", ("update",), "the advantage of each response token"),
+}
+"""Every column a run's batches hold, in the order a step adds them. `columns_read_by` derives the lists
+the worker calls declare from it; the tests record every column the code sets and check it is here."""
+
+
+def columns_read_by(call: str) -> tuple[str, ...]:
+    """The columns `call` (`model`, `update`, `critic`, `reward`) is sent, in `COLUMNS`' order."""
+    return tuple(name for name, spec in COLUMNS.items() if call in spec.read_by)
 
 
 class Batch:

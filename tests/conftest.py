@@ -29,6 +29,51 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, kind))
 
 
+PACKAGE = Path(__file__).resolve().parents[1] / "rlstack"
+BATCH_MODULE = PACKAGE / "batch.py"
+COLUMNS_SET: dict[str, str] = {}
+"""Every column rlstack's own code set on a Batch during the session, with the first test that did."""
+
+
+def _setter_in_package() -> bool:
+    """Whether the code that sets a column (the first frame outside rlstack/batch.py) is rlstack's own."""
+    frame = sys._getframe(2)
+    while frame is not None and Path(frame.f_code.co_filename) == BATCH_MODULE:
+        frame = frame.f_back
+    return frame is not None and PACKAGE in Path(frame.f_code.co_filename).parents
+
+
+@pytest.fixture(scope="session", autouse=True)
+def record_batch_columns():
+    """Record the column names rlstack's code sets (tests' own batches are theirs to name)."""
+    from rlstack.batch import Batch
+
+    real = Batch.__setitem__
+
+    def recording(self, name, col):
+        if name not in COLUMNS_SET and _setter_in_package():
+            COLUMNS_SET[name] = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        return real(self, name, col)
+
+    Batch.__setitem__ = recording
+    yield
+    Batch.__setitem__ = real
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session fails when rlstack's code set a column that `rlstack.batch.COLUMNS` does not declare."""
+    from rlstack.batch import COLUMNS
+
+    undeclared = {name: test for name, test in COLUMNS_SET.items() if name not in COLUMNS}
+    if undeclared:
+        lines = "".join(f"\n  {name!r} (first set in {test})" for name, test in sorted(undeclared.items()))
+        print(
+            f"\nrlstack set Batch columns that rlstack.batch.COLUMNS does not declare:{lines}",
+            file=sys.stderr,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 EXIT_WATCHDOG_S = 120
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlstack.algos.filters import overlong_penalty
-from rlstack.batch import Batch
+from rlstack.batch import Batch, columns_read_by
 from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
 from rlstack.extensions import user_error
@@ -371,21 +371,7 @@ def _check_result(name: str, r: Any, batch: Batch, i: int) -> None:
             )
 
 
-REWARD_COLUMNS = (
-    "response_text",
-    "response_mask",
-    "ground_truth",
-    "prompt",
-    "data_source",
-    "extra",
-    "where",
-    "prompt_messages",
-    "images",
-    "tool_calls",
-    "tool_errors",
-    "turns",
-    "tool_images",
-)
+REWARD_COLUMNS = columns_read_by("reward")
 """The columns scoring reads (what a remote reward worker is sent)."""
 
 

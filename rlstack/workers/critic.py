@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from rlstack.algos.policy_loss import token_mean
 from rlstack.algos.value_loss import clipped_value_loss, explained_variance
-from rlstack.batch import Batch
+from rlstack.batch import Batch, columns_read_by
 from rlstack.config import CriticConfig
 from rlstack.config.actor import heads_problem
 from rlstack.errors import RLStackError
@@ -127,7 +127,7 @@ class CriticWorker:
         values = self.experience_micro_batching.map(batch, lambda mb: self._values(mb).cpu(), "value pass")
         return batch.update({"values": values})
 
-    @remote(Dispatch.MINI_BATCHES, reads=(*MODEL_INPUTS, "values", "returns"))
+    @remote(Dispatch.MINI_BATCHES, reads=(*MODEL_INPUTS, *columns_read_by("critic")))
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         def micro_loss(mb: Batch, totals: MiniBatchTotals):
             mb = mb.to(self.model.device)

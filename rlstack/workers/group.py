@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
-from rlstack.batch import Batch
+from rlstack.batch import Batch, columns_read_by
 from rlstack.errors import RLStackError
 
 
@@ -49,7 +49,7 @@ class Dispatch(enum.Enum):
     MINI_BATCHES = "mini_batches"
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "pixel_values", "image_grid_thw")
+MODEL_INPUTS = columns_read_by("model")
 """The columns a forward pass over trajectories reads (token rows and, for vision models, each row's
 image patches)."""
 

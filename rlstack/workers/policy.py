@@ -21,7 +21,7 @@ from rlstack.algos.policy_loss import (
     RolloutCorrectionParams,
     token_mean,
 )
-from rlstack.batch import Batch
+from rlstack.batch import Batch, columns_read_by
 from rlstack.checkpoint import default_modes
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.config.actor import heads_problem
@@ -40,14 +40,7 @@ from rlstack.workers.training import MicroBatching, apply_optim_config, build_op
 
 # loss_fn(micro_batch, mini-batch totals, logprobs, entropy, exact KL to the reference or None)
 #   -> (loss, {metric: contribution summed over the mini-batch})
-UPDATE_READS = (
-    *MODEL_INPUTS,
-    "advantages",
-    "old_logprobs",
-    "rollout_logprobs",
-    "perception_mask",
-    "ref_logprobs",
-)
+UPDATE_READS = (*MODEL_INPUTS, *columns_read_by("update"))
 """The columns the policy update reads (where present)."""
 
 LossFn = Callable[
