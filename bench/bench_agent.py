@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from sides import write_result
 
 from rlstack.config import AgentConfig, load_config
 from rlstack.demo import CONFIGS
@@ -130,13 +129,8 @@ def main() -> None:
         "sequential_tools": sequential,
         "tool_calls_per_s_concurrent_vs_sequential": concurrent["tool_calls_per_s"]
         / sequential["tool_calls_per_s"],
-        "setup": vars(args),
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "machine": platform.platform(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    result = write_result(result, args.out, vars(args))
     print(json.dumps(result, indent=2))
 
 

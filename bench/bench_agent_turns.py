@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import torch
+from sides import write_result
 
 from rlstack.config import AgentConfig, load_config
 from rlstack.data.dataset import PromptDataset
@@ -142,14 +141,8 @@ def main() -> None:
         / sides["shared_prefix"]["agent_tokens_per_s_without_tools"],
         "agent_speedup_from_shared_prefix": sides["shared_prefix"]["agent_tokens_per_s_without_tools"]
         / sides["neither"]["agent_tokens_per_s_without_tools"],
-        "setup": vars(args) | {"model": str(model_dir)},
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d"),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    result = write_result(result, args.out, vars(args) | {"model": str(model_dir)})
     print(json.dumps({k: v for k, v in result.items() if k not in sides}, indent=2))
     for name in sides:
         print(name, {k: round(v, 3) for k, v in result[name].items() if k != "runs"})

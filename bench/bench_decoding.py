@@ -22,13 +22,11 @@ reported rather than asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import torch
+from sides import write_result
 
 import rlstack.rollout.hf_sampling as hf_sampling
 from rlstack.config import AgentConfig, load_config
@@ -130,15 +128,7 @@ def main() -> None:
     for call in calls:
         result[call]["speedup"] = result[call][new]["tokens_per_s"] / result[call][old]["tokens_per_s"]
         result[call]["rows_alike"] = sum(alike[call]) / len(alike[call])
-    result |= {
-        "setup": vars(args) | {"model": path},
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    result = write_result(result, args.out, vars(args) | {"model": path})
     for call in calls:
         print(
             call,

@@ -41,3 +41,23 @@ def step_timings(run_dir: Path, warmup: int, keys: tuple[str, ...]) -> dict[str,
     """`timing_s/<key>` of every step after `warmup` steps of a finished run (0 where a step has none)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
     return {k: [r.get(f"timing_s/{k}", 0.0) for r in rows] for k in keys}
+
+
+def write_result(result: dict, out: str, setup: dict) -> dict:
+    """`result` with the run's `setup` and the machine's (cores, torch threads, platform, date), written as
+    JSON to `out`; returns it."""
+    import platform
+    import time
+
+    import torch
+
+    result = result | {
+        "setup": setup,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
