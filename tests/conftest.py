@@ -30,17 +30,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlstack"
-BATCH_MODULE = PACKAGE / "batch.py"
+PLUMBING = {
+    PACKAGE / f for f in ("batch.py", "workers/group.py", "workers/ray_group.py", "workers/training.py")
+}
+"""Modules that move the columns they are given (split, gather, micro-batch) without naming them: a column
+set there belongs to the code that called them."""
 COLUMNS_SET: dict[str, str] = {}
 """Every column rlstack's own code set on a Batch during the session, with the first test that did."""
 
 
-def _setter_in_package() -> bool:
-    """Whether the code that sets a column (the first frame outside rlstack/batch.py) is rlstack's own."""
+def _setter_in_package() -> str | None:
+    """The rlstack file whose code sets a column (the first frame outside `PLUMBING`), or None."""
     frame = sys._getframe(2)
-    while frame is not None and Path(frame.f_code.co_filename) == BATCH_MODULE:
+    while frame is not None and Path(frame.f_code.co_filename) in PLUMBING:
         frame = frame.f_back
-    return frame is not None and PACKAGE in Path(frame.f_code.co_filename).parents
+    if frame is None or PACKAGE not in Path(frame.f_code.co_filename).parents:
+        return None
+    return str(Path(frame.f_code.co_filename).relative_to(PACKAGE.parent))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,8 +57,8 @@ def record_batch_columns():
     real = Batch.__setitem__
 
     def recording(self, name, col):
-        if name not in COLUMNS_SET and _setter_in_package():
-            COLUMNS_SET[name] = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        if name not in COLUMNS_SET and (where := _setter_in_package()):
+            COLUMNS_SET[name] = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0] + f", {where}"
         return real(self, name, col)
 
     Batch.__setitem__ = recording
