@@ -45,10 +45,21 @@ def uneven_batch(vocab: int, second_half_shares: bool = True) -> Batch:
 
 def one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int, **layout) -> dict:
     """One optimizer step of a fresh policy worker on `batch`: its metrics and whole updated weights."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # as the ranks run (tests/helpers/ranks.py): the same rounding alone or in the suite
+    try:
+        return _one_update(model_dir, agg_mode, batch, mini_batch_size, **layout)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_update(model_dir: str, agg_mode: str, batch: Batch, mini_batch_size: int, **layout) -> dict:
     from rlstack.workers import distributed
     from rlstack.workers.policy import PolicyWorker
 
-    torch.manual_seed(0)
     actor = ActorConfig(micro_batch_size_per_device_for_update=2, loss_agg_mode=agg_mode, **layout)
     actor.model.model_path = model_dir
     # Adam's first step moves every weight by about lr, 50x the tolerance; a larger lr magnifies the
