@@ -438,9 +438,8 @@ def sample(
             between_steps()
         if decoder is not None:
             ended_in_batch = done if live is None else done[live]
-            ended_count = int(
-                ended_in_batch.sum()
-            )  # fewer than all: a call whose rows all ended stopped above
+            # fewer than all: a call whose rows all ended stopped above
+            ended_count = int(ended_in_batch.sum())
             if ended_count and ended_count >= ENDED_SHARE_TO_LEAVE * len(ended_in_batch):
                 members = torch.arange(B, device=device) if live is None else live
                 for j in ended_in_batch.nonzero().flatten().tolist():
