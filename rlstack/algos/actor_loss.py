@@ -23,7 +23,8 @@ ignored. The reference log-probs are read only on sampled tokens, so a `-inf` on
 reach the loss or its gradient.
 
 Metrics are summed over the micro-batches of a mini-batch by the caller; each is this
-micro-batch's share, a token mean over the mini-batch's sampled tokens (or an aggregated loss):
+micro-batch's share, a token mean over the mini-batch's sampled tokens (`normalizers.metric_tokens`
+where only some rows are computed) or an aggregated loss:
 `actor/pg_loss`, `actor/pg_clipfrac`, `actor/pg_clipfrac_higher`, `actor/pg_clipfrac_lower` (dual
 clip, as veRL), `actor/ppo_kl`, `actor/entropy`, and when on `actor/rollout_correction_weight`,
 `actor/vppo_entropy_penalty`, `actor/kl_loss` (docs/metrics.md describes each).
@@ -95,10 +96,11 @@ def actor_loss(
 ) -> ActorLossOutput:
     """The actor's loss of one micro-batch and its metrics (see the module docstring for the terms)."""
     logp, mask = inputs.logprobs, inputs.response_mask.float()  # [B, T]
-    tokens = normalizers.global_tokens
+    n = normalizers
+    tokens = n.global_tokens if n.metric_tokens is None else n.metric_tokens  # of the metrics
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate_loss(x, mask, params.agg_mode, *normalizers)
+        return aggregate_loss(x, mask, params.agg_mode, n.global_tokens, n.global_seqs, n.norm_length)
 
     out = policy_loss(params.loss_type, logp, inputs.old_logprobs, inputs.advantages, mask, params.policy)
     token_loss = out.loss  # [B, T]

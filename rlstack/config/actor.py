@@ -108,6 +108,8 @@ class ActorConfig:
     """Pack each micro-batch's rows into one sequence without their padding for log-probs, entropies and the update (veRL's use_remove_padding, EasyR1's padding_free); the reference model follows. false: the padded layout, which runs a prompt once for all its samples."""
     dynamic_batching: bool = False
     """Form micro-batches by a token budget (max_token_len_per_device_*) instead of a row count (veRL's use_dynamic_bsz); the gradient does not change."""
+    skip_zero_advantage: bool = False
+    """Rows whose advantages are all 0 take no forward or backward pass in the update (one such row still does where none other would, so the optimizer steps as on a zero gradient). Their loss and gradient are exactly 0, so the gradient is the same: only the passes are saved (a GRPO group whose samples all scored alike is such rows). Token-mean metrics (actor/entropy, actor/pg_clipfrac, actor/ppo_kl) are then over the rows computed; actor/skipped_tokens says how much was skipped. Not with a term that reads every row: a KL loss, an entropy bonus or penalty, top_entropy_quantile < 1."""
     max_token_len_per_device_for_update: int = field(16384, ge=1, resume=True)
     """Dynamic batching: attended tokens per forward/backward pass of the update (veRL's ppo_max_token_len_per_gpu). With padding_free on CPU (SDPA attends over a dense tokens x tokens mask) keep it to a few of the longest trajectories."""
     max_token_len_per_device_for_experience: int = field(32768, ge=1, resume=True)
@@ -149,6 +151,23 @@ def actor_rules(cfg: Config, p: list[str]) -> None:
             f"worker.actor.rollout_correction_low ({a.rollout_correction_low}) and _high ({a.rollout_correction_high}) "
             "must satisfy 0 <= low <= high"
         )
+    if a.skip_zero_advantage:
+        readers = [
+            k
+            for k, on in (
+                ("algorithm.use_kl_loss=true", cfg.algorithm.use_kl_loss),
+                (f"worker.actor.entropy_coeff={a.entropy_coeff}", a.entropy_coeff != 0),
+                ("algorithm.use_entropy_penalty=true", cfg.algorithm.use_entropy_penalty),
+                (f"worker.actor.top_entropy_quantile={a.top_entropy_quantile}", a.top_entropy_quantile < 1),
+            )
+            if on
+        ]
+        if readers:
+            p.append(
+                f"worker.actor.skip_zero_advantage=true leaves rows whose advantages are all 0 out of the update, "
+                f"and {', '.join(readers)} makes every row's loss count (or the rows beside it in a micro-batch): "
+                "set worker.actor.skip_zero_advantage=false, or drop those terms"
+            )
     if min(t.nnodes, t.n_gpus_per_node) < 1:
         return
     world = t.nnodes * t.n_gpus_per_node

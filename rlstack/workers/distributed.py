@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -163,6 +163,9 @@ class MiniBatchTotals:
     """Sampled tokens, `response_mask.sum()`."""
     sequences: torch.Tensor
     """Rows with at least one sampled token."""
+    computed_tokens: torch.Tensor
+    """The sampled tokens of the rows that take a pass: `tokens`, unless rows are left out
+    (`worker.actor.skip_zero_advantage`). Token-mean metrics are over them."""
 
     @classmethod
     def of(
@@ -172,7 +175,14 @@ class MiniBatchTotals:
         its `sequence_group`, which counts them once)."""
         local = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).long().cpu()
         tokens, sequences = data_parallel_sum(local, sequence_group)
-        return cls(tokens, sequences)
+        return cls(tokens, sequences, tokens)
+
+    def computing(
+        self, response_mask: torch.Tensor, sequence_group: dist.ProcessGroup | None = None
+    ) -> MiniBatchTotals:
+        """These totals, with only the rows of `response_mask` (on this rank) taking a pass."""
+        computed = data_parallel_sum(response_mask.sum().long().cpu().reshape(1), sequence_group)[0]
+        return replace(self, computed_tokens=computed)
 
 
 def shard_model(

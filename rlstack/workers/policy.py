@@ -295,11 +295,18 @@ class PolicyWorker:
                 ref_logprobs=micro.get("ref_logprobs"),
                 exact_kl=exact_kl,
             )
-            normalizers = LossNormalizers(totals.tokens, totals.sequences, self.max_response_length)
+            normalizers = LossNormalizers(
+                totals.tokens, totals.sequences, self.max_response_length, totals.computed_tokens
+            )
             return actor_loss(inputs, params, normalizers)
 
         metrics = self._train(
-            batch, mini_batch_size, loss_fn, epochs=c.ppo_epochs, shuffle=c.shuffle_mini_batches
+            batch,
+            mini_batch_size,
+            loss_fn,
+            epochs=c.ppo_epochs,
+            shuffle=c.shuffle_mini_batches,
+            takes_pass=_nonzero_advantage if c.skip_zero_advantage else None,
         )
         if params.kl_penalty is not None:
             metrics["actor/kl_coef"] = alg.kl_coef
@@ -325,7 +332,13 @@ class PolicyWorker:
         return self._train(batch, mini_batch_size, nll, epochs=1, shuffle=False)
 
     def _train(
-        self, batch: Batch, mini_batch_size: int, loss_fn: LossFn, epochs: int, shuffle: bool
+        self,
+        batch: Batch,
+        mini_batch_size: int,
+        loss_fn: LossFn,
+        epochs: int,
+        shuffle: bool,
+        takes_pass: Callable[[Batch], torch.Tensor] | None = None,
     ) -> dict[str, float]:
         temperature = self.temperature
         entropy_grad = self.cfg.entropy_coeff != 0
@@ -363,6 +376,7 @@ class PolicyWorker:
             role="actor",
             shuffle_seed=self.seed if shuffle else None,
             sequence_group=self.sequence_group,
+            takes_pass=takes_pass,
         )
 
     # --------------------------------------------------------------------------- checkpoints
@@ -481,6 +495,12 @@ class RefWorker:
             self.sequence_group,
         )
         return batch.update({"ref_logprobs": logp})
+
+
+def _nonzero_advantage(mb: Batch) -> torch.Tensor:
+    """[rows] True where a row has a non-zero advantage on a sampled token: the rows whose policy loss can
+    be other than 0 (`worker.actor.skip_zero_advantage`)."""
+    return (mb["advantages"] * mb["response_mask"]).ne(0).any(-1)
 
 
 def _batched_logprobs(

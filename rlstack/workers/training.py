@@ -303,16 +303,20 @@ def optimizer_steps(
     role: str,
     shuffle_seed: int | None = None,
     sequence_group: torch.distributed.ProcessGroup | None = None,
+    takes_pass: Callable[[Batch], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`.
     `sequence_group`: the ranks that hold this rank's rows (sequence parallelism), counted once in the
-    mini-batch totals and the metrics."""
+    mini-batch totals and the metrics. `takes_pass`: which rows of a mini-batch [rows] need a forward and
+    backward pass, the others' loss and gradient being 0 (`computed_rows`; `<role>/skipped_tokens`); None:
+    every row."""
     step = scheduler.last_epoch + 1
     dp = distributed.current()
     blank = BlankImages.of(model)
     model.train()
     sums: dict[str, torch.Tensor] = {}
     grad_norms: list[float] = []
+    skipped: list[float] = []  # per mini-batch, the share of its sampled tokens left out (over all ranks)
     for epoch in range(epochs):
         order = batch
         if (
@@ -325,6 +329,10 @@ def optimizer_steps(
             order = batch.select(torch.randperm(len(batch), generator=g))
         for mb in order.split(mini_batch_size):
             totals = MiniBatchTotals.of(mb["response_mask"], sequence_group)
+            if takes_pass is not None:
+                mb = computed_rows(mb, takes_pass(mb))
+                totals = totals.computing(mb["response_mask"], sequence_group)
+                skipped.append(1 - float(totals.computed_tokens) / max(1, float(totals.tokens)))
             bad_loss = None
             for _, micro in micro_batching.split(mb):
                 with micro_batching.out_of_memory_named(micro, f"{role} update", backward=True):
@@ -367,9 +375,23 @@ def optimizer_steps(
     )
     metrics = {k: float(v) / len(grad_norms) for k, v in zip(keys, summed)}
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if skipped:
+        metrics[f"{role}/skipped_tokens"] = sum(skipped) / len(skipped)
     metrics[f"{role}/lr"] = scheduler.get_last_lr()[0]
     scheduler.step()
     return metrics
+
+
+def computed_rows(mb: Batch, takes_pass: torch.Tensor) -> Batch:
+    """The rows of mini-batch `mb` that take a pass when `takes_pass` [rows] marks those that need one: the
+    marked rows, then unmarked ones in their order up to the most marked rows any rank has (FSDP2 runs its
+    collectives per pass: every rank makes the same passes), and at least one row, so that the gradients the
+    optimizer steps with are zeros where a pass would have made them, not missing."""
+    keep = max(1, *distributed.gather_objects(int(takes_pass.sum())))
+    if keep >= len(mb):
+        return mb
+    first = torch.argsort((~takes_pass.bool()).to(torch.uint8), stable=True)[: min(keep, len(mb))]
+    return mb.select(first.sort().values)
 
 
 def _on(ranks: list[int], dp: distributed.Rank) -> str:

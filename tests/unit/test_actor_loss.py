@@ -214,3 +214,30 @@ def test_micro_batches_sum_to_the_mini_batch_with_every_term_on(loss_type):
         torch.testing.assert_close(split_grad, whole_grad)
         assert split_metrics == pytest.approx(whole_metrics)
     assert whole_grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("loss_type", list(PolicyLoss))
+@pytest.mark.parametrize("correction", [None, RolloutCorrection.TIS])
+def test_a_row_of_zero_advantages_has_no_loss_and_no_gradient(loss_type, correction):
+    """What worker.actor.skip_zero_advantage rests on: off-policy (ratios far from 1, clipped both ways and
+    dual-clipped), under every policy loss, a row whose advantages are 0 adds exactly 0 to the loss and
+    gets exactly 0 gradient, whatever the rows beside it."""
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(3, 5, generator=g) * 3).requires_grad_(True)
+    advantages = torch.randn(3, 1, generator=g).expand(3, 5).clone()
+    advantages[1] = 0.0
+    x = inputs(
+        logprobs=logp,
+        entropy=torch.rand(3, 5, generator=g),
+        old_logprobs=-torch.rand(3, 5, generator=g) * 3,
+        advantages=advantages,
+        response_mask=torch.ones(3, 5, dtype=torch.long),
+        rollout_logprobs=-torch.rand(3, 5, generator=g) * 3,
+    )
+    params = ActorLossParams(loss_type=loss_type, rollout_correction=correction)
+    norm = LossNormalizers(15, 3, 5)
+    out = actor_loss(x, params, norm)
+    out.loss.backward()
+    assert logp.grad[1].eq(0).all() and logp.grad[[0, 2]].abs().sum() > 0
+    alone = actor_loss(inputs(**{k: v[[0, 2]] for k, v in x._asdict().items() if v is not None}), params, norm)
+    assert alone.loss.item() == pytest.approx(out.loss.item(), abs=1e-7)
