@@ -8,7 +8,7 @@ import numbers
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,6 +22,23 @@ from rlstack.rewards.loader import RewardFunction, load_reward_function
 
 class RewardError(RLStackError, RuntimeError):
     """A reward function that failed or returned something unusable, naming the sample."""
+
+
+class Rewards(Protocol):
+    """What scores a run's trajectories: a `RewardManager` in this process, or with Ray the reward actors
+    (`RayRewards`) that run one each. Implement it, do not subclass it."""
+
+    def score(self, batch: Batch) -> Batch:
+        """`batch` with `scores` [B], `reward_components` (per row: name -> float) and `reward_info` added."""
+        ...
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The reward metrics (`reward/...`) gathered since the last call."""
+        ...
+
+    def close(self) -> None:
+        """Release what scoring holds (the judge's client)."""
+        ...
 
 
 class RewardManager:

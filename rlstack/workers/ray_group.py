@@ -309,11 +309,11 @@ class RewardHost:
 class RayRewards:
     """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
     tests, judge calls and the reward model included: each actor loads its own copy of it, on
-    `reward_model.num_gpus` GPUs); the driver sends each an equal share of the rows. Same interface as
-    `RewardManager`: `score`, `pop_metrics`, `close`. Each actor takes a CPU, or an equal share of the
-    CPUs the ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the
-    driver reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another
-    node has that node's environment."""
+    `reward_model.num_gpus` GPUs); the driver sends each an equal share of the rows. It implements `Rewards`,
+    as the `RewardManager` each actor runs does. Each actor takes a CPU, or an equal share of the CPUs the
+    ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the driver
+    reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another node
+    has that node's environment."""
 
     def __init__(self, cluster: RayCluster, cfg: Config, cpus: float):
         import ray

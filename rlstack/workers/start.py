@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rlstack.config import Config, resolve_device
 from rlstack.plan import StepPlan
-from rlstack.rewards.manager import build_reward_manager
+from rlstack.rewards.manager import Rewards, build_reward_manager
 from rlstack.workers import distributed
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup, handle
@@ -25,8 +25,8 @@ class Workers:
     ref: PolicyWorker | RefWorker | None
     """The reference model's handle (the policy's own with LoRA), where the plan has one."""
     critic: CriticWorker | None
-    rewards: object
-    """The reward manager, or with Ray the reward actors (`RayRewards`): `score`, `pop_metrics`, `close`."""
+    rewards: Rewards
+    """The reward manager, or with Ray the reward actors (`RayRewards`)."""
     cluster: object | None
     """The Ray rank actors (`RayCluster`), or None in one process."""
 

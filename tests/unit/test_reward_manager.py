@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from pathlib import Path
@@ -11,8 +12,9 @@ from scored_batches import make_batch
 
 from rlstack.config import ConfigError, RewardConfig, load_config
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
-from rlstack.rewards.manager import RewardError, RewardManager
+from rlstack.rewards.manager import RewardError, RewardManager, Rewards
 from rlstack.tracking import reward_component_means
+from rlstack.workers.ray_group import RayRewards
 
 FUNCTIONS = """
 import time
@@ -407,3 +409,16 @@ def test_the_judge_is_checked_where_the_manager_is_built_unless_turned_off():
     finally:
         server.stop()
     assert len(server.chat_requests) == 2 and server.model_requests == 1  # nothing asked with the check off
+
+
+def _methods(cls: type) -> dict[str, inspect.Signature]:
+    return {n: inspect.signature(v) for n, v in vars(cls).items() if inspect.isfunction(v) and n[0] != "_"}
+
+
+@pytest.mark.parametrize("cls", [RewardManager, RayRewards])
+def test_each_rewards_implementation_has_the_protocols_methods_as_declared(cls: type):
+    """What holds a `Rewards` (the collector, validation, the workers) calls these methods only; the manager
+    and Ray's reward actors each take and return what the protocol declares."""
+    declared = _methods(Rewards)
+    assert sorted(declared) == ["close", "pop_metrics", "score"]
+    assert {n: inspect.signature(getattr(cls, n)) for n in declared} == declared
