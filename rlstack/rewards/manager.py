@@ -17,6 +17,7 @@ from rlstack.batch import Batch, columns_read_by
 from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
 from rlstack.extensions import user_error
+from rlstack.rewards.builtin import BUILTINS
 from rlstack.rewards.loader import RewardFunction, load_reward_function
 
 
@@ -460,14 +461,12 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
         for source, ref in cfg.reward_function_by_source.items()
     ]
     loaded = [*functions, *(rf for _, rf in routes)]
-    builtins_used = {rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")}
-    wants_judge = (
-        any(rf.wants_judge for rf in loaded)
-        or ("math" in builtins_used and cfg.math.judge_fallback)
-        or ("agent" in builtins_used and (cfg.agent.judge_fallback or cfg.agent.judge_always))
-    )
+    used = [rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")]
+    builtins = {name: BUILTINS[name] for name in used}
     judge = None
-    if wants_judge:
+    if any(rf.wants_judge for rf in loaded) or any(
+        b.asks_judge and b.asks_judge(cfg) for b in builtins.values()
+    ):
         from rlstack.rewards.judge import JudgeClient
 
         judge = JudgeClient(cfg.judge)
@@ -492,54 +491,12 @@ def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardM
         judge,
         routes,
     )
-    shared: dict[str, dict[str, Any]] = {}  # one set of settings per built-in: one reward model loaded
+    ask = manager.ask_judge if judge is not None else None
+    # one set of settings per built-in, however often it is named: one reward model loaded
+    settings = {name: b.settings(cfg, ask) if b.settings else {} for name, b in builtins.items()}
     for rf in loaded:
         if rf.name.startswith("builtin:"):
-            name = rf.name.removeprefix("builtin:")
-            if name not in shared:
-                shared[name] = _builtin_settings(name, cfg, manager)
-            rf.fn = functools.partial(rf.fn, **shared[name])
+            rf.fn = functools.partial(rf.fn, **settings[rf.name.removeprefix("builtin:")])
         if rf.wants_judge:
             rf.fn = functools.partial(rf.fn, judge=manager.ask_judge)
     return manager
-
-
-def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> dict[str, Any]:
-    """Keyword arguments of a built-in reward from its config section (user kwargs still win)."""
-    fallback = manager.ask_judge if manager.judge is not None else None
-    if name == "math":
-        m = cfg.math
-        return {
-            "format_weight": m.format_weight,
-            "fallback": fallback if m.judge_fallback else None,
-            "timeout_seconds": m.timeout_s,
-            "max_answer_chars": m.max_answer_chars,
-        }
-    if name == "code":
-        from rlstack.rewards.sandbox_fusion import make_runner
-
-        c = cfg.code
-        return {
-            "mode": c.mode,
-            "stop_at_first_failure": c.stop_at_first_failure,
-            "stop_at_first_timeout": c.stop_at_first_timeout,
-            "test_time_s": c.test_time_s,
-            "total_time_s": c.total_time_s,
-            "memory_mb": c.memory_mb,
-            "runner": make_runner(c.sandbox, c.sandbox_url or None),
-        }
-    if name == "agent":
-        a = cfg.agent
-        return {
-            "accuracy_weight": a.accuracy_weight,
-            "format_weight": a.format_weight,
-            "tool_bonus": a.tool_bonus,
-            "max_answer_chars": a.max_answer_chars,
-            "judge": fallback if a.judge_fallback or a.judge_always else None,
-            "judge_always": a.judge_always,
-        }
-    if name == "reward_model":
-        from rlstack.rewards.reward_model import RewardModel
-
-        return {"model": RewardModel(cfg.reward_model)}
-    return {}

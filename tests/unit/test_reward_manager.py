@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import time
@@ -422,3 +423,46 @@ def test_each_rewards_implementation_has_the_protocols_methods_as_declared(cls: 
     declared = _methods(Rewards)
     assert sorted(declared) == ["close", "pop_metrics", "score"]
     assert {n: inspect.signature(getattr(cls, n)) for n in declared} == declared
+
+
+def test_a_builtins_settings_come_from_its_section_once_per_run_and_the_users_kwargs_win(monkeypatch):
+    """`builtin:math` named three times (main, extra, a data source's) reads `worker.reward.math` once; the
+    main function's `reward_function_kwargs` win over the section, the others keep the section's."""
+    from rlstack.rewards import builtin
+    from rlstack.rewards.manager import build_reward_manager
+
+    math = builtin.BUILTINS["math"]
+    judges = []
+    monkeypatch.setitem(
+        builtin.BUILTINS,
+        "math",
+        dataclasses.replace(
+            math, settings=lambda cfg, judge: judges.append(judge) or math.settings(cfg, judge)
+        ),
+    )
+    cfg = RewardConfig(
+        reward_function="builtin:math",
+        reward_function_kwargs={"format_weight": 0.0},
+        extra_reward_functions=["builtin:math"],
+        reward_function_by_source={"gsm8k": "builtin:math"},
+    )
+    cfg.math.format_weight = 0.5
+    manager = build_reward_manager(cfg, max_response_length=8)
+    assert judges == [None]  # once, and without a judge: nothing asked for one
+    batch = _sources(make_batch(["<answer>3</answer>"] * 2, ["3", "3"]), ["addition", "gsm8k"])
+    out = manager.score(batch)
+    # a right answer without the think format: 1 - format_weight per function, main + extra
+    assert out["scores"].tolist() == [1.0 + 0.5, 0.5 + 0.5]
+
+
+def test_the_judge_is_built_where_a_builtin_in_use_asks_for_it_in_its_section():
+    from rlstack.rewards.manager import build_reward_manager
+
+    cfg = RewardConfig(reward_function="builtin:math")
+    cfg.judge.base_url, cfg.judge.model, cfg.judge.check_at_start = "http://127.0.0.1:9/v1", "judge", False
+    cfg.agent.judge_fallback = True  # builtin:agent's section: agent is not in use
+    assert build_reward_manager(cfg, max_response_length=8).judge is None
+    cfg.math.judge_fallback = True
+    manager = build_reward_manager(cfg, max_response_length=8)
+    assert manager.judge is not None
+    manager.close()
