@@ -291,9 +291,9 @@ class RewardHost:
     """One reward worker: a reward manager (one call at a time) scoring the rows it is sent."""
 
     def __init__(self, reward: RewardConfig, max_response_length: int):
-        from rlstack.rewards.manager import build_reward_manager
+        from rlstack.rewards.manager import RewardManager
 
-        self.manager = build_reward_manager(reward, max_response_length)
+        self.manager = RewardManager.of(reward, max_response_length=max_response_length)
 
     def score(self, batch: Batch) -> Batch:
         scored = self.manager.score(batch)
