@@ -459,3 +459,14 @@ def test_the_judge_is_built_where_a_builtin_in_use_asks_for_it_in_its_section():
     manager = RewardManager.of(cfg, max_response_length=8)
     assert manager.judge is not None
     manager.close()
+
+
+def test_the_overlong_buffer_is_the_sections_and_ends_at_the_max_response_length_given():
+    """DAPO's penalty from `overlong_buffer_length` / `overlong_penalty_factor` (the section) and
+    `data.max_response_length` (given apart): rows of 1..6 tokens, the buffer's 4 tokens ending at 6."""
+    cfg = RewardConfig(overlong_buffer_length=4, overlong_penalty_factor=0.5)
+    answers = list("abcdef")
+    out = RewardManager.of(cfg, max_response_length=6).score(make_batch(answers, answers))
+    penalty = [0.0, 0.0, -0.125, -0.25, -0.375, -0.5]  # -0.5 * clamp((length - 2) / 4, 0, 1)
+    assert [c["overlong"] for c in out["reward_components"]] == penalty
+    assert out["scores"].tolist() == [1.0 + p for p in penalty]
