@@ -139,7 +139,8 @@ class RewardManager:
         return manager
 
     def score(self, batch: Batch) -> Batch:
-        """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
+        """Adds `scores` [B], `reward_components` (per row: name -> float) and `reward_info` (per row: name ->
+        str)."""
         inputs = reward_inputs(batch)
         overall = torch.zeros(len(batch))
         components: list[dict[str, float]] = [{} for _ in range(len(batch))]
