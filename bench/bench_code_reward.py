@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from rlstack.batch import Batch
+from rlstack.config import RewardConfig
 from rlstack.rewards import sandbox
 from rlstack.rewards.code import outputs_match, score_code
 from rlstack.rewards.loader import RewardFunction
@@ -148,7 +149,7 @@ def run_manager(n_tests: int, workers: int) -> tuple[int, float]:
         }
     )
     manager = RewardManager(
-        RewardFunction(sequential, "sequential", "bench"), num_workers=workers, timeout_s=60
+        RewardConfig(num_workers=workers, timeout_s=60), [RewardFunction(sequential, "sequential", "bench")]
     )
     start = time.perf_counter()
     out = manager.score(batch)

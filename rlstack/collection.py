@@ -23,7 +23,7 @@ from rlstack.config import Config
 from rlstack.data.dataset import PromptLoader
 from rlstack.errors import RLStackError
 from rlstack.plan import StepPlan
-from rlstack.rewards.manager import reward_function_for
+from rlstack.rewards.manager import Rewards, reward_function_for
 from rlstack.rollout.engine import mix_seed
 from rlstack.timing import timer
 from rlstack.workers.rollout import RolloutWorker
@@ -46,10 +46,10 @@ class Collector:
         plan: StepPlan,
         loader: PromptLoader,
         rollout: RolloutWorker,
-        rewards,
+        rewards: Rewards,
         pad_token_id: int | None,
     ):
-        """`rollout`: the rollout workers' handle; `rewards`: a reward manager (or Ray's reward actors)."""
+        """`rollout`: the rollout workers' handle; `rewards`: what scores the trajectories."""
         self.cfg, self.plan, self.loader = cfg, plan, loader
         self.rollout_workers, self.rewards, self.pad_token_id = rollout, rewards, pad_token_id
         self.rounds = 0

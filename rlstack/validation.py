@@ -9,6 +9,7 @@ from rlstack.algos.groups import pass_at_k_means
 from rlstack.batch import Batch
 from rlstack.collection import seed_prompts
 from rlstack.data.dataset import PromptDataset
+from rlstack.rewards.manager import Rewards
 from rlstack.tracking import agent_metrics, reward_component_means
 from rlstack.workers.rollout import RolloutWorker, Sampling
 
@@ -16,7 +17,7 @@ from rlstack.workers.rollout import RolloutWorker, Sampling
 def validate(
     val_set: PromptDataset,
     rollout: RolloutWorker,
-    rewards,
+    rewards: Rewards,
     batch_size: int,
     seed: int,
     val_n: int,

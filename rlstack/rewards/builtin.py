@@ -1,14 +1,23 @@
 """Built-in reward functions, in EasyR1's batch interface.
 
 Each takes `reward_inputs` (dicts with `response`, `ground_truth`, ...) and returns one dict per
-input with `overall` (the reward) and other components that are logged as `reward/<key>`.
+input with `overall` (the reward) and other components that are logged as `reward/<key>`. A built-in
+with a config section (`worker.reward.<name>`) has beside it the function that reads the section into
+its keyword arguments, registered with it in `BUILTINS`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from rlstack.config.reward import RewardConfig
+
 REWARD_TYPE = "batch"
+
+AskJudge = Callable[[list[tuple]], list[float]]
+"""The run's judge (`RewardManager.ask_judge`): (question, reference, response[, images]) -> score, in order."""
 
 
 def exact_match(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -34,6 +43,17 @@ def math(
     return [d.scores() | {"answer": d.answer or "", "reason": d.reason} for d in details]
 
 
+def math_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
+    """`math`'s keyword arguments from `worker.reward.math`: the judge is its fallback where asked for."""
+    m = cfg.math
+    return {
+        "format_weight": m.format_weight,
+        "fallback": judge if m.judge_fallback else None,
+        "timeout_seconds": m.timeout_s,
+        "max_answer_chars": m.max_answer_chars,
+    }
+
+
 def code(
     reward_inputs: list[dict[str, Any]], mode: str = "fraction", **settings: Any
 ) -> list[dict[str, Any]]:
@@ -48,6 +68,22 @@ def code(
     return code_reward.compute_score(reward_inputs, mode=mode, **settings)
 
 
+def code_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
+    """`code`'s keyword arguments from `worker.reward.code`, with the sandbox it names."""
+    from rlstack.rewards.sandbox_fusion import make_runner
+
+    c = cfg.code
+    return {
+        "mode": c.mode,
+        "stop_at_first_failure": c.stop_at_first_failure,
+        "stop_at_first_timeout": c.stop_at_first_timeout,
+        "test_time_s": c.test_time_s,
+        "total_time_s": c.total_time_s,
+        "memory_mb": c.memory_mb,
+        "runner": make_runner(c.sandbox, c.sandbox_url or None),
+    }
+
+
 def agent(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str, float]]:
     """Tool-using agents (`rlstack.rewards.agent`): 0.8 accuracy + 0.2 format + 1.2 tool bonus, as DeepEyes.
 
@@ -56,6 +92,20 @@ def agent(reward_inputs: list[dict[str, Any]], **settings: Any) -> list[dict[str
     from rlstack.rewards import agent as agent_reward
 
     return agent_reward.compute_score(reward_inputs, **settings)
+
+
+def agent_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
+    """`agent`'s keyword arguments from `worker.reward.agent`: the judge where it falls back to it or always
+    asks it."""
+    a = cfg.agent
+    return {
+        "accuracy_weight": a.accuracy_weight,
+        "format_weight": a.format_weight,
+        "tool_bonus": a.tool_bonus,
+        "max_answer_chars": a.max_answer_chars,
+        "judge": judge if a.judge_fallback or a.judge_always else None,
+        "judge_always": a.judge_always,
+    }
 
 
 def judge(reward_inputs: list[dict[str, Any]], judge=None) -> list[dict[str, float]]:
@@ -96,11 +146,33 @@ def reward_model(reward_inputs: list[dict[str, Any]], model=None) -> list[dict[s
     return model.score(reward_inputs)
 
 
-BUILTINS = {
-    "exact_match": exact_match,
-    "math": math,
-    "code": code,
-    "agent": agent,
-    "judge": judge,
-    "reward_model": reward_model,
+def reward_model_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
+    """`reward_model`'s keyword argument: the model of `worker.reward.reward_model`, loaded."""
+    from rlstack.rewards.reward_model import RewardModel
+
+    return {"model": RewardModel(cfg.reward_model)}
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in reward function and what its config section gives it."""
+
+    fn: Callable[..., list[dict[str, Any]]]
+    settings: Callable[[RewardConfig, AskJudge | None], dict[str, Any]] | None = None
+    """Its keyword arguments from its section, given the run's judge (None: the run has none); called once
+    per run however many times the built-in is named, and `reward_function_kwargs` win over them. None: it
+    takes none."""
+    asks_judge: Callable[[RewardConfig], bool] | None = None
+    """Whether its section asks for the judge (a `judge_fallback` key); None: it does not. A built-in with a
+    parameter named `judge` (`builtin:judge`) asks for it by that, as a user's function does."""
+
+
+BUILTINS: dict[str, Builtin] = {
+    "exact_match": Builtin(exact_match),
+    "math": Builtin(math, math_settings, lambda cfg: cfg.math.judge_fallback),
+    "code": Builtin(code, code_settings),
+    "agent": Builtin(agent, agent_settings, lambda cfg: cfg.agent.judge_fallback or cfg.agent.judge_always),
+    "judge": Builtin(judge),
+    "reward_model": Builtin(reward_model, reward_model_settings),
 }
+"""The built-ins, by the name that follows `builtin:`."""

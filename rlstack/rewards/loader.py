@@ -41,7 +41,7 @@ def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -
                 f"{key}={ref!r}: no such built-in; built-ins are "
                 + ", ".join(f"builtin:{k}" for k in builtin.BUILTINS)
             )
-        fn = builtin.BUILTINS[name]
+        fn = builtin.BUILTINS[name].fn
         return RewardFunction(fn, "batch", ref, wants_judge=_takes_judge(fn))
     if (full := with_default_function(ref)) != ref:
         module = load_module(ref, key, "reward file", RewardLoadError)

@@ -8,7 +8,7 @@ import numbers
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -17,15 +17,36 @@ from rlstack.batch import Batch, columns_read_by
 from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
 from rlstack.extensions import user_error
+from rlstack.rewards.builtin import BUILTINS
 from rlstack.rewards.loader import RewardFunction, load_reward_function
+
+if TYPE_CHECKING:
+    from rlstack.rewards.judge import JudgeClient
 
 
 class RewardError(RLStackError, RuntimeError):
     """A reward function that failed or returned something unusable, naming the sample."""
 
 
+class Rewards(Protocol):
+    """What scores a run's trajectories: a `RewardManager` in this process, or with Ray the reward actors
+    (`RayRewards`) that run one each. Implement it, do not subclass it."""
+
+    def score(self, batch: Batch) -> Batch:
+        """`batch` with `scores` [B], `reward_components` (per row: name -> float) and `reward_info` added."""
+        ...
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The reward metrics (`reward/...`) gathered since the last call."""
+        ...
+
+    def close(self) -> None:
+        """Release what scoring holds (the judge's client)."""
+        ...
+
+
 class RewardManager:
-    """Runs the reward function(s) over a batch.
+    """Runs the reward function(s) over a batch, as its `worker.reward` section says (`RewardManager.of`).
 
     - `num_workers`: calls run in that many threads at once (a sequential function: one call per
       sample; a batch function: the batch cut into `num_workers` chunks).
@@ -34,10 +55,10 @@ class RewardManager:
       on untrusted input must run that input in the sandbox (`rewards/sandbox/`).
     - `on_error`: a call that raises or times out either stops the run (`raise`, naming the sample) or
       gives its samples `error_score` and counts them in the `errors` component (`reward/errors`).
-    - `extra_functions` / `weights`: more reward functions; `overall` is the weighted sum of their
-      `overall`s, and each extra function's components are logged under `<its name>/<key>`.
-    - `routes`: (data source or glob pattern, function) pairs that take the place of `reward_fn` for
-      the rows of a matching data source (exact names first, then patterns in order; veRL's dispatch on
+    - `extra_reward_functions` / `reward_weights`: more reward functions; `overall` is the weighted sum of
+      their `overall`s, and each extra function's components are logged under `<its name>/<key>`.
+    - `reward_function_by_source`: data sources (names or glob patterns) whose rows another function scores
+      in place of `reward_function` (exact names first, then patterns in order; veRL's dispatch on
       `data_source`). A row's components are those its own function returned: `reward/<key>` averages
       a key over the rows that have it.
 
@@ -47,35 +68,27 @@ class RewardManager:
 
     def __init__(
         self,
-        reward_fn: RewardFunction,
-        kwargs: dict[str, Any] | None = None,
-        max_response_length: int = 0,
-        overlong_buffer_length: int = 0,
-        overlong_penalty_factor: float = 1.0,
-        num_workers: int = 1,
-        timeout_s: float | None = None,
-        on_error: str = "raise",
-        error_score: float = 0.0,
-        extra_functions: list[RewardFunction] | None = None,
-        weights: list[float] | None = None,
-        judge: Any = None,
+        cfg: RewardConfig,
+        functions: list[RewardFunction],
+        *,
         routes: list[tuple[str, RewardFunction]] | None = None,
+        judge: JudgeClient | None = None,
+        max_response_length: int = 0,
     ):
-        self.functions = [reward_fn, *(extra_functions or [])]
+        """`functions`: the section's `reward_function` then its `extra_reward_functions`, loaded; `routes`:
+        its `reward_function_by_source`, loaded, in order; `max_response_length`: `data.max_response_length`,
+        which the overlong buffer ends at."""
+        self.cfg = cfg
+        self.functions = functions
         self.routes = routes or []
-        self.weights = weights or [1.0] * len(self.functions)
+        self.weights = list(cfg.reward_weights) or [1.0] * len(self.functions)
         if len(self.weights) != len(self.functions):
             raise RewardError(
                 f"{len(self.weights)} reward weights for {len(self.functions)} reward functions"
             )
-        self.kwargs = kwargs or {}
         self.max_response_length = max_response_length
-        self.overlong_buffer_length = overlong_buffer_length
-        self.overlong_penalty_factor = overlong_penalty_factor
-        self.num_workers = max(1, num_workers)
-        self.timeout_s = timeout_s
-        self.on_error = on_error
-        self.error_score = error_score
+        self.num_workers = max(1, cfg.num_workers)
+        """Calls at once: `num_workers=0` (Ray's driver scoring itself) makes one."""
         self.judge = judge
         """The JudgeClient behind `ask_judge` (closed by `close`), or None."""
         self._judge_calls = 0
@@ -87,8 +100,47 @@ class RewardManager:
         self._said: set[tuple] = set()
         """Failures scored error_score that were reported (`_say_scored_error`)."""
 
+    @classmethod
+    def of(cls, cfg: RewardConfig, *, max_response_length: int) -> RewardManager:
+        """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings
+        (`builtin.BUILTINS`), and the judge client built where a function asks for it (`builtin:judge`, a
+        parameter named `judge`, a built-in's judge_fallback) and, unless `judge.check_at_start=false`, asked
+        once from here (`JudgeClient.check`)."""
+        functions = [load_reward_function(ref) for ref in [cfg.reward_function, *cfg.extra_reward_functions]]
+        routes = [
+            (source, load_reward_function(ref, f"worker.reward.reward_function_by_source.{source}"))
+            for source, ref in cfg.reward_function_by_source.items()
+        ]
+        loaded = [*functions, *(rf for _, rf in routes)]
+        used = [rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")]
+        builtins = {name: BUILTINS[name] for name in used}
+        judge = None
+        if any(rf.wants_judge for rf in loaded) or any(
+            b.asks_judge and b.asks_judge(cfg) for b in builtins.values()
+        ):
+            from rlstack.rewards.judge import JudgeClient
+
+            judge = JudgeClient(cfg.judge)
+            try:
+                if cfg.judge.check_at_start:
+                    judge.check()
+            except BaseException:
+                judge.close()
+                raise
+        manager = cls(cfg, functions, routes=routes, judge=judge, max_response_length=max_response_length)
+        ask = manager.ask_judge if judge is not None else None
+        # one set of settings per built-in, however often it is named: one reward model loaded
+        settings = {name: b.settings(cfg, ask) if b.settings else {} for name, b in builtins.items()}
+        for rf in loaded:
+            if rf.name.startswith("builtin:"):
+                rf.fn = functools.partial(rf.fn, **settings[rf.name.removeprefix("builtin:")])
+            if rf.wants_judge:
+                rf.fn = functools.partial(rf.fn, judge=manager.ask_judge)
+        return manager
+
     def score(self, batch: Batch) -> Batch:
-        """Adds `scores` [B] and `reward_components` (per row: name -> float)."""
+        """Adds `scores` [B], `reward_components` (per row: name -> float) and `reward_info` (per row: name ->
+        str)."""
         inputs = reward_inputs(batch)
         overall = torch.zeros(len(batch))
         components: list[dict[str, float]] = [{} for _ in range(len(batch))]
@@ -97,9 +149,8 @@ class RewardManager:
             if n == 0:
                 results: list[dict] = [{}] * len(batch)
                 for own, rows in self._routed(inputs, rf):
-                    for i, r in zip(
-                        rows, self._call(own, self.kwargs if own is rf else {}, inputs, batch, rows)
-                    ):
+                    kwargs = self.cfg.reward_function_kwargs if own is rf else {}  # the main function's alone
+                    for i, r in zip(rows, self._call(own, kwargs, inputs, batch, rows)):
                         results[i] = r
             else:
                 results = self._call(rf, {}, inputs, batch)
@@ -115,12 +166,12 @@ class RewardManager:
             for c, o in zip(components, overall.tolist()):
                 c["overall"] = o
         scores = overall.float()
-        if self.overlong_buffer_length:
+        if self.cfg.overlong_buffer_length:
             penalty = overlong_penalty(
                 batch["response_mask"].sum(-1),
                 self.max_response_length,
-                self.overlong_buffer_length,
-                self.overlong_penalty_factor,
+                self.cfg.overlong_buffer_length,
+                self.cfg.overlong_penalty_factor,
             )
             scores = scores + penalty
             for c, p in zip(components, penalty.tolist()):
@@ -229,29 +280,30 @@ class RewardManager:
 
         results: list[dict | None] = [None] * len(inputs)
         errors = [0.0] * len(inputs)
+        timeout_s = self.cfg.timeout_s
         for wave in range(0, len(chunks), self.num_workers):
-            runner = _Inline if self.num_workers == 1 and self.timeout_s is None else _Call
+            runner = _Inline if self.num_workers == 1 and timeout_s is None else _Call
             running = [(idx, runner(task, idx)) for idx in chunks[wave : wave + self.num_workers]]
             for idx, call in running:
-                outcome, value = call.wait(None if self.timeout_s is None else self.timeout_s * len(idx))
+                outcome, value = call.wait(None if timeout_s is None else timeout_s * len(idx))
                 if outcome == "ok":
                     _check_shape(rf.name, value, len(idx))
                     for i, r in zip(idx, value):
                         results[i] = r
                     continue
-                if self.on_error == "raise":
+                if self.cfg.on_error == "raise":
                     raise RewardError(self._failure_message(rf, kwargs, inputs, batch, idx, outcome, value))
                 why = (
-                    f"timed out after {self.timeout_s} s per sample"
+                    f"timed out after {timeout_s} s per sample"
                     if outcome == "timeout"
                     else user_error(value, rf.file)
                 )
                 self._say_scored_error(rf, why, _failure_place(value), len(idx))
                 for i in idx:
-                    results[i], errors[i] = {"overall": self.error_score, "error": why}, 1.0
+                    results[i], errors[i] = {"overall": self.cfg.error_score, "error": why}, 1.0
         for i in rows:
             _check_result(rf.name, results[i], batch, i)
-        if self.on_error == "score":
+        if self.cfg.on_error == "score":
             for i in rows:
                 results[i]["errors"] = errors[i]  # type: ignore[index]
         return [results[i] for i in rows]  # type: ignore[misc]
@@ -260,9 +312,9 @@ class RewardManager:
         if outcome == "timeout":
             where = _describe(batch, idx[0]) if len(idx) == 1 else f"samples {idx[0]}..{idx[-1]}"
             return (
-                f"reward function {rf.name} took longer than worker.reward.timeout_s={self.timeout_s} s per sample "
+                f"reward function {rf.name} took longer than worker.reward.timeout_s={self.cfg.timeout_s} s per sample "
                 f"on {where}; raise the timeout, or set worker.reward.on_error=score to score such samples "
-                f"{self.error_score}"
+                f"{self.cfg.error_score}"
             )
         if len(idx) == 1:
             return f"reward function {rf.name} raised on {_describe(batch, idx[0])}: {user_error(value, rf.file)}"
@@ -285,7 +337,7 @@ class RewardManager:
         self._said.add((rf.name, place))
         print(
             f"[rlstack] reward function {rf.name} failed on {samples} sample(s) ({why}); the run goes on, scoring "
-            f"them {self.error_score} (worker.reward.on_error=score) and counting them in reward/errors; this "
+            f"them {self.cfg.error_score} (worker.reward.on_error=score) and counting them in reward/errors; this "
             "failure is not reported again",
             file=sys.stderr,
             flush=True,
@@ -431,98 +483,3 @@ def _describe(batch: Batch, i: int) -> str:
     text = batch["response_text"][i]
     snippet = text if len(text) <= 80 else text[:77] + "..."
     return f"sample {i} (row {batch['where'][i]}, response {snippet!r})"
-
-
-def build_reward_manager(cfg: RewardConfig, max_response_length: int) -> RewardManager:
-    """The manager for `worker.reward`: functions loaded, built-ins given their sections' settings, and the
-    judge client built where a function asks for it (`builtin:judge`, a parameter named `judge`, a built-in's
-    judge_fallback) and, unless `judge.check_at_start=false`, asked once from here (`JudgeClient.check`)."""
-    functions = [load_reward_function(ref) for ref in [cfg.reward_function, *cfg.extra_reward_functions]]
-    routes = [
-        (source, load_reward_function(ref, f"worker.reward.reward_function_by_source.{source}"))
-        for source, ref in cfg.reward_function_by_source.items()
-    ]
-    loaded = [*functions, *(rf for _, rf in routes)]
-    builtins_used = {rf.name.removeprefix("builtin:") for rf in loaded if rf.name.startswith("builtin:")}
-    wants_judge = (
-        any(rf.wants_judge for rf in loaded)
-        or ("math" in builtins_used and cfg.math.judge_fallback)
-        or ("agent" in builtins_used and (cfg.agent.judge_fallback or cfg.agent.judge_always))
-    )
-    judge = None
-    if wants_judge:
-        from rlstack.rewards.judge import JudgeClient
-
-        judge = JudgeClient(cfg.judge)
-        try:
-            if cfg.judge.check_at_start:
-                judge.check()
-        except BaseException:
-            judge.close()
-            raise
-    manager = RewardManager(
-        functions[0],
-        cfg.reward_function_kwargs,
-        max_response_length,
-        cfg.overlong_buffer_length,
-        cfg.overlong_penalty_factor,
-        cfg.num_workers,
-        cfg.timeout_s,
-        cfg.on_error,
-        cfg.error_score,
-        functions[1:],
-        list(cfg.reward_weights) or None,
-        judge,
-        routes,
-    )
-    shared: dict[str, dict[str, Any]] = {}  # one set of settings per built-in: one reward model loaded
-    for rf in loaded:
-        if rf.name.startswith("builtin:"):
-            name = rf.name.removeprefix("builtin:")
-            if name not in shared:
-                shared[name] = _builtin_settings(name, cfg, manager)
-            rf.fn = functools.partial(rf.fn, **shared[name])
-        if rf.wants_judge:
-            rf.fn = functools.partial(rf.fn, judge=manager.ask_judge)
-    return manager
-
-
-def _builtin_settings(name: str, cfg: RewardConfig, manager: RewardManager) -> dict[str, Any]:
-    """Keyword arguments of a built-in reward from its config section (user kwargs still win)."""
-    fallback = manager.ask_judge if manager.judge is not None else None
-    if name == "math":
-        m = cfg.math
-        return {
-            "format_weight": m.format_weight,
-            "fallback": fallback if m.judge_fallback else None,
-            "timeout_seconds": m.timeout_s,
-            "max_answer_chars": m.max_answer_chars,
-        }
-    if name == "code":
-        from rlstack.rewards.sandbox_fusion import make_runner
-
-        c = cfg.code
-        return {
-            "mode": c.mode,
-            "stop_at_first_failure": c.stop_at_first_failure,
-            "stop_at_first_timeout": c.stop_at_first_timeout,
-            "test_time_s": c.test_time_s,
-            "total_time_s": c.total_time_s,
-            "memory_mb": c.memory_mb,
-            "runner": make_runner(c.sandbox, c.sandbox_url or None),
-        }
-    if name == "agent":
-        a = cfg.agent
-        return {
-            "accuracy_weight": a.accuracy_weight,
-            "format_weight": a.format_weight,
-            "tool_bonus": a.tool_bonus,
-            "max_answer_chars": a.max_answer_chars,
-            "judge": fallback if a.judge_fallback or a.judge_always else None,
-            "judge_always": a.judge_always,
-        }
-    if name == "reward_model":
-        from rlstack.rewards.reward_model import RewardModel
-
-        return {"model": RewardModel(cfg.reward_model)}
-    return {}

@@ -291,9 +291,9 @@ class RewardHost:
     """One reward worker: a reward manager (one call at a time) scoring the rows it is sent."""
 
     def __init__(self, reward: RewardConfig, max_response_length: int):
-        from rlstack.rewards.manager import build_reward_manager
+        from rlstack.rewards.manager import RewardManager
 
-        self.manager = build_reward_manager(reward, max_response_length)
+        self.manager = RewardManager.of(reward, max_response_length=max_response_length)
 
     def score(self, batch: Batch) -> Batch:
         scored = self.manager.score(batch)
@@ -309,11 +309,11 @@ class RewardHost:
 class RayRewards:
     """`worker.reward.num_workers` CPU actors that score rollouts off the training ranks (sandboxed code
     tests, judge calls and the reward model included: each actor loads its own copy of it, on
-    `reward_model.num_gpus` GPUs); the driver sends each an equal share of the rows. Same interface as
-    `RewardManager`: `score`, `pop_metrics`, `close`. Each actor takes a CPU, or an equal share of the
-    CPUs the ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the
-    driver reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another
-    node has that node's environment."""
+    `reward_model.num_gpus` GPUs); the driver sends each an equal share of the rows. It implements `Rewards`,
+    as the `RewardManager` each actor runs does. Each actor takes a CPU, or an equal share of the CPUs the
+    ranks leave when there are fewer (`reward_placement`). The judge's address and key go as the driver
+    reads them (its environment's LLM_AS_A_JUDGE_BASE / OPENAI_API_KEY included): an actor on another node
+    has that node's environment."""
 
     def __init__(self, cluster: RayCluster, cfg: Config, cpus: float):
         import ray

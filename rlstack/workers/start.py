@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rlstack.config import Config, resolve_device
 from rlstack.plan import StepPlan
-from rlstack.rewards.manager import build_reward_manager
+from rlstack.rewards.manager import RewardManager, Rewards
 from rlstack.workers import distributed
 from rlstack.workers.critic import CriticWorker
 from rlstack.workers.group import LocalWorkerGroup, WorkerGroup, handle
@@ -25,8 +25,8 @@ class Workers:
     ref: PolicyWorker | RefWorker | None
     """The reference model's handle (the policy's own with LoRA), where the plan has one."""
     critic: CriticWorker | None
-    rewards: object
-    """The reward manager, or with Ray the reward actors (`RayRewards`): `score`, `pop_metrics`, `close`."""
+    rewards: Rewards
+    """The reward manager, or with Ray the reward actors (`RayRewards`)."""
     cluster: object | None
     """The Ray rank actors (`RayCluster`), or None in one process."""
 
@@ -57,7 +57,9 @@ def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
             if cpus > 0:  # scoring runs in CPU actors, off the training ranks
                 rewards = RayRewards(cluster, cfg, cpus)
             else:
-                rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
+                rewards = RewardManager.of(
+                    cfg.worker.reward, max_response_length=cfg.data.max_response_length
+                )
         except BaseException:
             cluster.close()
             raise
@@ -68,7 +70,7 @@ def start_workers(cfg: Config, plan: StepPlan, total_steps: int) -> Workers:
             groups = {
                 role: LocalWorkerGroup(w) for role, w in build_roles(cfg, plan, total_steps, device).items()
             }
-            rewards = build_reward_manager(cfg.worker.reward, cfg.data.max_response_length)
+            rewards = RewardManager.of(cfg.worker.reward, max_response_length=cfg.data.max_response_length)
         except BaseException:
             distributed.close_alone_group()
             raise

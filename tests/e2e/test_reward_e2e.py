@@ -11,7 +11,7 @@ from judge_server import JudgeServer
 from scored_batches import make_batch
 
 from rlstack.config import ConfigError, load_config
-from rlstack.rewards.manager import build_reward_manager
+from rlstack.rewards.manager import RewardManager
 from rlstack.sft import run_sft
 from rlstack.trainer import Trainer
 
@@ -228,7 +228,7 @@ def test_judge_that_stays_down_scores_and_counts_with_on_error_score():
     server = JudgeServer(default=lambda body: ("status", 503))
     try:
         cfg = load_config(scored_judge(server, "worker.reward.judge.error_score=0.25"))
-        manager = build_reward_manager(cfg.worker.reward, 16)
+        manager = RewardManager.of(cfg.worker.reward, max_response_length=16)
         batch = manager.score(make_batch(["<answer>Mon</answer>", "<answer>7</answer>"], ["Monday", "7"]))
         manager.close()
     finally:
@@ -253,10 +253,14 @@ def test_code_settings_reach_the_builtin_code_reward():
             "worker.reward.code.stop_at_first_failure=true",
         ]
     )
-    out = build_reward_manager(fraction.worker.reward, 16).score(make_batch([CODE_RESPONSE], [tests]))
+    out = RewardManager.of(fraction.worker.reward, max_response_length=16).score(
+        make_batch([CODE_RESPONSE], [tests])
+    )
     assert out["reward_components"][0]["pass_rate"] == pytest.approx(2 / 3)
     assert out["reward_info"][0] == {"status": "wrong_answer", "reason": "test 2: wrong answer"}
-    out = build_reward_manager(strict.worker.reward, 16).score(make_batch([CODE_RESPONSE], [tests]))
+    out = RewardManager.of(strict.worker.reward, max_response_length=16).score(
+        make_batch([CODE_RESPONSE], [tests])
+    )
     assert out["scores"].tolist() == [0.0]
 
 
@@ -272,7 +276,9 @@ def test_stop_at_first_timeout_is_a_config_key_that_reaches_the_code_reward():
                 f"worker.reward.code.stop_at_first_timeout={stop}",
             ]
         )
-        out = build_reward_manager(cfg.worker.reward, 16).score(make_batch([hanging], [tests]))
+        out = RewardManager.of(cfg.worker.reward, max_response_length=16).score(
+            make_batch([hanging], [tests])
+        )
         assert out["scores"].tolist() == [0.0]
         reasons[stop] = out["reward_info"][0]["reason"]
     assert reasons["true"].endswith("tests 1-2 not run (counted as failed)")
@@ -293,7 +299,9 @@ def test_extra_functions_and_weights_from_config(tmp_path: Path):
             "worker.reward.reward_weights=[2.0,0.5]",
         ]
     )
-    out = build_reward_manager(cfg.worker.reward, 16).score(make_batch(["ab", "x"], ["ab", "y"]))
+    out = RewardManager.of(cfg.worker.reward, max_response_length=16).score(
+        make_batch(["ab", "x"], ["ab", "y"])
+    )
     assert out["scores"].tolist() == [2.0 * 1 + 0.5 * 2, 2.0 * 0 + 0.5 * 1]
     assert out["reward_components"][0]["score/overall"] == 2.0
     with pytest.raises(ConfigError, match="1 weight\\(s\\) for 2 reward function"):
@@ -318,7 +326,9 @@ def test_reward_errors_are_scored_and_explained_with_on_error_score(tmp_path: Pa
             "worker.reward.error_score=-1",
         ]
     )
-    out = build_reward_manager(cfg.worker.reward, 16).score(make_batch(["ok", "bad"], ["", ""]))
+    out = RewardManager.of(cfg.worker.reward, max_response_length=16).score(
+        make_batch(["ok", "bad"], ["", ""])
+    )
     assert out["scores"].tolist() == [1.0, -1.0]
     assert [c["errors"] for c in out["reward_components"]] == [0.0, 1.0]
     assert "cannot grade" in out["reward_info"][1]["error"]
@@ -400,7 +410,7 @@ def test_a_judge_outage_is_said_once_and_its_end_too(capsys):
     down, one when it answers again."""
     server = JudgeServer(default=lambda body: ("status", 503))
     cfg = load_config(scored_judge(server))
-    manager = build_reward_manager(cfg.worker.reward, 16)
+    manager = RewardManager.of(cfg.worker.reward, max_response_length=16)
     try:
         for word in ("Mon", "Tue"):  # two steps of an outage
             manager.score(make_batch([f"<answer>{word}</answer>"], ["Monday"]))

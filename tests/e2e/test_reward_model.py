@@ -16,7 +16,7 @@ from transformers import Qwen2Config, Qwen2ForSequenceClassification
 from rlstack.config import ConfigError, RewardModelConfig, load_config
 from rlstack.errors import RLStackError
 from rlstack.models.tiny import build_char_tokenizer
-from rlstack.rewards.manager import build_reward_manager, reward_inputs
+from rlstack.rewards.manager import RewardManager, reward_inputs
 from rlstack.rewards.reward_model import RewardModel, RewardModelError
 from rlstack.trainer import Trainer
 
@@ -162,7 +162,7 @@ def test_the_manager_loads_it_once_and_logs_its_components(rm_dir, monkeypatch):
     loads = []
     init = RewardModel.__init__
     monkeypatch.setattr(RewardModel, "__init__", lambda self, c: (loads.append(c), init(self, c))[1])
-    manager = build_reward_manager(cfg.worker.reward, 16)
+    manager = RewardManager.of(cfg.worker.reward, max_response_length=16)
     assert len(loads) == 1  # named twice (a route and the default), loaded once
     batch = make_batch(["3", "46"], ["3", "46"])
     out = manager.score(batch)

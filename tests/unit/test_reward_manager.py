@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import threading
 import time
 from pathlib import Path
@@ -11,8 +13,9 @@ from scored_batches import make_batch
 
 from rlstack.config import ConfigError, RewardConfig, load_config
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
-from rlstack.rewards.manager import RewardError, RewardManager
+from rlstack.rewards.manager import RewardError, RewardManager, Rewards
 from rlstack.tracking import reward_component_means
+from rlstack.workers.ray_group import RayRewards
 
 FUNCTIONS = """
 import time
@@ -48,7 +51,7 @@ def module(tmp_path: Path) -> Path:
 def test_workers_run_samples_in_parallel(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
     start = time.perf_counter()
-    out = RewardManager(fn, num_workers=4, timeout_s=5).score(
+    out = RewardManager(RewardConfig(num_workers=4, timeout_s=5), [fn]).score(
         make_batch(["a", "b", "c", "d"], ["a", "x", "c", "x"])
     )
     elapsed = time.perf_counter() - start
@@ -60,13 +63,15 @@ def test_a_hanging_sample_times_out_and_is_named(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
     start = time.perf_counter()
     with pytest.raises(RewardError, match=r"timeout_s=0.5.*sample 1 \(row train.jsonl:2"):
-        RewardManager(fn, num_workers=2, timeout_s=0.5).score(make_batch(["a", "hang"], ["a", "a"]))
+        RewardManager(RewardConfig(num_workers=2, timeout_s=0.5), [fn]).score(
+            make_batch(["a", "hang"], ["a", "a"])
+        )
     assert time.perf_counter() - start < 3
 
 
 def test_score_policy_gives_the_error_score_and_counts_errors(module: Path):
     fn = load_reward_function(f"{module}:boom_on_bad")
-    out = RewardManager(fn, on_error="score", error_score=-1.0).score(
+    out = RewardManager(RewardConfig(on_error="score", error_score=-1.0), [fn]).score(
         make_batch(["ok", "bad", "ok"], ["", "", ""])
     )
     assert out["scores"].tolist() == [1.0, -1.0, 1.0]
@@ -75,7 +80,7 @@ def test_score_policy_gives_the_error_score_and_counts_errors(module: Path):
 
 def test_timeouts_under_the_score_policy_do_not_stop_the_run(module: Path):
     fn = load_reward_function(f"{module}:slow_on_hang")
-    out = RewardManager(fn, num_workers=2, timeout_s=0.5, on_error="score").score(
+    out = RewardManager(RewardConfig(num_workers=2, timeout_s=0.5, on_error="score"), [fn]).score(
         make_batch(["a", "hang"], ["a", "a"])
     )
     assert out["scores"].tolist() == [1.0, 0.0]
@@ -85,7 +90,7 @@ def test_timeouts_under_the_score_policy_do_not_stop_the_run(module: Path):
 def test_raise_policy_names_the_sample_that_raised(module: Path):
     fn = load_reward_function(f"{module}:boom_on_bad")
     with pytest.raises(RewardError, match=r"sample 1 \(row train.jsonl:2.*ValueError: cannot grade this"):
-        RewardManager(fn).score(make_batch(["ok", "bad"], ["", ""]))
+        RewardManager(RewardConfig(), [fn]).score(make_batch(["ok", "bad"], ["", ""]))
 
 
 RAISING = """
@@ -112,7 +117,7 @@ def test_a_user_reward_function_that_raises_is_shown_at_its_lines_in_the_users_f
     path = tmp_path / "my_reward.py"
     path.write_text(RAISING.lstrip())
     with pytest.raises(RewardError) as info:
-        RewardManager(load_reward_function(f"{path}:score")).score(make_batch(["1"], [""]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:score")]).score(make_batch(["1"], [""]))
     assert str(info.value).endswith(
         f"KeyError: 'answer' at {path}:9 in score: "
         '`return [{"overall": float(answer_of(x) == x["response"])} for x in xs]` -> '
@@ -120,14 +125,16 @@ def test_a_user_reward_function_that_raises_is_shown_at_its_lines_in_the_users_f
     ), info.value
     assert "rlstack/" not in str(info.value)
     with pytest.raises(RewardError) as info:
-        RewardManager(load_reward_function(f"{path}:parsed")).score(make_batch(["1", "x"], ["", ""]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:parsed")]).score(
+            make_batch(["1", "x"], ["", ""])
+        )
     assert "raised on sample 1 (row train.jsonl:2, response 'x'): JSONDecodeError: Expecting value" in str(
         info.value
     )
     assert f"at {path}:13 in parsed: " in str(info.value) and "-> raised in " in str(info.value)
     assert "json/decoder.py:" in str(info.value)
 
-    out = RewardManager(load_reward_function(f"{path}:score"), on_error="score").score(
+    out = RewardManager(RewardConfig(on_error="score"), [load_reward_function(f"{path}:score")]).score(
         make_batch(["1", "2"], ["", ""])
     )
     errors = [r["error"] for r in out["reward_info"]]
@@ -155,7 +162,7 @@ def test_a_reward_file_that_fails_on_import_shows_the_line(tmp_path: Path):
 def test_weighted_combination_of_several_functions(module: Path):
     main = load_reward_function("builtin:exact_match")
     extra = load_reward_function(f"{module}:length")
-    out = RewardManager(main, extra_functions=[extra], weights=[1.0, 0.5]).score(
+    out = RewardManager(RewardConfig(reward_weights=[1.0, 0.5]), [main, extra]).score(
         make_batch(["ab", "x"], ["ab", "y"])
     )
     # overall = 1.0 * exact + 0.5 * len: [1 + 1.0, 0 + 0.5]
@@ -163,7 +170,7 @@ def test_weighted_combination_of_several_functions(module: Path):
     comps = out["reward_components"]
     assert comps[0]["accuracy"] == 1.0 and comps[0]["length/len"] == 2.0 and comps[0]["overall"] == 2.0
     with pytest.raises(RewardError, match="2 reward weights for 1 reward functions"):
-        RewardManager(main, weights=[1.0, 2.0])
+        RewardManager(RewardConfig(reward_weights=[1.0, 2.0]), [main])
 
 
 def test_no_thread_is_used_without_workers_or_timeout(module: Path):
@@ -171,7 +178,7 @@ def test_no_thread_is_used_without_workers_or_timeout(module: Path):
     fn = load_reward_function(f"{module}:length")
     original = fn.fn
     fn.fn = lambda x: seen.append(threading.get_ident()) or original(x)
-    RewardManager(fn).score(make_batch(["a", "b"], ["", ""]))
+    RewardManager(RewardConfig(), [fn]).score(make_batch(["a", "b"], ["", ""]))
     assert set(seen) == {threading.get_ident()}  # math-verify needs the main thread
 
 
@@ -194,7 +201,6 @@ def _sources(batch, sources: list[str]):
 
 
 def test_each_data_source_is_scored_by_its_own_function(module: Path):
-    from rlstack.rewards.manager import build_reward_manager
 
     cfg = RewardConfig(
         reward_function=f"{module}:scaled",
@@ -205,7 +211,7 @@ def test_each_data_source_is_scored_by_its_own_function(module: Path):
         make_batch(["ab", "xyz", "x ", "ok", "bad"], ["ab", "", "x", "", ""]),
         ["math", "code_cpp", "math", "code_py", "code_py"],
     )
-    manager = build_reward_manager(cfg, max_response_length=8)
+    manager = RewardManager.of(cfg, max_response_length=8)
     with pytest.raises(RewardError, match=r"boom_on_bad.*sample 4 \(row train.jsonl:5.*cannot grade this"):
         manager.score(batch)  # the exact name wins over the pattern; the failing sample keeps its place
     batch["response_text"][4] = "fine"
@@ -222,13 +228,12 @@ def test_each_data_source_is_scored_by_its_own_function(module: Path):
 
 def test_a_routed_function_that_cannot_load_names_its_key(module: Path):
     from rlstack.rewards.loader import RewardLoadError
-    from rlstack.rewards.manager import build_reward_manager
 
     cfg = RewardConfig(reward_function_by_source={"gsm8k": "builtin:maths"})
     with pytest.raises(
         RewardLoadError, match=r"worker.reward.reward_function_by_source.gsm8k='builtin:maths'"
     ):
-        build_reward_manager(cfg, max_response_length=8)
+        RewardManager.of(cfg, max_response_length=8)
 
 
 def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Path):
@@ -238,7 +243,7 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
     from PIL import Image
 
     from rlstack.batch import Batch
-    from rlstack.rewards.manager import REWARD_COLUMNS, build_reward_manager, reward_inputs
+    from rlstack.rewards.manager import REWARD_COLUMNS, reward_inputs
 
     batch = make_batch(["<answer>a small dog</answer>", "<answer>3</answer>"], ["a puppy", "3"])
     batch["images"] = [[Image.new("RGB", (4, 4), "green")], []]
@@ -256,7 +261,7 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
             cfg.agent.judge_fallback = True
             cfg.judge.base_url, cfg.judge.model, cfg.judge.send_images = server.url, "judge", send
             cfg.judge.check_at_start = False
-            manager = build_reward_manager(cfg, max_response_length=8)
+            manager = RewardManager.of(cfg, max_response_length=8)
             try:
                 out = manager.score(batch)
             finally:
@@ -275,15 +280,13 @@ def test_judge_always_asks_about_every_answer_as_vl_agent_does(monkeypatch):
     the judge accepts scores, a response without an answer is 0 and not asked."""
     from judge_server import JudgeServer
 
-    from rlstack.rewards.manager import build_reward_manager
-
     responses = ["<answer>5</answer>", "<answer>3</answer>", "no answer"]
     server = JudgeServer()
     try:
         cfg = RewardConfig(reward_function="builtin:agent")
         cfg.agent.judge_always = True
         cfg.judge.base_url, cfg.judge.model, cfg.judge.check_at_start = server.url, "judge", False
-        manager = build_reward_manager(cfg, max_response_length=8)
+        manager = RewardManager.of(cfg, max_response_length=8)
         try:
             out = manager.score(make_batch(responses, ["3", "3", "3"]))
         finally:
@@ -316,8 +319,6 @@ def test_a_reward_function_with_a_judge_parameter_is_given_the_judge(tmp_path: P
     the configured template and parser, its calls counted in reward/judge_calls."""
     from judge_server import JudgeServer
 
-    from rlstack.rewards.manager import build_reward_manager
-
     if kind == "verl":
         (tmp_path / "fn.py").write_text(
             "def compute_score(data_source, solution_str, ground_truth, extra_info, judge):\n"
@@ -333,7 +334,7 @@ def test_a_reward_function_with_a_judge_parameter_is_given_the_judge(tmp_path: P
     try:
         cfg = RewardConfig(reward_function=ref)
         cfg.judge.base_url, cfg.judge.template, cfg.judge.check_at_start = server.url, "verifier", False
-        manager = build_reward_manager(cfg, max_response_length=8)
+        manager = RewardManager.of(cfg, max_response_length=8)
         batch = make_batch(["4", "5"], ["4", "4"])
         batch["extra"] = [{"question": "What is 2 + 2?"}] * 2
         out = manager.score(batch)
@@ -352,15 +353,13 @@ def test_builtin_judge_scores_every_response_and_sends_a_rows_images(tmp_path: P
     from judge_server import JudgeServer
     from PIL import Image
 
-    from rlstack.rewards.manager import build_reward_manager
-
     server = JudgeServer(
         default=lambda body: ("ok", f"Judgement: {int('Candidate answer: a cat' in str(body['messages']))}")
     )
     try:
         cfg = RewardConfig(reward_function="builtin:judge")
         cfg.judge.base_url, cfg.judge.send_images = server.url, True
-        manager = build_reward_manager(cfg, max_response_length=8)
+        manager = RewardManager.of(cfg, max_response_length=8)
         batch = make_batch(["a cat", "a dog", "a cat"], ["cat", "cat", "cat"])
         messages = [
             {"role": "system", "content": "Be brief."},
@@ -392,7 +391,6 @@ def test_the_judge_is_checked_where_the_manager_is_built_unless_turned_off():
     from judge_server import JudgeServer
 
     from rlstack.rewards.judge import JudgeError
-    from rlstack.rewards.manager import build_reward_manager
 
     server = JudgeServer(default=lambda body: ("status", 503))
     try:
@@ -401,9 +399,74 @@ def test_the_judge_is_checked_where_the_manager_is_built_unless_turned_off():
         with pytest.raises(
             JudgeError, match=rf"POST {server.url}/chat/completions .* failed after 2 attempt\(s\): HTTP 503"
         ):
-            build_reward_manager(cfg, max_response_length=8)
+            RewardManager.of(cfg, max_response_length=8)
         cfg.judge.check_at_start = False
-        build_reward_manager(cfg, max_response_length=8).close()
+        RewardManager.of(cfg, max_response_length=8).close()
     finally:
         server.stop()
     assert len(server.chat_requests) == 2 and server.model_requests == 1  # nothing asked with the check off
+
+
+def _methods(cls: type) -> dict[str, inspect.Signature]:
+    return {n: inspect.signature(v) for n, v in vars(cls).items() if inspect.isfunction(v) and n[0] != "_"}
+
+
+@pytest.mark.parametrize("cls", [RewardManager, RayRewards])
+def test_each_rewards_implementation_has_the_protocols_methods_as_declared(cls: type):
+    """What holds a `Rewards` (the collector, validation, the workers) calls these methods only; the manager
+    and Ray's reward actors each take and return what the protocol declares."""
+    declared = _methods(Rewards)
+    assert sorted(declared) == ["close", "pop_metrics", "score"]
+    assert {n: inspect.signature(getattr(cls, n)) for n in declared} == declared
+
+
+def test_a_builtins_settings_come_from_its_section_once_per_run_and_the_users_kwargs_win(monkeypatch):
+    """`builtin:math` named three times (main, extra, a data source's) reads `worker.reward.math` once; the
+    main function's `reward_function_kwargs` win over the section, the others keep the section's."""
+    from rlstack.rewards import builtin
+
+    math = builtin.BUILTINS["math"]
+    judges = []
+    monkeypatch.setitem(
+        builtin.BUILTINS,
+        "math",
+        dataclasses.replace(
+            math, settings=lambda cfg, judge: judges.append(judge) or math.settings(cfg, judge)
+        ),
+    )
+    cfg = RewardConfig(
+        reward_function="builtin:math",
+        reward_function_kwargs={"format_weight": 0.0},
+        extra_reward_functions=["builtin:math"],
+        reward_function_by_source={"gsm8k": "builtin:math"},
+    )
+    cfg.math.format_weight = 0.5
+    manager = RewardManager.of(cfg, max_response_length=8)
+    assert judges == [None]  # once, and without a judge: nothing asked for one
+    batch = _sources(make_batch(["<answer>3</answer>"] * 2, ["3", "3"]), ["addition", "gsm8k"])
+    out = manager.score(batch)
+    # a right answer without the think format: 1 - format_weight per function, main + extra
+    assert out["scores"].tolist() == [1.0 + 0.5, 0.5 + 0.5]
+
+
+def test_the_judge_is_built_where_a_builtin_in_use_asks_for_it_in_its_section():
+
+    cfg = RewardConfig(reward_function="builtin:math")
+    cfg.judge.base_url, cfg.judge.model, cfg.judge.check_at_start = "http://127.0.0.1:9/v1", "judge", False
+    cfg.agent.judge_fallback = True  # builtin:agent's section: agent is not in use
+    assert RewardManager.of(cfg, max_response_length=8).judge is None
+    cfg.math.judge_fallback = True
+    manager = RewardManager.of(cfg, max_response_length=8)
+    assert manager.judge is not None
+    manager.close()
+
+
+def test_the_overlong_buffer_is_the_sections_and_ends_at_the_max_response_length_given():
+    """DAPO's penalty from `overlong_buffer_length` / `overlong_penalty_factor` (the section) and
+    `data.max_response_length` (given apart): rows of 1..6 tokens, the buffer's 4 tokens ending at 6."""
+    cfg = RewardConfig(overlong_buffer_length=4, overlong_penalty_factor=0.5)
+    answers = list("abcdef")
+    out = RewardManager.of(cfg, max_response_length=6).score(make_batch(answers, answers))
+    penalty = [0.0, 0.0, -0.125, -0.25, -0.375, -0.5]  # -0.5 * clamp((length - 2) / 4, 0, 1)
+    assert [c["overlong"] for c in out["reward_components"]] == penalty
+    assert out["scores"].tolist() == [1.0 + p for p in penalty]

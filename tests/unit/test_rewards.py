@@ -9,6 +9,7 @@ import pytest
 import torch
 from scored_batches import make_batch
 
+from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
@@ -91,11 +92,11 @@ def test_a_verl_style_reward_function_scores_each_sample(tmp_path):
     `score`) and DeepEyes' (predict_str, ...) are called per sample, with `score` as the reward."""
     verl = load_reward_function(f"{write_module(tmp_path / 'verl_reward.py', VERL_FN)}:compute_score")
     assert verl.reward_type == "sequential"
-    out = RewardManager(verl).score(make_batch(["4", "5"], ["4", "4"]))
+    out = RewardManager(RewardConfig(), [verl]).score(make_batch(["4", "5"], ["4", "4"]))
     assert out["reward_components"] == [{"overall": 1.0, "acc": 1.0}, {"overall": 0.1, "acc": 0.0}]
     assert out["scores"].tolist() == pytest.approx([1.0, 0.1])
     deepeyes = load_reward_function(f"{write_module(tmp_path / 'de_reward.py', DEEPEYES_FN)}:compute_score")
-    out = RewardManager(deepeyes).score(make_batch(["4", "5"], ["4", "4"]))
+    out = RewardManager(RewardConfig(), [deepeyes]).score(make_batch(["4", "5"], ["4", "4"]))
     assert out["scores"].tolist() == [1.0, 0.0]
 
 
@@ -138,12 +139,9 @@ grading with EasyR1's grader, `mathruler` (the `math` extra)."""
 
 
 def test_an_easyr1_reward_file_with_mathruler_runs_through_the_reward_manager(tmp_path):
-    from rlstack.config import RewardConfig
-    from rlstack.rewards.manager import build_reward_manager
-
     path = write_module(tmp_path / "math.py", EASYR1_MATH)
     cfg = RewardConfig(reward_function=f"{path}:compute_score", reward_function_kwargs={"format_weight": 0.5})
-    manager = build_reward_manager(cfg, max_response_length=8)
+    manager = RewardManager.of(cfg, max_response_length=8)
     responses = [r"<think>half</think> \boxed{\frac{1}{2}}", r"\boxed{0.5}", r"<think>x</think> \boxed{3}"]
     out = manager.score(make_batch(responses, ["0.5", "0.5", "4"]))
     assert out["scores"].tolist() == [1.0, 0.5, 0.5]
@@ -233,7 +231,9 @@ def test_reward_inputs_from_batch():
 
 def test_score_adds_scores_and_components(tmp_path):
     path = write_module(tmp_path / "my_reward.py", BATCH_FN)
-    manager = RewardManager(load_reward_function(f"{path}:score"), kwargs={"bonus": 0.5})
+    manager = RewardManager(
+        RewardConfig(reward_function_kwargs={"bonus": 0.5}), [load_reward_function(f"{path}:score")]
+    )
     batch = make_batch(["3", " 7 ", "5"], ["3", "7", "6"])
     out = manager.score(batch)
     assert out is batch
@@ -248,7 +248,9 @@ def test_score_adds_scores_and_components(tmp_path):
 
 def test_score_sequential(tmp_path):
     path = write_module(tmp_path / "seq_reward.py", SEQUENTIAL_FN)
-    out = RewardManager(load_reward_function(f"{path}:score")).score(make_batch(["a", "b"], ["a", "a"]))
+    out = RewardManager(RewardConfig(), [load_reward_function(f"{path}:score")]).score(
+        make_batch(["a", "b"], ["a", "a"])
+    )
     assert out["scores"].tolist() == [2.0, 0.0]
     assert out["reward_components"] == [{"extra_i": 0.0, "overall": 2.0}, {"extra_i": 1.0, "overall": 0.0}]
 
@@ -261,7 +263,9 @@ def test_a_component_missing_in_some_results_is_averaged_over_the_rows_that_have
             return [{"overall": 1.0, "format": 1.0}, {"overall": 0.0}]
         """,
     )
-    out = RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["a", "b"], ["a", "b"]))
+    out = RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(
+        make_batch(["a", "b"], ["a", "b"])
+    )
     assert out["reward_components"] == [{"format": 1.0, "overall": 1.0}, {"overall": 0.0}]
     assert reward_component_means(out) == {"reward/format": 1.0, "reward/overall": 0.5}
 
@@ -279,7 +283,7 @@ def test_batch_function_raising_names_the_sample(tmp_path):
             return out
         """,
     )
-    manager = RewardManager(load_reward_function(f"{path}:f"))
+    manager = RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")])
     with pytest.raises(RewardError) as info:
         manager.score(make_batch(["1", "2", "boom"], ["1", "2", "3"]))
     msg = str(info.value)
@@ -298,7 +302,9 @@ def test_batch_function_failing_only_on_the_whole_batch(tmp_path):
         """,
     )
     with pytest.raises(RewardError, match=r"the whole batch \(each sample alone scored fine\)"):
-        RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["1", "2"], ["1", "2"]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(
+            make_batch(["1", "2"], ["1", "2"])
+        )
 
 
 def test_sequential_function_raising_names_the_sample(tmp_path):
@@ -313,7 +319,9 @@ def test_sequential_function_raising_names_the_sample(tmp_path):
     )
     long_response = "x" * 100
     with pytest.raises(RewardError) as info:
-        RewardManager(load_reward_function(f"{path}:f")).score(make_batch([long_response, "abc"], ["", ""]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(
+            make_batch([long_response, "abc"], ["", ""])
+        )
     msg = str(info.value)
     assert "raised on sample 1 (row train.jsonl:2, response 'abc')" in msg
     assert "ZeroDivisionError" in msg
@@ -322,7 +330,9 @@ def test_sequential_function_raising_names_the_sample(tmp_path):
 def test_long_response_is_shortened_in_messages(tmp_path):
     path = write_module(tmp_path / "no_overall.py", "def f(xs):\n    return [{'score': 1.0} for _ in xs]\n")
     with pytest.raises(RewardError) as info:
-        RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["y" * 100], [""]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(
+            make_batch(["y" * 100], [""])
+        )
     assert "'" + "y" * 77 + "...'" in str(info.value)
 
 
@@ -344,7 +354,9 @@ def test_long_response_is_shortened_in_messages(tmp_path):
 def test_wrong_return_values_are_errors(tmp_path, body, message):
     path = write_module(tmp_path / "wrong.py", f"def f(xs):\n    {body}\n")
     with pytest.raises(RewardError, match=message):
-        RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["a", "b"], ["a", "b"]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(
+            make_batch(["a", "b"], ["a", "b"])
+        )
 
 
 def test_sequential_result_without_overall(tmp_path):
@@ -352,7 +364,7 @@ def test_sequential_result_without_overall(tmp_path):
         tmp_path / "seq_wrong.py", "REWARD_TYPE = 'sequential'\n\ndef f(x):\n    return {'acc': 1}\n"
     )
     with pytest.raises(RewardError, match="sample 0 .*needs an 'overall' key"):
-        RewardManager(load_reward_function(f"{path}:f")).score(make_batch(["a"], ["a"]))
+        RewardManager(RewardConfig(), [load_reward_function(f"{path}:f")]).score(make_batch(["a"], ["a"]))
 
 
 # ---------------------------------------------------------------------------------------- built-ins
@@ -397,7 +409,9 @@ def test_math_builtin(response, truth, expected):
 
 
 def test_math_through_the_manager():
-    manager = RewardManager(load_reward_function("builtin:math"), kwargs={"format_weight": 0.0})
+    manager = RewardManager(
+        RewardConfig(reward_function_kwargs={"format_weight": 0.0}), [load_reward_function("builtin:math")]
+    )
     out = manager.score(
         make_batch([r"\boxed{\frac{1}{2}}", "<answer>3</answer>", "<answer>5</answer>"], ["0.5", "3", "3"])
     )
