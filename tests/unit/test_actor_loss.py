@@ -239,5 +239,7 @@ def test_a_row_of_zero_advantages_has_no_loss_and_no_gradient(loss_type, correct
     out = actor_loss(x, params, norm)
     out.loss.backward()
     assert logp.grad[1].eq(0).all() and logp.grad[[0, 2]].abs().sum() > 0
-    alone = actor_loss(inputs(**{k: v[[0, 2]] for k, v in x._asdict().items() if v is not None}), params, norm)
+    alone = actor_loss(
+        inputs(**{k: v[[0, 2]] for k, v in x._asdict().items() if v is not None}), params, norm
+    )
     assert alone.loss.item() == pytest.approx(out.loss.item(), abs=1e-7)
