@@ -208,7 +208,7 @@ def engines_part(
     from rlstack.models.loading import load_causal_lm, load_tokenizer
     from rlstack.rollout.engine import Request, SamplingSettings
     from rlstack.rollout.hf import HFEngine
-    from rlstack.rollout.vllm import VLLMEngine
+    from rlstack.rollout.vllm import VLLMEngine, VLLMSettings
 
     tok = load_tokenizer(str(model_dir))
     prompts = (word_problem_prompts if real else addition_prompts)(tok, prompts_per_call)
@@ -216,7 +216,22 @@ def engines_part(
     settings = SamplingSettings(max_tokens=max_tokens, ignore_eos=real)
     longest = max(len(r.prompt_ids) for r in requests) + max_tokens
     start = time.perf_counter()
-    vllm = VLLMEngine(str(model_dir), None, "float32", 0, False, longest + 8, 0.5, 1, True, True, 4096, False)
+    vllm = VLLMEngine(
+        VLLMSettings(
+            str(model_dir),
+            None,
+            "float32",
+            seed=0,
+            multimodal=False,
+            max_model_len=longest + 8,
+            gpu_memory_utilization=0.5,
+            tensor_parallel_size=1,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            max_num_batched_tokens=4096,
+            free_cache_engine=False,
+        )
+    )
     vllm_start_s = time.perf_counter() - start
     hf = HFEngine(load_causal_lm(str(model_dir)).eval(), tok, seed=0, multimodal=False)
     sides = {"hf": hf, "vllm": vllm}

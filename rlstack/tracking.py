@@ -1,5 +1,6 @@
-"""Metrics and generations: console progress bar, metrics.jsonl, generations/, TensorBoard, and the
-trackers users already run (W&B, SwanLab, MLflow, Trackio), each an optional package.
+"""Metrics and generations: the run's progress, generations/, and the trackers of `trainer.logger`, each a
+`MetricTracker` in `TRACKERS`: the console, metrics.jsonl, TensorBoard, and the trackers users already run
+(W&B, SwanLab, MLflow, Trackio), each an optional package.
 
 Metric names follow veRL/EasyR1; every one is described in docs/metrics.md. Every tracker gets the
 metrics, the resolved config, and the validation generations as a table (step, prompt, response,
@@ -8,15 +9,16 @@ ground truth, score, end reason), with their images where the tracker takes imag
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -24,15 +26,89 @@ from rlstack.batch import Batch
 from rlstack.config import Config, TrainerConfig, to_dict
 from rlstack.errors import RLStackError
 
-CONSOLE_KEYS = {
-    "critic/score/mean": "score",
-    "val/reward_score": "val",
-    "actor/pg_loss": "pg_loss",
-    "response_length/mean": "resp_len",
-}
+
+class MetricTracker(Protocol):
+    """A tracker of `trainer.logger` (`TRACKERS`): built from the `TrackedRun`, it takes each step's metrics
+    and the validation generations, and closes with the run."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """One call's metrics (floats, sorted by name) at `step`."""
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        """The validation generations of `step` (`generation_rows`; images as paths relative to `run_dir`)."""
+
+    def close(self) -> None:
+        """The run ended: write what is buffered, release what is held."""
+
+
+class Progress:
+    """The run's progress, whatever the trackers: a bar on a terminal; elsewhere (a log file, a scheduler's
+    output) one line every `every` steps (0: about 20 lines a run). The console tracker shows the main
+    metrics beside it."""
+
+    def __init__(self, experiment: str, total_steps: int, every: int):
+        self.experiment, self.total_steps = experiment, total_steps
+        self.every = every or max(1, round(total_steps / 20))
+        self.bar: tqdm | None = None
+        self.start: float
+        """When the run started (`begin`), for the elapsed time of each line."""
+        self.shown: dict[str, str] = {}
+        """What the console tracker gave to show with the step being logged (cleared by `update`)."""
+
+    def begin(self, step: int) -> None:
+        """Start the clock and, on a terminal, the bar at `step` (after the trackers started, so that what
+        they say on starting comes before it)."""
+        self.start = time.perf_counter()
+        if sys.stderr.isatty():
+            self.bar = tqdm(
+                total=self.total_steps, initial=step, desc=self.experiment, unit="step", dynamic_ncols=True
+            )
+
+    def show(self, values: dict[str, str]) -> None:
+        self.shown = values
+
+    def update(self, step: int, advance: bool) -> None:
+        """`step` was logged; `advance`: it is a step of the run (not a validation logged on its own)."""
+        shown, self.shown = self.shown, {}
+        if self.bar is not None:
+            if shown:
+                self.bar.set_postfix(shown, refresh=False)
+            if advance:
+                self.bar.update(1)
+            else:
+                self.bar.refresh()
+        elif advance and (step % self.every == 0 or step == self.total_steps or step == 1):
+            values = "".join(f", {k}={v}" for k, v in shown.items())
+            elapsed = time.perf_counter() - self.start
+            print(
+                f"[rlstack] step {step}/{self.total_steps} ({elapsed:.0f} s){values}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """What a tracker is built from: the run directory, the resolved config, the project and experiment
+    names, the step the run starts from (past 0: resumed from a checkpoint of that step), and its progress."""
+
+    run_dir: Path
+    config: dict
+    project: str
+    experiment: str
+    start_step: int
+    progress: Progress
 
 
 class Tracker:
+    """The trackers of a run's `trainer.logger` and its progress: what the loop logs goes to each tracker, in
+    `TRACKERS`' order, then to the progress; every kind of generations goes to `generations/`, whatever the
+    trackers, and the validation ones to the trackers too."""
+
     def __init__(
         self,
         run_dir: Path,
@@ -47,31 +123,12 @@ class Tracker:
         """`progress_every`: steps between two progress lines where stderr is not a terminal (0: about 20
         lines a run)."""
         self.run_dir = run_dir
-        self.loggers = set(loggers)
-        self.metrics_file = run_dir / "metrics.jsonl"
         self.gen_dir = run_dir / "generations"
         self.gen_dir.mkdir(parents=True, exist_ok=True)
-        if "file" in self.loggers:
-            _truncate_after(self.metrics_file, start_step)
-        self.tb = None
-        if "tensorboard" in self.loggers:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(
-                str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
-            )
-        self.trackers = [
-            TRACKERS[name](run_dir, config, project, experiment) for name in TRACKERS if name in self.loggers
-        ]
-        self.bar = None
-        """The progress bar on a terminal; elsewhere (a log file, a scheduler's output) `summary_every`
-        steps make one line each. Either way, whatever the loggers; `console` adds the main metrics."""
-        self.total_steps, self.start = total_steps, time.perf_counter()
-        self.summary_every = progress_every or max(1, round(total_steps / 20))
-        if sys.stderr.isatty():
-            self.bar = tqdm(
-                total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True
-            )
+        self.progress = Progress(experiment, total_steps, progress_every)
+        run = TrackedRun(run_dir, config, project, experiment, start_step, self.progress)
+        self.trackers: list[MetricTracker] = [cls(run) for name, cls in TRACKERS.items() if name in loggers]
+        self.progress.begin(start_step)
 
     @classmethod
     def of_run(cls, cfg: Config, total_steps: int, step: int) -> Tracker:
@@ -91,41 +148,9 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int, advance: bool = True) -> None:
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
-        if "file" in self.loggers:
-            row = {"step": step, "timestamp": round(time.time(), 3)}  # when, for the board's time axes
-            with self.metrics_file.open("a") as f:
-                f.write(json.dumps(row | {k: _json_safe(v) for k, v in metrics.items()}) + "\n")
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
         for tracker in self.trackers:
             tracker.log(metrics, step)
-        shown: dict[str, str] = {}
-        if "console" in self.loggers:
-            shown = {name: f"{metrics[k]:.3g}" for k, name in CONSOLE_KEYS.items() if k in metrics}
-            shown.update(
-                {
-                    k: f"{v:.3f}"
-                    for k, v in metrics.items()
-                    if k.startswith("val/") and k.endswith("/accuracy")
-                }
-            )
-        if self.bar is not None:
-            if shown:
-                self.bar.set_postfix(shown, refresh=False)
-            if advance:
-                self.bar.update(1)
-            else:
-                self.bar.refresh()
-        elif advance and (step % self.summary_every == 0 or step == self.total_steps or step == 1):
-            values = "".join(f", {k}={v}" for k, v in shown.items())
-            elapsed = time.perf_counter() - self.start
-            print(
-                f"[rlstack] step {step}/{self.total_steps} ({elapsed:.0f} s){values}",
-                file=sys.stderr,
-                flush=True,
-            )
+        self.progress.update(step, advance)
 
     def log_generations(self, rows: list[dict[str, Any]], step: int, kind: str) -> None:
         """`generations/<kind>_step_<step>.jsonl`, one row per trajectory; its images (`images`: the
@@ -147,15 +172,99 @@ class Tracker:
         return out
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.tb is not None:
-            self.tb.close()
+        self.progress.close()
         for tracker in self.trackers:
             tracker.close()
 
 
 # ------------------------------------------------------------------------------------- trackers
+
+
+class FileTracker:
+    """`metrics.jsonl`: a line per `log`, with its step and when (for the board's time axes); a value that
+    is not finite is written as a string (`"nan"`, `"inf"`). A resumed run first drops the lines past its
+    checkpoint's step, written by a run that was killed before its next checkpoint."""
+
+    def __init__(self, run: TrackedRun):
+        self.path = run.run_dir / "metrics.jsonl"
+        _truncate_after(self.path, run.start_step)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        row = {"step": step, "timestamp": round(time.time(), 3)}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row | {k: _json_safe(v) for k, v in metrics.items()}) + "\n")
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        """Nothing: the generations are in `generations/`, which `Tracker` writes whatever the trackers."""
+
+    def close(self) -> None:
+        """Nothing: each `log` opens and closes the file."""
+
+
+def _json_safe(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Drop metric lines past `step` (written by a run that was killed before its next checkpoint)."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+class TensorBoardTracker:
+    """TensorBoard's event files under the run directory's `tensorboard/`; a resumed run's writer purges the
+    events past its checkpoint's step."""
+
+    def __init__(self, run: TrackedRun):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(
+            str(run.run_dir / "tensorboard"), purge_step=run.start_step + 1 if run.start_step else None
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        """Nothing: TensorBoard gets the metrics only."""
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+CONSOLE_KEYS = {
+    "critic/score/mean": "score",
+    "val/reward_score": "val",
+    "actor/pg_loss": "pg_loss",
+    "response_length/mean": "resp_len",
+}
+"""The metrics the console tracker shows, by their short names."""
+
+
+class ConsoleTracker:
+    """The main metrics (`CONSOLE_KEYS` and each validation accuracy) beside the run's progress."""
+
+    def __init__(self, run: TrackedRun):
+        self.progress = run.progress
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        shown = {name: f"{metrics[k]:.3g}" for k, name in CONSOLE_KEYS.items() if k in metrics}
+        shown.update(
+            {k: f"{v:.3f}" for k, v in metrics.items() if k.startswith("val/") and k.endswith("/accuracy")}
+        )
+        self.progress.show(shown)
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int, run_dir: Path) -> None:
+        """Nothing: the console shows metrics only."""
+
+    def close(self) -> None:
+        """Nothing: the progress closes with the `Tracker`."""
+
 
 TABLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "score", "end_reason")
 
@@ -204,11 +313,11 @@ class WandbTracker:
     `WANDB_NOTES`, `WANDB_MODE`, `WANDB_API_KEY`, ...) are W&B's own, read by `wandb.init`; W&B's files go in
     the run directory (`dir=`), not `WANDB_DIR`."""
 
-    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+    def __init__(self, run: TrackedRun):
         self.wandb = _require("wandb", "wandb", "wandb")
-        project, experiment = wandb_names(project, experiment)
+        project, experiment = wandb_names(run.project, run.experiment)
         self.run = self.wandb.init(
-            project=project, name=experiment, config=config, dir=str(run_dir), resume="allow"
+            project=project, name=experiment, config=run.config, dir=str(run.run_dir), resume="allow"
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -232,7 +341,7 @@ class WandbTracker:
 def wandb_names(project: str, experiment: str) -> tuple[str, str]:
     """The W&B project and run name: the config's (`trainer.project_name`, `trainer.experiment_name`), or
     `WANDB_PROJECT` / `WANDB_NAME` where the config's is rlstack's default (said on stderr)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
+    defaults = {f.name: f.default for f in fields(TrainerConfig)}
     names = {"project_name": project, "experiment_name": experiment}
     for key, variable in (("project_name", "WANDB_PROJECT"), ("experiment_name", "WANDB_NAME")):
         if names[key] == defaults[key] and os.environ.get(variable):
@@ -249,13 +358,13 @@ class SwanlabTracker:
     """SwanLab (`SWANLAB_MODE`: cloud by default as in EasyR1; offline or local write under the run
     directory's `swanlog/`)."""
 
-    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+    def __init__(self, run: TrackedRun):
         self.swanlab = _require("swanlab", "swanlab", "swanlab")
         self.run = self.swanlab.init(
-            project=project,
-            experiment_name=experiment,
-            config=config,
-            logdir=str(run_dir / "swanlog"),
+            project=run.project,
+            experiment_name=run.experiment,
+            config=run.config,
+            logdir=str(run.run_dir / "swanlog"),
             mode=os.environ.get("SWANLAB_MODE", "cloud"),
         )
 
@@ -290,16 +399,16 @@ class MlflowTracker:
     """MLflow: the server of `MLFLOW_TRACKING_URI`, or else a file store under the run directory's
     `mlruns/` (`mlflow ui --backend-store-uri <run_dir>/mlruns` shows it)."""
 
-    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+    def __init__(self, run: TrackedRun):
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores opt-in
         self.mlflow = _require("mlflow", "mlflow", "mlflow")
         self.mlflow.set_tracking_uri(
-            os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+            os.environ.get("MLFLOW_TRACKING_URI") or (run.run_dir / "mlruns").resolve().as_uri()
         )
-        self.mlflow.set_experiment(project)
-        self.run = self.mlflow.start_run(run_name=experiment)
-        self.mlflow.log_params({k: str(v)[:500] for k, v in _flatten(config).items()})
+        self.mlflow.set_experiment(run.project)
+        self.run = self.mlflow.start_run(run_name=run.experiment)
+        self.mlflow.log_params({k: str(v)[:500] for k, v in _flatten(run.config).items()})
         self.logged_images: set[str] = set()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -324,12 +433,12 @@ class TrackioTracker:
     """Trackio: a local SQLite store in `TRACKIO_DIR` (default `~/.cache/huggingface/trackio`, read when
     trackio is first imported); `trackio show` opens its dashboard."""
 
-    def __init__(self, run_dir: Path, config: dict, project: str, experiment: str):
+    def __init__(self, run: TrackedRun):
         self.trackio = _require("trackio", "trackio", "trackio")
         self.run = self.trackio.init(
-            project=project,
-            name=experiment,
-            config=config,
+            project=run.project,
+            name=run.experiment,
+            config=run.config,
             resume="allow",
             embed=False,
             auto_log_cpu=False,
@@ -354,13 +463,17 @@ class TrackioTracker:
         self.trackio.finish()
 
 
-TRACKERS = {
+TRACKERS: dict[str, Callable[[TrackedRun], MetricTracker]] = {
+    "file": FileTracker,
+    "tensorboard": TensorBoardTracker,
     "wandb": WandbTracker,
     "swanlab": SwanlabTracker,
     "mlflow": MlflowTracker,
     "trackio": TrackioTracker,
+    "console": ConsoleTracker,
 }
-"""The trackers by `trainer.logger` name."""
+"""The trackers by `trainer.logger` name (every name `config.trainer.LOGGERS` allows), each built from the
+`TrackedRun`; a run's get each call in this order (console last: it shows what the others logged)."""
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -386,19 +499,6 @@ def save_image_once(image, run_dir: Path) -> str:
         image.save(tmp)
         tmp.replace(run_dir / path)
     return str(path)
-
-
-def _json_safe(v: float) -> float | str:
-    return v if math.isfinite(v) else str(v)
-
-
-def _truncate_after(path: Path, step: int) -> None:
-    """Drop metric lines past `step` (written by a run that was killed before its next checkpoint)."""
-    if not path.exists():
-        return
-    lines = path.read_text().splitlines()
-    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    path.write_text("".join(ln + "\n" for ln in kept))
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:

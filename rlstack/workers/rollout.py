@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from rlstack.batch import Batch
 from rlstack.config import ModelConfig, RolloutConfig
@@ -32,6 +34,80 @@ class Sampling(NamedTuple):
     temperature: float
     top_p: float
     top_k: int
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    """What the rollout worker builds its engine from (each engine's builder in `ENGINES` takes what it
+    needs)."""
+
+    rollout: RolloutConfig
+    model: ModelConfig
+    path: str
+    """The model's local directory (`model_dir`)."""
+    tokenizer: PreTrainedTokenizerFast
+    multimodal: bool
+    """The model is a vision-language model (it has a processor)."""
+    device: str
+    policy: PolicyWorker | None
+    """The colocated policy worker (None: the rollout worker is placed apart from it)."""
+    own_copy: bool
+    """Generate from a copy of the model even beside an unsharded policy (asynchronous GRPO)."""
+
+
+def hf_engine(e: EngineInputs) -> Engine:
+    """The HF engine: sampling from the colocated policy's own module, or from a whole copy of its own where
+    there is no policy beside it, `own_copy` asks for one, or the policy is sharded."""
+    r = e.rollout
+    if e.policy is None or e.own_copy or distributed.sharded():
+        # Its parameters keep requires_grad (no gradient is ever made: it only samples): torch picks other
+        # kernels for parameters without it, whose sums round differently than the policy's module.
+        copy = load_trained_model(e.model, e.path, e.device).eval()
+        return HFEngine(
+            copy,
+            e.tokenizer,
+            seed=r.seed,
+            multimodal=e.multimodal,
+            shares_policy_weights=False,
+            share_prefix=r.enable_prefix_caching,
+        )
+    return HFEngine(
+        e.policy.model,
+        e.tokenizer,
+        seed=r.seed,
+        multimodal=e.multimodal,
+        share_prefix=r.enable_prefix_caching,
+    )
+
+
+def vllm_engine(e: EngineInputs) -> Engine:
+    """The vLLM engine, with its own copy of the model loaded from its directory (vLLM, an optional package, is
+    imported only here)."""
+    from rlstack.rollout.vllm import VLLMEngine, VLLMSettings
+
+    r, m = e.rollout, e.model
+    return VLLMEngine(
+        VLLMSettings(
+            model_path=e.path,
+            tokenizer_path=resolve_model_path(m.tokenizer_path) if m.tokenizer_path else None,
+            dtype=m.dtype,
+            seed=r.seed,
+            multimodal=e.multimodal,
+            max_model_len=r.max_model_len or 0,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            tensor_parallel_size=r.tensor_parallel_size,
+            enforce_eager=r.enforce_eager,
+            enable_prefix_caching=r.enable_prefix_caching,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            free_cache_engine=bool(r.free_cache_engine),
+            trust_remote_code=m.trust_remote_code,
+            image_limit=r.agent.max_images,
+        )
+    )
+
+
+ENGINES: dict[str, Callable[[EngineInputs], Engine]] = {"hf": hf_engine, "vllm": vllm_engine}
+"""The engine builders by `worker.rollout.name` (resolved at load: `auto` is never left here)."""
 
 
 class RolloutWorker:
@@ -75,46 +151,9 @@ class RolloutWorker:
         else:
             tokenizer, processor = load_tokenizer_and_processor(model, path)
         multimodal = processor is not None
-        self.engine: Engine
-        if cfg.name == "vllm":
-            from rlstack.rollout.vllm import VLLMEngine
-
-            self.engine = VLLMEngine(
-                path,
-                resolve_model_path(model.tokenizer_path) if model.tokenizer_path else None,
-                model.dtype,
-                cfg.seed,
-                multimodal,
-                cfg.max_model_len or 0,
-                cfg.gpu_memory_utilization,
-                cfg.tensor_parallel_size,
-                cfg.enforce_eager,
-                cfg.enable_prefix_caching,
-                cfg.max_num_batched_tokens,
-                bool(cfg.free_cache_engine),
-                model.trust_remote_code,
-                image_limit=cfg.agent.max_images,
-            )
-        elif policy is None or own_copy or distributed.sharded():  # a whole copy of its own
-            # Its parameters keep requires_grad (no gradient is ever made: it only samples): torch picks other
-            # kernels for parameters without it, whose sums round differently than the policy's module.
-            copy = load_trained_model(model, path, device).eval()
-            self.engine = HFEngine(
-                copy,
-                tokenizer,
-                seed=cfg.seed,
-                multimodal=multimodal,
-                shares_policy_weights=False,
-                share_prefix=cfg.enable_prefix_caching,
-            )
-        else:
-            self.engine = HFEngine(
-                policy.model,
-                tokenizer,
-                seed=cfg.seed,
-                multimodal=multimodal,
-                share_prefix=cfg.enable_prefix_caching,
-            )
+        self.engine = ENGINES[cfg.name](
+            EngineInputs(cfg, model, path, tokenizer, multimodal, device, policy, own_copy)
+        )
         self.policy = policy
         if in_flight and not self.engine.capabilities.in_flight_updates:
             raise ValueError(

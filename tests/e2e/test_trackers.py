@@ -16,7 +16,9 @@ from PIL import Image
 from rlstack.errors import RLStackError
 from rlstack.tracking import (
     MlflowTracker,
+    Progress,
     SwanlabTracker,
+    TrackedRun,
     Tracker,
     TrackioTracker,
     WandbTracker,
@@ -77,6 +79,11 @@ def mlflow_client(run_dir: Path):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+
+
+def tracked(run_dir: Path, config: dict, project: str, experiment: str) -> TrackedRun:
+    """A one-step run from its start, for a tracker built on its own."""
+    return TrackedRun(run_dir, config, project, experiment, 0, Progress(experiment, 1, 0))
 
 
 JUDGE_KEY, ENV_KEY = "sk-judge-key-of-the-test", "wandb-key-of-the-test"
@@ -215,7 +222,7 @@ def test_images_of_generations_reach_the_trackers(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb_data"))  # its staging, not ~/.local
     for cls in (SwanlabTracker, MlflowTracker, TrackioTracker, WandbTracker):
-        tracker = cls(tmp_path, {"a": {"b": 1}}, "project", "images")
+        tracker = cls(tracked(tmp_path, {"a": {"b": 1}}, "project", "images"))
         tracker.log({"x": 1.0}, 1)
         tracker.log_generations(rows, 1, tmp_path)
         tracker.close()
@@ -255,7 +262,7 @@ def test_a_missing_tracker_package_is_a_clear_error(tmp_path: Path, monkeypatch)
 def test_mlflow_takes_metric_names_it_would_refuse(tmp_path: Path, monkeypatch):
     """`val/<source>/pass@k` (and any name with characters MLflow refuses) reaches MLflow renamed, not as an error."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    tracker = MlflowTracker(tmp_path, {}, "project", "names")
+    tracker = MlflowTracker(tracked(tmp_path, {}, "project", "names"))
     tracker.log({"val/humaneval/pass@4": 0.25, "val/x/accuracy": 0.5, "weird{name}": 1.0}, 1)
     tracker.close()
     client = mlflow_client(tmp_path)
@@ -278,7 +285,7 @@ def test_wandb_takes_its_project_and_name_from_the_environment_where_the_config_
 
     wandb.teardown()  # W&B reads its variables once a process: again, as a run started with them would
     for name, project, experiment in (("defaults", "rlstack", "default"), ("named", "mine", "my-run")):
-        tracker = WandbTracker(tmp_path / name, {"a": 1}, project, experiment)
+        tracker = WandbTracker(tracked(tmp_path / name, {"a": 1}, project, experiment))
         tracker.log({"x": 1.0}, 1)
         tracker.close()
     wandb.teardown()  # and not for the tests after this one

@@ -9,7 +9,7 @@ from rlstack.tracking import Tracker
 
 def test_without_a_terminal_a_line_every_few_steps_even_with_the_file_logger_alone(tmp_path, capsys):
     tracker = Tracker(tmp_path, ["file"], {}, "p", "e", total_steps=7, progress_every=3)
-    assert tracker.bar is None  # pytest's stderr is not a terminal
+    assert tracker.progress.bar is None  # pytest's stderr is not a terminal
     for step in range(1, 8):
         tracker.log({"critic/score/mean": 0.5, "actor/pg_loss": 0.1}, step)
     tracker.close()
@@ -37,7 +37,7 @@ def test_a_terminal_gets_a_progress_bar(tmp_path, monkeypatch):
     tracker.log({"critic/score/mean": 1.0}, 1)
     tracker.close()
     assert (
-        tracker.bar is not None
+        tracker.progress.bar is not None
         and "exp" in terminal.getvalue()
         and "[rlstack] step" not in terminal.getvalue()
     )
