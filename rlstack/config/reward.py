@@ -198,7 +198,7 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`). A `path/to/file.py` without `:fn` means `path/to/file.py:compute_score`, the name EasyR1's reward files define (EasyR1's own code falls back to `main`, which those files lack); the config check stops when the file does not define it."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`). A `path/to/file.py` without `:fn` means its `main`, as in EasyR1, or else its `compute_score` (the name EasyR1's and VPPO's reward files define, which EasyR1 itself would not find); the config check stops when the file defines neither."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
     reward_function_by_source: dict[str, str] = field(default_factory=dict)
@@ -231,39 +231,17 @@ class RewardConfig:
     """Settings of `builtin:reward_model` (a reward model scoring in the trainer's process)."""
 
 
-DEFAULT_FUNCTION = "compute_score"
-"""The function a reward file named without `:function` is read for (EasyR1's reward files define it;
-`RewardConfig.reward_function`; `rewards/loader.py` reads it)."""
+DEFAULT_FUNCTIONS = ("main", "compute_score")
+"""The function a reward file named without `:function` is read for: `main`, as EasyR1 calls it, else
+`compute_score`, the name EasyR1's and VPPO's reward files define (where EasyR1 itself would fail for want
+of `main`). `RewardConfig.reward_function`; `rewards/loader.py` reads it."""
 
 
-def with_default_function(ref: str) -> str:
-    """`ref`, with `:compute_score` appended where it names a `.py` file without its function."""
-    if not ref.startswith("builtin:") and ":" not in ref and ref.endswith(".py"):
-        return f"{ref}:{DEFAULT_FUNCTION}"
-    return ref
-
-
-def no_default_function(key: str, file: str, functions: list[str]) -> str:
-    """The message for a reward file named without `:function` that defines no `compute_score`."""
-    there = f"functions there: {', '.join(functions)}" if functions else "it defines no function"
-    return (
-        f"{key}={file!r} names a file without its function, so rlstack calls {DEFAULT_FUNCTION} (the name "
-        f"EasyR1's reward files use), which {file} does not define ({there}): write {key}={file}:function_name"
-    )
-
-
-def default_function_problem(key: str, ref: str) -> str | None:
-    """A reward file named without `:function` that is not there, or whose source defines no top-level
-    `compute_score` (a def, an assignment or an import of that name); read, not imported."""
-    if with_default_function(ref) == ref:
-        return None
-    if not os.path.isfile(ref):
-        return missing_path(key, ref, form="path/to/file.py:function_name")
-    try:
-        with open(ref, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), ref)
-    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
-        return f"{key}={ref!r}: the file cannot be read as Python ({e})"
+def top_level_names(path: str) -> list[str]:
+    """The names a Python file defines at its top level (defs, classes, assignments, imports); read, not
+    imported. Raises OSError, SyntaxError, UnicodeDecodeError or ValueError where it cannot be read."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
     names: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -273,9 +251,47 @@ def default_function_problem(key: str, ref: str) -> str | None:
             names += [t.id for t in targets if isinstance(t, ast.Name)]
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names += [(a.asname or a.name).split(".")[0] for a in node.names]
-    if DEFAULT_FUNCTION in names:
+    return names
+
+
+def names_a_file_alone(ref: str) -> bool:
+    """Whether `ref` names a `.py` reward file without its function."""
+    return not ref.startswith("builtin:") and ":" not in ref and ref.endswith(".py")
+
+
+def default_function(names: list[str]) -> str | None:
+    """Which of `DEFAULT_FUNCTIONS` a file defining `names` is called for, or None."""
+    return next((n for n in DEFAULT_FUNCTIONS if n in names), None)
+
+
+def no_default_function(key: str, file: str, functions: list[str]) -> str:
+    """The message for a reward file named without `:function` that defines neither `main` nor
+    `compute_score`."""
+    there = f"functions there: {', '.join(functions)}" if functions else "it defines no function"
+    return (
+        f"{key}={file!r} names a file without its function, so rlstack calls main (as EasyR1 does) or else "
+        f"compute_score (the name EasyR1's reward files use), and {file} defines neither ({there}): write "
+        f"{key}={file}:function_name"
+    )
+
+
+def default_function_problem(key: str, ref: str) -> str | None:
+    """A reward file named without `:function` that is not there, or whose source defines neither a
+    top-level `main` nor `compute_score` (a def, an assignment or an import of that name)."""
+    if not names_a_file_alone(ref):
         return None
-    defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    if not os.path.isfile(ref):
+        return missing_path(key, ref, form="path/to/file.py:function_name")
+    try:
+        names = top_level_names(ref)
+    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+        return f"{key}={ref!r}: the file cannot be read as Python ({e})"
+    if default_function(names):
+        return None
+    with open(ref, encoding="utf-8") as f:
+        defs = [
+            n.name for n in ast.parse(f.read(), ref).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
     return no_default_function(key, ref, [n for n in defs if not n.startswith("_")])
 
 

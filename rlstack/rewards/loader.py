@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlstack.config.reward import DEFAULT_FUNCTION, no_default_function, with_default_function
+from rlstack.config.reward import DEFAULT_FUNCTIONS, default_function, names_a_file_alone, no_default_function
 from rlstack.errors import RLStackError
 from rlstack.extensions import load_function, load_module, source_file
 from rlstack.rewards import builtin
@@ -43,14 +43,15 @@ def load_reward_function(ref: str, key: str = "worker.reward.reward_function") -
             )
         fn = builtin.BUILTINS[name].fn
         return RewardFunction(fn, "batch", ref, wants_judge=_takes_judge(fn))
-    if (full := with_default_function(ref)) != ref:
+    if names_a_file_alone(ref):
         module = load_module(ref, key, "reward file", RewardLoadError)
-        if not callable(getattr(module, DEFAULT_FUNCTION, None)):
+        name = default_function([n for n in DEFAULT_FUNCTIONS if callable(getattr(module, n, None))])
+        if name is None:
             functions = [
                 n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
             ]
             raise RewardLoadError(no_default_function(key, ref, functions))
-        ref = full
+        ref = f"{ref}:{name}"
     module, fn = load_function(ref, key, "reward file", RewardLoadError)
     target, file = ref.rsplit(":", 1)[0], source_file(fn)
     reward_type = getattr(module, "REWARD_TYPE", None)

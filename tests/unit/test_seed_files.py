@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from config_files import write_yaml
 
 from rlstack.config import ConfigError, load_config
 
@@ -116,7 +117,8 @@ def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
         ("max_prompt_length", "data.max_prompt_length", 512),
         ("rollout_batch_size", "data.rollout_batch_size", 512),
         ("val_files", "data.val_files", ""),
-        ("total_epochs", "trainer.total_epochs", 10),
+        ("total_epochs", "trainer.total_epochs", 15),
+        ("alpha", "worker.actor.model.lora.alpha", 64),
     ],
 )
 def test_keys_an_easyr1_file_leaves_out_take_easyr1_defaults_not_the_demos(
@@ -204,6 +206,39 @@ def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(vppo_chec
     assert (a.use_kl_loss, a.use_kl_in_reward) == (False, False)  # disable_kl: true wins over use_kl_loss
     assert cfg.worker.reward.reward_function == "examples/reward_function/math.py"  # its compute_score
     assert cfg.worker.actor.optim.strategy == "adamw_bf16"
+    # EasyR1 validates with the rollout's sampling where val_override_config says nothing (top_p 0.99 here)
+    r = cfg.worker.rollout
+    assert (r.val_temperature, r.val_top_p, r.val_top_k) == (1.0, 0.99, -1)
+
+
+def test_an_easyr1_file_without_val_override_config_validates_as_its_rollout_samples(tmp_path, caplog):
+    text = (EASYR1 / "config.yaml").read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "val_override_config:")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" " * 6))
+    kept = lines[:start] + lines[end:]
+    assert len(kept) < len(lines) - 1
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(kept))
+    cfg, notes = _load([f"config={path}", *EASYR1_PATHS, "worker.rollout.top_p=0.9"], caplog)
+    r = cfg.worker.rollout
+    assert (r.val_temperature, r.val_top_p, r.val_top_k) == (1.0, 0.9, -1)  # not rlstack's greedy
+    assert any("worker.rollout.val_temperature=1.0" in n and "greedy" in n for n in notes)
+    given, _ = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)  # its own overrides
+    assert (given.worker.rollout.val_temperature, given.worker.rollout.val_top_p) == (0.6, 0.95)
+
+
+def test_a_kl_coef_that_no_kl_uses_is_said(tmp_path, caplog):
+    """A file in EasyR1's layout with none of EasyR1's own keys: kl_coef without use_kl_loss or
+    use_kl_in_reward would do nothing here (EasyR1 would subtract it from the reward): said."""
+    path = write_yaml(tmp_path / "c.yaml", "algorithm:\n  adv_estimator: grpo\n  kl_coef: 0.05\n")
+    cfg, notes = _load([f"config={path}"], caplog)
+    assert (cfg.algorithm.use_kl_loss, cfg.algorithm.use_kl_in_reward) == (False, False)
+    (note,) = [n for n in notes if "algorithm.kl_coef=0.05" in n]
+    assert "does nothing" in note and "c.yaml" in note and "use_kl_in_reward=true" in note
+    caplog.clear()
+    _, notes = _load([f"config={path}", "algorithm.use_kl_loss=true"], caplog)
+    assert not [n for n in notes if "does nothing" in n]
 
 
 SEEDS = FIXTURES / "seeds"

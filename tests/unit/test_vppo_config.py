@@ -108,13 +108,24 @@ def test_a_reward_file_without_its_function_means_compute_score(tmp_path, monkey
     assert fn.fn.__name__ == "compute_score" and fn.name == "math.py:compute_score"
 
 
-def test_a_reward_file_without_compute_score_is_refused_at_load(tmp_path, monkeypatch):
+def test_a_reward_file_without_its_function_means_main_where_it_has_one(tmp_path, monkeypatch):
+    """EasyR1 calls `main` of a file named without `:function`: a file with both is called as there."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "r.py").write_text("def main(reward_inputs):\n    return []\n")
+    (tmp_path / "both.py").write_text(
+        MATH + "\n\ndef main(reward_inputs):\n    return compute_score(reward_inputs)\n"
+    )
+    assert load_config(["worker.reward.reward_function=both.py"]).worker.reward.reward_function == "both.py"
+    fn = load_reward_function("both.py")
+    assert fn.fn.__name__ == "main" and fn.name == "both.py:main"
+
+
+def test_a_reward_file_with_neither_main_nor_compute_score_is_refused_at_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("def score_all(reward_inputs):\n    return []\n")
     (problem,) = [p for p in problems_of(["worker.reward.reward_function=r.py"]) if "r.py" in p]
     assert "worker.reward.reward_function" in problem and "compute_score" in problem
-    assert "main" in problem and "r.py:function_name" in problem
-    with pytest.raises(RewardLoadError, match=r"compute_score.*r\.py:function_name"):
+    assert "main" in problem and "score_all" in problem and "r.py:function_name" in problem
+    with pytest.raises(RewardLoadError, match=r"compute_score.*score_all.*r\.py:function_name"):
         load_reward_function("r.py")
 
 

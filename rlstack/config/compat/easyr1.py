@@ -208,6 +208,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         if not disable_kl_read and tree.get(values, "algorithm.use_kl_in_reward") is tree.MISSING:
             # EasyR1's disable_kl defaults to false: a KL penalty in the reward
             _disable_kl("algorithm.disable_kl", False, values, notes, lambda _: " (unset: EasyR1's default)")
+    _idle_kl_coef(values, notes, at)
     modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
         tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
@@ -224,7 +225,7 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "data.max_response_length": 512,
     "data.rollout_batch_size": 512,
     "data.val_batch_size": -1,
-    "trainer.total_epochs": 10,
+    "trainer.total_epochs": 15,
     "trainer.project_name": "easy_r1",
     "trainer.experiment_name": "demo",
     "trainer.val_generations_to_log": 0,
@@ -234,10 +235,19 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "worker.actor.micro_batch_size_per_device_for_experience": 16,
     "worker.actor.clip_ratio_high": 0.3,
     "worker.actor.model.enable_gradient_checkpointing": True,
+    "worker.actor.model.lora.alpha": 64,
+    "worker.actor.fsdp.mp_param_dtype": "bfloat16",
+    "worker.critic.global_batch_size": 256,
+    "worker.critic.micro_batch_size_per_device_for_update": 4,
+    "worker.critic.micro_batch_size_per_device_for_experience": 16,
     "worker.rollout.n": 1,
 }
 """EasyR1's defaults (its DataConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig) where rlstack's
-are the tiny demo's: what the keys an EasyR1 config file leaves out mean there. The KL's are EASYR1_KL."""
+are the tiny demo's or otherwise differ: what the keys an EasyR1 config file leaves out mean there. The KL's
+are EASYR1_KL; validation sampling follows the rollout's (`_easyr1_validation`)."""
+EASYR1_ROLLOUT = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+"""EasyR1's sampling defaults (its RolloutConfig), which its validation uses where val_override_config does not
+say otherwise."""
 EASYR1_REQUIRED = ("data.train_files", "worker.actor.model.model_path", "worker.reward.reward_function")
 """Keys EasyR1 has no default for (rlstack's are the demo's task, model and reward)."""
 
@@ -253,12 +263,36 @@ def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> Non
             "keys this EasyR1 config leaves out take EasyR1's defaults (rlstack's own are its tiny demo's): "
             + ", ".join(f"{k}={v!r}" for k, v in unset.items())
         )
+    _easyr1_validation(values, notes)
+    if tree.get(values, "worker.actor.model.trust_remote_code") is tree.MISSING:
+        notes.append(
+            "worker.actor.model.trust_remote_code: EasyR1's default is true, rlstack's false (a model folder's "
+            "own code is not run): set it true for a model that ships its code"
+        )
     for k in EASYR1_REQUIRED:
         if tree.get(values, k) is tree.MISSING:
             problems.append(
                 f"{k} is not set in this EasyR1 config, and EasyR1 has no default for it (rlstack's is its "
                 f"tiny demo's): set {k}"
             )
+
+
+def _easyr1_validation(values: dict, notes: list[str]) -> None:
+    """EasyR1 validates with the rollout's sampling settings, each replaced where val_override_config gives
+    one (moved by then to worker.rollout.val_*); rlstack's own validation default is greedy."""
+    said = []
+    for name, default in EASYR1_ROLLOUT.items():
+        key = f"worker.rollout.{VAL_OVERRIDES[name]}"
+        if tree.get(values, key) is tree.MISSING:
+            value = tree.get(values, f"worker.rollout.{name}")
+            value = default if value is tree.MISSING else value
+            tree.set(values, key, value)
+            said.append(f"{key}={value}")
+    if said:
+        notes.append(
+            "EasyR1 validates with the rollout's sampling, where worker.rollout.val_override_config does not "
+            f"say otherwise: read as {', '.join(said)} (rlstack's own default is greedy)"
+        )
 
 
 EASYR1_KL = {"algorithm.kl_coef": 1e-3, "algorithm.kl_penalty": "kl"}
@@ -289,6 +323,20 @@ def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callab
     notes.append(
         f"{key}{at(key)}=true: EasyR1's key, read as algorithm.use_kl_loss=false, use_kl_in_reward=false{over}"
     )
+
+
+def _idle_kl_coef(values: dict, notes: list[str], at: Callable[[str], str]) -> None:
+    """A kl_coef the config sets where no KL is on: EasyR1 would apply it (in the reward, unless disable_kl or
+    use_kl_loss), rlstack does nothing with it; said, whatever the file."""
+    key = "algorithm.kl_coef"
+    coef = tree.get(values, key)
+    on = [tree.get(values, k) is True for k in ("algorithm.use_kl_loss", "algorithm.use_kl_in_reward")]
+    if coef is not tree.MISSING and coef and not any(on):
+        notes.append(
+            f"{key}={coef}{at(key)} does nothing: neither algorithm.use_kl_loss nor algorithm.use_kl_in_reward "
+            "is true (EasyR1 subtracts it from the reward unless disable_kl or use_kl_loss: set "
+            "algorithm.use_kl_in_reward=true for that, or algorithm.use_kl_loss=true for a KL loss)"
+        )
 
 
 def _estimator_loss(values: dict, notes: list[str], problems: list[str], at: Callable[[str], str]) -> None:
