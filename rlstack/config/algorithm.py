@@ -96,16 +96,16 @@ class AlgorithmConfig:
     """DAPO overlong filtering: responses cut at max_response_length get no loss."""
     use_vppo_on_perception: bool = False
     """VPPO (vision models): train only on the response tokens whose distribution depends most on the image."""
-    top_p_perception_tokens: float = field(0.4, gt=0, le=1)
-    """VPPO: fraction of each response's tokens kept, those of highest visual dependency."""
+    top_p_perception_tokens: float = field(0.2, gt=0, le=1)
+    """VPPO: fraction of each response's tokens kept, those of highest visual dependency (VPPO's default; its 7B and 8B scripts set 0.4)."""
     use_vppo_on_entropy: bool = False
     """VPPO: train only on each response's tokens of highest entropy (with use_vppo_on_perception: on those or the perception tokens)."""
     top_p_entropy_tokens: float = field(0.2, gt=0, le=1)
     """VPPO: fraction of each response's tokens kept by entropy (use_vppo_on_entropy)."""
     use_advantage_shaping: bool = False
     """VPPO: scale each trajectory's advantages by its mean visual dependency (mean scale 1)."""
-    advantage_scaling_min: float = field(0.9, ge=0, le=1)
-    """VPPO: the scale given to the least image-dependent trajectory of the batch."""
+    advantage_scaling_min: float = field(0.8, ge=0, le=1)
+    """VPPO: the scale given to the least image-dependent trajectory of the batch (VPPO's default; its scripts set 0.9)."""
     use_entropy_penalty: bool = False
     """VPPO: add entropy_penalty_coef * mean(-log pi) of the sampled tokens to the loss."""
     entropy_penalty_coef: float = 0.06

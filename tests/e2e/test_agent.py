@@ -409,6 +409,7 @@ def test_vppo_two_steps_on_the_tiny_vlm(tmp_path: Path):
             "algorithm.use_vppo_on_perception=true",
             "algorithm.top_p_perception_tokens=0.4",
             "algorithm.use_advantage_shaping=true",
+            "algorithm.advantage_scaling_min=0.9",
             "algorithm.use_entropy_penalty=true",
             "algorithm.use_kl_loss=true",  # the reference model scores the same rows, images included
             "trainer.max_steps=2",

@@ -291,6 +291,7 @@ def test_the_vppo_guides_training_command_loads(vppo_checkout, caplog):
     a = cfg.algorithm
     assert (a.use_vppo_on_perception, a.top_p_perception_tokens, a.use_advantage_shaping) == (True, 0.4, True)
     assert (a.use_entropy_penalty, a.entropy_penalty_coef, cfg.worker.rollout.n) == (True, 0.06, 8)
+    assert a.advantage_scaling_min == 0.8  # the command leaves it out: VPPO's default (its script sets 0.9)
     # the guide's other reward of the same file, named with its function
     cfg, _ = _load(
         [*command, "worker.reward.reward_function=examples/reward_function/math.py:compute_score_wo_format"],
