@@ -230,13 +230,27 @@ def test_an_easyr1_config_puts_the_kl_where_easyr1_does(
     bare.write_text("algorithm:\n  disable_kl: false\n")
     a = load_config([f"config={bare}", *EASYR1_RUN]).algorithm
     assert (a.use_kl_in_reward, a.kl_coef, a.kl_penalty) == (True, 1e-3, "kl")
-    data_and_reward = [a for a in EASYR1_RUN if a.startswith(("data.", "worker.reward."))]
-    m = _two_steps(tiny_model_dir, tmp_path / "run", f"config={path}", *data_and_reward)
+    reward = tmp_path / "parity.py"
+    reward.write_text(
+        PARITY_REWARD
+    )  # nonzero advantages: the first update moves the policy off the reference
+    data = [a for a in EASYR1_RUN if a.startswith("data.")]
+    m = _two_steps(
+        tiny_model_dir,
+        tmp_path / "run",
+        f"config={path}",
+        *data,
+        f"worker.reward.reward_function={reward}:compute_score",
+        "worker.actor.optim.lr=1e-2",
+    )
     for step in (1, 2):
         if use_kl_loss:
             assert "actor/reward_kl_penalty" not in m[step] and "actor/kl_loss" in m[step]
         else:
             assert m[step]["actor/reward_kl_penalty_coeff"] == 0.05 and "actor/kl_loss" not in m[step]
+    if not use_kl_loss:  # measured and subtracted: none while the policy is the reference, some once it moved
+        assert m[1]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-7)
+        assert m[2]["actor/reward_kl_penalty"] > 1e-6
 
 
 def test_vppo_entropy_tokens_take_the_policy_gradient_in_a_run(tiny_model_dir: Path, tmp_path: Path):
