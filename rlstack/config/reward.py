@@ -192,7 +192,7 @@ class RewardModelConfig:
     trust_remote_code: bool = False
     """Allow the model's own code from its directory."""
     num_gpus: float = field(0, ge=0)
-    """With trainer.backend=ray: GPUs each reward actor takes, where it loads the model (NeMo RL's env.reward_model.resources.gpus_per_node); 0: it runs on the actor's CPU."""
+    """With trainer.backend=ray: GPUs each reward actor takes, where it loads the model; 0: it runs on the actor's CPU. NeMo RL's env.reward_model.resources (N GPUs of its own) is N reward actors of 1 GPU each."""
 
 
 @dataclass

@@ -261,7 +261,7 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "env:\n"
         "  sudoku: {num_workers: 2}\n"
         "data:\n"
-        "  train: {dataset_name: gsm8k}\n"
+        "  train: {dataset_name: tulu3_sft_mixture}\n"
         "  default: {env_name: sudoku}\n"
     )
     problems = _problems(f"config={config}")
@@ -271,7 +271,7 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
         "policy.megatron_cfg.enabled=true": "not Megatron",
         "grpo.max_rollout_turns=3": "rlstack's replies come from worker.rollout.agent.feedback",
         "env.sudoku": "no built-in for",
-        "data.train.dataset_name='gsm8k'": "a NeMo RL registry name without a Hub form rlstack reads",
+        "data.train.dataset_name='tulu3_sft_mixture'": "a NeMo RL registry name without a Hub form rlstack reads",
     }
     for key, why in expected.items():
         assert any(p.startswith(key) and where in p and why in p for p in problems), (key, problems)

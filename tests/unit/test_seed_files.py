@@ -6,6 +6,7 @@ changes nothing here. Nothing is dropped silently."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import shutil
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from config_files import write_yaml
 
+import rlstack.config.tree as tree
 from rlstack.config import ConfigError, load_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -420,23 +422,162 @@ def test_nemo_rl_values_rlstack_cannot_mean_are_refused_by_name(nemo_dir, overri
     assert message in str(e.value) and override.lstrip("+").split("=")[0] in str(e.value)
 
 
+def _with_defaults(path: Path) -> dict:
+    """A NeMo RL file's keys over those of the files its `defaults` names, as NeMo RL merges them."""
+    values = yaml.safe_load(path.read_text())
+    parents = values.pop("defaults", None)
+    merged: dict = {}
+    for parent in [parents] if isinstance(parents, str) else parents or []:
+        tree.merge(merged, _with_defaults(path.parent / parent))
+    tree.merge(merged, values)
+    return merged
+
+
+@pytest.mark.parametrize("name", ["grpo_rm_1B.yaml", "grpo_smoke.yaml", "code_grpo_test.yaml"])
+def test_nemo_rl_files_over_the_shipped_base_read_or_say_every_key_of_both(nemo_dir, caplog, name):
+    """Every key of the file and of the base it names (`defaults`): the base's environment that the file's
+    data does not pick (env.math under the reward model, the code environment) is said, not dropped."""
+    if not (nemo_dir / name).exists():
+        shutil.copy(NEMO / name, nemo_dir / name)  # the research notes' code config, over the shipped base
+    cfg, notes = _load([f"config={nemo_dir / name}"], caplog)
+    assert _unnamed(_with_defaults(nemo_dir / name), cfg, notes) == []
+    assert any(n.startswith("env.math (") and "num_workers, math_verify_impl" in n for n in notes) == (
+        name != "grpo_smoke.yaml"  # the smoke recipe keeps the base's math environment
+    )
+
+
 def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, caplog):
-    shipped = yaml.safe_load((nemo_dir / "grpo_rm_1B.yaml").read_text())
-    shipped.pop("defaults")
     cfg, notes = _load([f"config={nemo_dir / 'grpo_rm_1B.yaml'}"], caplog)
-    assert _unnamed(shipped, cfg, notes) == []
     rw = cfg.worker.reward
     assert rw.reward_function == "builtin:reward_model"
     rm = rw.reward_model
-    assert (rm.model_path, rm.dtype, rm.micro_batch_size, rm.max_length, rm.num_gpus) == (
+    assert (rm.model_path, rm.dtype, rm.micro_batch_size, rm.max_length) == (
         "Skywork/Skywork-Reward-V2-Qwen3-0.6B",
         "bfloat16",
         4,
         2048,
-        1,
     )
-    # the cluster's 2 GPUs: one for the policy, one for the reward model, as NeMo RL splits them
-    assert cfg.trainer.n_gpus_per_node == 1
+    # the cluster's 2 GPUs, as NeMo RL splits them: one rank of the policy, and the reward model in one reward
+    # actor on a GPU of its own, which Ray places (the local backend would load it beside the policy)
+    t = cfg.trainer
+    assert (t.backend, t.nnodes, t.n_gpus_per_node) == ("ray", 1, 1)
+    assert (rw.num_workers, rm.num_gpus, rm.device) == (1, 1, "auto")
+    assert t.nnodes * t.n_gpus_per_node + rw.num_workers * rm.num_gpus == 2  # cluster.gpus_per_node, all used
+
+
+@pytest.mark.parametrize(
+    ("overrides", "placed"),
+    [
+        # NeMo RL's reward model over 2 GPUs (data-parallel): two reward actors, one GPU each
+        (["++cluster.gpus_per_node=4", "++env.reward_model.resources.gpus_per_node=2"], (1, 2, 2, 1)),
+        # on several nodes the reward model takes whole nodes, the policy the rest
+        (
+            [
+                "++cluster.num_nodes=3",
+                "++cluster.gpus_per_node=8",
+                "++env.reward_model.resources.gpus_per_node=8",
+            ],
+            (2, 8, 8, 1),
+        ),
+        # a number of reward actors set in rlstack's name is kept
+        (["worker.reward.num_workers=2"], (1, 1, 2, 1)),
+    ],
+)
+def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, caplog, overrides, placed):
+    cfg, _ = _load([f"config={nemo_dir / 'grpo_rm_1B.yaml'}", *overrides], caplog)
+    t, rw = cfg.trainer, cfg.worker.reward
+    assert t.backend == "ray"
+    assert (t.nnodes, t.n_gpus_per_node, rw.num_workers, rw.reward_model.num_gpus) == placed
+
+
+def test_nemo_rls_reward_model_on_the_local_backend_is_refused_by_name(nemo_dir):
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            [f"config={nemo_dir / 'grpo_rm_1B.yaml'}", "trainer.backend=local"], machine_checks="warn"
+        )
+    (problem,) = e.value.problems
+    assert problem.startswith("trainer.backend=local") and "env.reward_model.resources" in problem
+    assert "leave trainer.backend unset" in problem
+
+
+def test_nemo_rls_smoke_recipe_reads_gsm8k_as_nemo_rl_does(nemo_dir, caplog):
+    """grpo_smoke.yaml's `data.train.dataset_name: gsm8k` (NeMo RL's GSM8KDataset): openai/gsm8k, config main,
+    the train split, no rows held out (the class ignores the base's split_validation_size), the problem from
+    `question` and the answer the text after '####' of `answer` (extract_answer, its default)."""
+    from rlstack.data.dataset import PromptDataset
+    from rlstack.models.tiny import build_char_tokenizer
+
+    cfg, notes = _load([f"config={nemo_dir / 'grpo_smoke.yaml'}"], caplog)
+    d = cfg.data
+    assert (d.train_files, d.val_files, d.val_split, d.format) == ("openai/gsm8k:main@train", "", 0.0, "auto")
+    assert (cfg.data.rollout_batch_size, cfg.worker.rollout.n, cfg.trainer.max_steps) == (2, 4, 10)
+    assert any(
+        n.startswith("data.train.split_validation_size") and "gsm8k class holds out no rows" in n
+        for n in notes
+    )
+    rows = FIXTURES / "formats" / "gsm8k.jsonl"  # openai/gsm8k's layout (the Hub is not reachable here)
+    ds = PromptDataset(
+        str(rows),
+        build_char_tokenizer(),
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        data_format=d.format,
+        apply_chat_template=False,
+        max_prompt_length=100_000,
+    )
+    raw = [json.loads(line) for line in rows.read_text().splitlines()]
+    nemo_rl = [r["answer"].split("####")[1].strip() for r in raw]  # GSM8KDataset's _extract_hash_answer
+    assert [i["prompt_messages"][0]["content"] for i in ds.items] == [r["question"] for r in raw]
+    # the same answers; rlstack also drops a number's thousands separators (1,234 is 1234)
+    assert [i["ground_truth"] for i in ds.items] == [a.replace(",", "") for a in nemo_rl]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "files"),
+    [
+        (["++data.train.dataset_name=GSM8K"], "openai/gsm8k:main@train"),
+        (["++data.train.dataset_name=gsm8k", "++data.train.subset=socratic"], "openai/gsm8k:socratic@train"),
+        (["++data.train.dataset_name=gsm8k", "++data.train.subset=null"], "openai/gsm8k:main@train"),
+        (["++data.train.dataset_name=gsm8k", "++data.train.extract_answer=true"], "openai/gsm8k:main@train"),
+        (["++data.train.dataset_name=openai/gsm8k", "++data.train.subset=main"], "openai/gsm8k:main"),
+        (
+            [
+                "++data.train.dataset_name=null",
+                "++data.train.data_path=openai/gsm8k",
+                "++data.train.subset=main",
+            ],
+            "openai/gsm8k:main",
+        ),
+        (["++data.default.subset=main"], "nvidia/OpenMathInstruct-2@train_1M"),  # its class loads no config
+    ],
+)
+def test_nemo_rls_gsm8k_and_subset_name_the_hub_config(nemo_dir, caplog, overrides, files):
+    cfg, notes = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}", *overrides], caplog)
+    assert cfg.data.train_files == files
+    for key in ("subset", "extract_answer"):  # read, and said
+        given = [o.lstrip("+").split("=")[0] for o in overrides if f".{key}=" in o]
+        assert all(any(n.startswith(k) for n in notes) for k in given), given
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["++data.train.dataset_name=gsm8k", "++data.train.extract_answer=false"],
+            "data.train.extract_answer=False",
+        ),
+        (["++data.train.data_path=rows.jsonl", "++data.train.subset=main"], "data.train.subset='main'"),
+        (["++data.train.dataset_name=tulu3_sft_mixture"], "data.train.dataset_name='tulu3_sft_mixture'"),
+        (["++data.train.num_proc=4"], "data.train.num_proc"),
+    ],
+)
+def test_nemo_rl_data_keys_rlstack_cannot_mean_are_refused_alone_by_name(nemo_dir, overrides, message):
+    """One problem, naming the key: a refusal of the training rows brings in neither the demo's validation
+    rows (builtin:addition@test) nor an `unknown key data.train`."""
+    with pytest.raises(ConfigError) as e:
+        load_config([f"config={nemo_dir / 'grpo_math_1B.yaml'}", *overrides], machine_checks="warn")
+    (problem,) = e.value.problems
+    assert problem.startswith(message), problem
 
 
 def test_nemo_rls_k1_kl_without_clamps_is_rlstacks_kl(nemo_dir, caplog):

@@ -14,19 +14,23 @@ rlstack does instead. A few keys need their own rule:
   (`data.max_prompt_length`, `data.max_response_length`), so the split comes from
   `policy.generation.max_new_tokens` or `data.max_input_seq_length`, whichever is below it, and with
   both at the total (NeMo RL's stock setting) the prompt gets a quarter and the response the rest;
-- `env.math` / `env.code` choose the reward (`builtin:math` / `builtin:code`) and its workers;
-  `grpo.max_rollout_turns > 1` with `env.code` is rlstack's Python tool (`<code>` calls, its output the
-  next turn);
+- `env.math` / `env.code` / `env.reward_model` choose the reward (`builtin:math` / `builtin:code` /
+  `builtin:reward_model`) and its workers; the environments `data.default.env_name` does not pick are noted
+  (NeMo RL starts none of them); the reward model's GPUs of its own are reward actors under Ray, one GPU
+  each, the policy on the rest of the cluster; `grpo.max_rollout_turns > 1` with `env.code` is rlstack's
+  Python tool (`<code>` calls, its output the next turn);
 - `data.train.dataset_name` (or `data.dataset_name`): a Hub dataset, or a registry name with a Hub form
   (`DATASETS`: `OpenMathInstruct-2` is `nvidia/OpenMathInstruct-2@train_1M`, answers in
-  `expected_answer`, 5% held out to validate); none is a problem naming the key and what to set;
+  `expected_answer`, 5% held out to validate; `gsm8k` is `openai/gsm8k:main@train`), `subset` the Hub
+  config; none is a problem naming the key and what to set;
 - `data.prompt_file` (a text whose `{}` the problem fills) becomes `data.format_prompt`, the same text as
   Jinja (`jinja_of_format`);
 - `logger.<tracker>_enabled` (tensorboard, wandb, mlflow, swanlab) lists the tracker in `trainer.logger`;
 - `policy.scheduler`: NeMo RL's linear warm-up then constant rate becomes `lr_warmup_steps`.
 
-References `${policy.model_name}` between keys are followed. Keys of these sections that remain after
-translation are problems naming their file and line.
+References `${policy.model_name}` between keys are followed. Keys of these sections (and of
+`data.train`, `data.validation`, `data.default`) that remain after translation are problems naming their
+file and line.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ SECTIONS = (
     "on_policy_distillation",
 )
 """Top-level sections of a NeMo RL config (rlstack's are data, worker, algorithm, trainer)."""
+DATA_SECTIONS = ("data.train", "data.validation", "data.default")
+"""NeMo RL's sections under `data` (rlstack's own `data` keys are flat): what the rules leave of them is
+named key by key, as the top-level sections' keys."""
 
 PORTS = Inert(ANY, "rlstack picks free ports")
 DATA_PLANE_KEYS = (
@@ -261,18 +268,18 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {rule.why}")
         else:
             t.problems.append(f"{key}={value!r}{t.at(key)}: {rule.why}")
-    for section in (*SECTIONS, "data.train", "data.validation", "data.default"):
+    for section in (*SECTIONS, *DATA_SECTIONS):
         _drop_empty(t.values, section)
     unset = []
-    for section in (s for s in SECTIONS if s in t.values):
-        for key, value in _leaves(t.values[section], section):
+    for section in (s for s in (*SECTIONS, *DATA_SECTIONS) if t.get(s) is not tree.MISSING):
+        for key, value in _leaves(t.get(section), section):
             if value is None:  # NeMo RL's "off" / "not set"
                 unset.append(key)
             else:
                 t.problems.append(
                     f"{key}{t.at(key)}: NeMo RL's key, which rlstack has no equivalent for; remove it"
                 )
-        t.values.pop(section, None)
+        tree.pop(t.values, section)
     if unset:
         t.notes.append(f"NeMo RL's keys left null (unset or off there), nothing to read: {', '.join(unset)}")
     for note in t.notes:

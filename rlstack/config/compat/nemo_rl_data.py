@@ -10,6 +10,7 @@ from typing import Any
 
 import rlstack.config.tree as tree
 from rlstack.config.compat.nemo_rl_translation import Translation, setting
+from rlstack.config.paths import hub_config
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,8 @@ class Dataset:
     """One of NeMo RL's registry datasets, as the Hub dataset rlstack reads and the row fields it needs."""
 
     files: str
-    """data.train_files (or data.val_files, where it is named for validation): `org/name@split`."""
+    """data.train_files (or data.val_files, where it is named for validation): `org/name@split`, or
+    `org/name:config@split` for a class that loads a Hub config (NeMo RL's `subset` replaces it)."""
     answer_key: str = "answer"
     """data.answer_key: the row field NeMo RL's class reads the ground truth from."""
     prompt_key: str = "problem"
@@ -25,8 +27,18 @@ class Dataset:
     val_files: str | None = None
     """Validation rows where the config names none (NeMo RL's class brings them): data.val_files."""
     val_split: float = 0.0
-    """Or the share of the training rows NeMo RL's class holds out for validation: data.val_split."""
+    """Or the share of the training rows NeMo RL's class holds out for validation (its default
+    `split_validation_size`): data.val_split. 0: the class holds out no rows whatever
+    `split_validation_size` says (NeMo RL warns that it ignores the key)."""
+    extract_answer: bool = False
+    """NeMo RL's class takes `extract_answer` (gsm8k's; true by default: the answer is the text after
+    `####` of the worked solution, as rlstack's `gsm8k` rows read it, `data.format=auto`)."""
 
+
+GSM8K = Dataset("openai/gsm8k:main@train", extract_answer=True)
+"""NeMo RL's GSM8KDataset: `openai/gsm8k`, config `main` (its `subset`, `socratic` the other), the problem
+in `question`, the answer after `####` of `answer`; rlstack's `data.format=auto` reads those rows as its
+`gsm8k` format (problem and answer in `problem` and `answer`)."""
 
 DATASETS = {
     "OpenMathInstruct-2": Dataset("nvidia/OpenMathInstruct-2@train_1M", "expected_answer", val_split=0.05),
@@ -37,26 +49,62 @@ DATASETS = {
     # veRL rows (prompt, reward_model.ground_truth), which data.format=auto reads as problem and answer
     "DAPOMath17K": Dataset("BytedTsinghua-SIA/DAPO-Math-17k@train"),
     "DAPOMathAIME2024": Dataset("BytedTsinghua-SIA/AIME-2024@train"),
+    "gsm8k": GSM8K,
+    "GSM8K": GSM8K,
 }
 """NeMo RL's dataset registry names (`data.train.dataset_name`, `data.validation.dataset_name`, the older
-`data.dataset_name`) that have a Hub form, as rlstack reads them: the Hub dataset and split NeMo RL's
-class loads, the fields its problem and answer are in, and the validation rows it brings. The others
-(gsm8k, whose Hub form needs its config, `openai/gsm8k:main@train`; the SFT, preference and VLM sets)
-are a problem saying what to set."""
+`data.dataset_name`) that have a Hub form, as rlstack reads them: the Hub dataset, config and split NeMo
+RL's class loads, the fields its problem and answer are in, and the validation rows it brings. The others
+(the SFT, preference and VLM sets) are a problem saying what to set."""
+
+LOCAL_SUFFIXES = (".arrow", ".csv", ".json", ".jsonl", ".parquet", ".txt")
+"""Files NeMo RL's `load_dataset_from_path` reads as local files, which have no Hub config (`subset`)."""
 
 
-def _hub_form(name: Any, split: Any) -> tuple[str, Dataset | None] | None:
-    """A dataset name as rlstack's `name@split`, and its registry entry: a registry name of `DATASETS`, or a
-    Hub dataset `org/name` itself (`split`: NeMo RL's `split` key); None for any other name."""
+def _hub_form(name: Any, split: Any, subset: str | None) -> tuple[str, Dataset | None] | None:
+    """A dataset name as rlstack's `name[:config]@split`, and its registry entry: a registry name of
+    `DATASETS`, or a Hub dataset `org/name` itself (`split`, `subset`: NeMo RL's keys; a registry class that
+    loads no Hub config takes no subset); None for any other name."""
     if not isinstance(name, str):
         return None
     entry = DATASETS.get(name)
     if entry is None and "/" not in name:
         return None
-    files = entry.files if entry else name
-    if isinstance(split, str) and split:
-        files = f"{files.split('@', 1)[0]}@{split}"
-    return files, entry
+    files, _, at = (entry.files if entry else name).partition("@")
+    if subset and _takes_subset(entry):
+        files = f"{hub_config(files)[0]}:{subset}"
+    at = split if isinstance(split, str) and split else at
+    return (f"{files}@{at}" if at else files), entry
+
+
+def _name(entry: Dataset) -> str:
+    """The registry name of `entry` (the first, where several name it)."""
+    return next(name for name, e in DATASETS.items() if e is entry)
+
+
+def _takes_subset(entry: Dataset | None) -> bool:
+    """Whether NeMo RL's class for these rows loads the Hub config `subset` names: a Hub dataset's or local
+    folder's (`ResponseDataset`), or a registry class that loads a config (gsm8k's `main`)."""
+    return entry is None or hub_config(entry.files.split("@", 1)[0])[1] is not None
+
+
+def _subset(t: Translation, which: str) -> tuple[str, str | None]:
+    """NeMo RL's `subset` of the `which` rows (`data.train.subset`, `data.default.subset` or `data.subset`;
+    `data.validation.subset`), read out: its key, and the Hub config it names; None where it names none
+    (unset; null, the dataset's default config, noted; a value that is no name, a problem)."""
+    if which == "train":
+        key, value = setting(t, "subset")
+    else:
+        key, value = f"data.{which}.subset", t.take(f"data.{which}.subset")
+    if value in (None, ""):
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, null: the dataset's default config")
+    elif isinstance(value, str):
+        return key, value
+    elif value is not tree.MISSING:
+        t.problems.append(
+            f"{key}={value!r}{t.at(key)}: NeMo RL's subset is the name of a Hub dataset's config"
+        )
+    return key, None
 
 
 _OLDER_PATHS = {"train": "data.train_data_path", "validation": "data.val_data_path"}
@@ -66,27 +114,61 @@ _ROWS = {"train": "training", "validation": "validation"}
 def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
     """`data.train` or `data.validation` (`which`) rows as rlstack's `to` (data.train_files, data.val_files):
     a `data_path` (or the older `data.train_data_path` / `data.val_data_path`), else a `dataset_name` with a
-    Hub form. Returns whether NeMo RL's keys name the rows, and the registry entry they named."""
+    Hub form; `subset` is the Hub config (`name:config@split`). Returns whether NeMo RL's keys name the rows,
+    and the registry entry they named."""
     if which == "train":
         key, name = setting(t, "dataset_name")
     else:
         key, name = f"data.{which}.dataset_name", t.take(f"data.{which}.dataset_name")
     split = t.take(f"data.{which}.split")
     at_split = f"@{split}" if isinstance(split, str) and split else ""
+    subset_key, subset = _subset(t, which)
     for path_key in (f"data.{which}.data_path", _OLDER_PATHS[which]):
         path = t.take(path_key)
-        if path not in (tree.MISSING, None):
-            if name not in (tree.MISSING, None):
-                t.notes.append(f"{key}{t.at(key)}: NeMo RL's loader of {path_key}'s rows, not used")
-            t.move(path_key, to, f"{path}{at_split}")
+        if path in (tree.MISSING, None):
+            continue
+        if name not in (tree.MISSING, None):
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's loader of {path_key}'s rows, not used")
+        if subset and (str(path).endswith(LOCAL_SUFFIXES) or str(path).startswith("builtin:")):
+            t.problems.append(
+                f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's subset is a Hub dataset's config, and "
+                f"{path_key}={path!r} is a file, which has none (NeMo RL stops there too): remove {subset_key}"
+            )
             return True, None
-    form = _hub_form(name, split)
+        t.move(path_key, to, f"{path}{':' + subset if subset else ''}{at_split}")
+        if subset:
+            t.notes.append(
+                f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, the Hub config of {path_key}"
+            )
+        return True, None
+    form = _hub_form(name, split, subset)
     if form is not None:
         files, entry = form
         t.move(key, to, files)
         if entry is not None:
-            t.notes.append(f"{key}={name!r}{t.at(key)}: NeMo RL's registry name of the Hub dataset {files}")
+            rows = (
+                " (read by data.format=auto as gsm8k rows: the problem from question, the answer the text after "
+                "'####' of answer, as NeMo RL's extract_answer)"
+                if entry.extract_answer
+                else ""
+            )
+            t.notes.append(
+                f"{key}={name!r}{t.at(key)}: NeMo RL's registry name of the Hub dataset {files}{rows}"
+            )
+        if subset and _takes_subset(entry):
+            t.notes.append(
+                f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, the Hub config of {to}"
+            )
+        elif subset:
+            t.notes.append(
+                f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, not used: NeMo RL's {name} class loads "
+                "no Hub config (it ignores the key)"
+            )
         return True, entry
+    if subset:
+        t.notes.append(
+            f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, not used: no dataset named here"
+        )
     if t.get(to) is not tree.MISSING:  # rlstack's own key names the rows
         if name is not tree.MISSING:
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {to} is set")
@@ -97,10 +179,33 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
             what = " is null" if name is None else " is not set"
         t.problems.append(
             f"{key}{what}{t.at(key)}: NeMo RL's config names no {_ROWS[which]} rows rlstack can read; set {key} to a Hub "
-            f"dataset (org/name) or one of the registry names rlstack maps ({', '.join(DATASETS)}), "
-            f"data.{which}.data_path to a local file, or rlstack's {to} (a file, builtin:<task>, org/name@split or org/name:config@split)"
+            f"dataset (org/name, its Hub config in data.{which}.subset) or one of the registry names rlstack maps "
+            f"({', '.join(DATASETS)}), data.{which}.data_path to a local file, or rlstack's {to} (a file, "
+            "builtin:<task>, org/name@split or org/name:config@split)"
         )
     return False, None
+
+
+def _extract_answer(t: Translation, key: str, value: Any, entry: Dataset | None) -> None:
+    """NeMo RL's `extract_answer` (`key`, its `value`) of the rows `entry` names: gsm8k's answer after `####`
+    (true, its default) is how rlstack reads those rows; the whole worked solution (false) is a problem
+    saying what to write; another class ignores the key, as in NeMo RL."""
+    if value is tree.MISSING:
+        return
+    if entry is None or not entry.extract_answer:
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: only its gsm8k class reads it")
+    elif value is True:
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's key: the answer is the text after '####', as rlstack reads "
+            "openai/gsm8k's rows (data.format=auto, the gsm8k format)"
+        )
+    else:
+        t.problems.append(
+            f"{key}={value!r}{t.at(key)}: NeMo RL's gsm8k rows with the whole worked solution as the answer; rlstack "
+            "reads openai/gsm8k's answer after '####': for the whole solution set data.format=none "
+            "data.prompt_key=question data.answer_key=answer (and data.train_files=openai/gsm8k:main@train), "
+            "else remove the key"
+        )
 
 
 _DEFAULT_FIELDS = {"prompt_key": "problem", "answer_key": "answer"}
@@ -134,9 +239,11 @@ def datasets_rule(t: Translation) -> None:
     by path (`data_path`) or dataset (`dataset_name`): a Hub dataset (`org/name`) is read from the Hub, a
     registry name of `DATASETS` as its Hub form, with its fields and, where the config names none, the
     validation rows NeMo RL's class brings. Training rows named nowhere (`dataset_name: null`) or by a name
-    rlstack has no form for are a problem naming the key and what to set; a config that names training rows
-    and no validation rows validates on none (`data.val_files=''`), as NeMo RL."""
+    rlstack has no form for are a problem naming the key and what to set; a config that names no validation
+    rows validates on none (`data.val_files=''`), as NeMo RL, whether or not its training rows could be read
+    (a problem with those is not made worse by the demo's validation rows)."""
     train, entry = _rows(t, "train", "data.train_files")
+    _extract_answer(t, *setting(t, "extract_answer"), entry)
     none = t.get("data.validation") is None  # NeMo RL's `validation: null`: none but rows held out
     if none:
         t.take("data.validation")
@@ -144,9 +251,19 @@ def datasets_rule(t: Translation) -> None:
             f"data.validation{t.at('data.validation')}: NeMo RL's key, null: no validation rows of their own"
         )
     val, val_entry = _rows(t, "validation", "data.val_files")
+    key = "data.validation.extract_answer"
+    _extract_answer(t, key, t.take(key), val_entry)
     _fields(t, [e for e in (entry, val_entry) if e is not None])
-    held_out = t.get("data.train.split_validation_size")
-    if val or not train or t.get("data.val_files") is not tree.MISSING:
+    key = "data.train.split_validation_size"
+    held_out = t.get(key)
+    if entry is not None and not entry.val_split and held_out is not tree.MISSING:
+        t.take(key)
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's key, not used: NeMo RL's {_name(entry)} class holds out no rows (NeMo RL "
+            "warns that it ignores the key), nor does rlstack"
+        )
+        held_out = tree.MISSING
+    if val or t.get("data.val_files") is not tree.MISSING:
         return
     if held_out not in (tree.MISSING, None, 0):
         t.move("data.train.split_validation_size", "data.val_files", "")  # the held-out rows validate

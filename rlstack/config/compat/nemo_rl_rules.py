@@ -58,6 +58,11 @@ def _lengths(t: Translation) -> None:
     total = t.take(key)
     new_tokens = t.take("policy.generation.max_new_tokens")
     prompt = t.take("data.max_input_seq_length")
+    bounds = [
+        f"{k}={v}"
+        for k, v in (("policy.generation.max_new_tokens", new_tokens), ("data.max_input_seq_length", prompt))
+        if v is not tree.MISSING
+    ]
     if total is tree.MISSING:
         if new_tokens is not tree.MISSING:
             t.move("policy.generation.max_new_tokens", "data.max_response_length", new_tokens)
@@ -101,14 +106,18 @@ def _lengths(t: Translation) -> None:
     prompt = min(prompt, total - response) if not own[0] else prompt
     tree.set(t.values, "data.max_prompt_length", prompt)
     tree.set(t.values, "data.max_response_length", response)
+    given = f" (with {', '.join(bounds)})" if bounds else ""
+    kept = [k for k, is_set in zip(("data.max_prompt_length", "data.max_response_length"), own) if is_set]
     t.notes.append(
-        f"{key}={total}{t.at(key)}: NeMo RL's bound on prompt + response, read as data.max_prompt_length={prompt}, "
-        f"data.max_response_length={response}"
+        f"{key}={total}{t.at(key)}: NeMo RL's bound on prompt + response{given}, read as data.max_prompt_length="
+        f"{prompt}, data.max_response_length={response}" + (f" ({kept[0]} is set)" if kept else "")
     )
 
 
 def _env(t: Translation) -> None:
-    """The reward from NeMo RL's environment (`env.<name>`, or the one `data.default.env_name` picks)."""
+    """The reward from NeMo RL's environment (`env.<name>`, or the one `data.default.env_name` picks). NeMo
+    RL starts only the environments its data names: the other sections (the base file's `env.math` under
+    `grpo_rm_1B.yaml`'s reward model) are noted, their settings not read."""
     env = t.get("env")
     name = t.get("data.default.env_name")
     if not isinstance(env, dict) or not env:
@@ -123,6 +132,14 @@ def _env(t: Translation) -> None:
         return
     (n,) = names
     t.env = n
+    for other, own in settings.items():
+        if other != n:
+            keys = ", ".join(own) if isinstance(own, dict) and own else "no settings"
+            t.notes.append(
+                f"env.{other}{t.at(f'env.{other}')}: NeMo RL's {other} environment ({keys}), not used: this run's "
+                f"environment is {n}, which data.default.env_name{t.at('data.default.env_name')} picks, and NeMo RL "
+                "starts only the environments its data names"
+            )
     if n not in REWARDS:
         t.problems.append(
             f"env.{n}{t.at(f'env.{n}')}: NeMo RL's environment, which rlstack has no built-in for; write a reward "
@@ -164,13 +181,11 @@ RM_MOVED = {
     "precision": f"{RM}.dtype",
     "batch_size": f"{RM}.micro_batch_size",
     "max_model_len": f"{RM}.max_length",
-    "resources.gpus_per_node": f"{RM}.num_gpus",
 }
 RM_INERT = {
     "processor": "rlstack reads rows by data.format",
-    "resources.num_nodes": "the reward model runs in each reward actor, on one node",
     "reward_model_cfg.enabled": "builtin:reward_model is the reward",
-    "dtensor_cfg": "the reward model is not trained: it runs on one device, unsharded",
+    "dtensor_cfg": "the reward model is not trained: each reward actor holds a whole copy on its one GPU",
     "dynamic_batching": "the reward model scores worker.reward.reward_model.micro_batch_size texts at a time",
     "sequence_packing": "the reward model scores padded batches",
     "offload_optimizer_for_logprob": "the reward model has no optimizer",
@@ -180,7 +195,7 @@ RM_INERT = {
 
 def _reward_model(t: Translation, own: dict) -> None:
     """NeMo RL's reward-model environment (`env.reward_model`): rlstack's `builtin:reward_model`, a
-    Bradley-Terry sequence classifier read at the last token, in a reward actor under Ray."""
+    Bradley-Terry sequence classifier read at the last token; its GPUs (`resources`) by `_reward_model_gpus`."""
     env = "env.reward_model"
     flat = {".".join(k): v for k, v in _flat(own)}
     model = flat.get("model_name")
@@ -188,6 +203,8 @@ def _reward_model(t: Translation, own: dict) -> None:
         key = f"{env}.{k}"
         if k in RM_MOVED:
             t.move(key, RM_MOVED[k], DTYPE_NAMES.get(v, v) if k == "precision" else v)
+        elif k.startswith("resources."):
+            continue
         elif k == "tokenizer.name" and v in (None, model):
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, the reward model's own tokenizer")
         elif k == "reward_model_cfg.reward_model_type" and v == "bradley_terry":
@@ -201,33 +218,66 @@ def _reward_model(t: Translation, own: dict) -> None:
             t.problems.append(
                 f"{key}={v!r}{t.at(key)}: NeMo RL's reward-model setting, which rlstack has no equivalent for"
             )
-    _policy_share(t, flat.get("resources.gpus_per_node", 0), flat.get("resources.num_nodes", 1))
+    _reward_model_gpus(t, flat.get("resources.gpus_per_node", 1), flat.get("resources.num_nodes", 1))
 
 
-def _policy_share(t: Translation, rm_gpus: object, rm_nodes: object) -> None:
-    """NeMo RL takes the reward model's GPUs out of the cluster: on one node the policy gets the node's GPUs
-    less the reward model's, on several it gets the nodes the reward model leaves."""
+def _reward_model_gpus(t: Translation, rm_gpus: object, rm_nodes: object) -> None:
+    """NeMo RL runs the reward model on GPUs of its own (`env.reward_model.resources`: `gpus_per_node` on each
+    of `num_nodes` nodes, data-parallel over them), taken out of the cluster's: on one node the policy gets
+    the node's GPUs less the reward model's, on several the nodes the reward model leaves. rlstack's reward
+    model runs in reward actors off the policy's ranks, a whole copy on one GPU each (`RayRewards`): one actor
+    per GPU NeMo RL gives it, under `trainer.backend=ray`, which places them on GPUs of their own."""
+    key = "env.reward_model.resources"
     gpus, nodes = t.get("cluster.gpus_per_node"), t.get("cluster.num_nodes")
     nodes = 1 if nodes is tree.MISSING else nodes
-    if not all(isinstance(x, int) for x in (gpus, nodes, rm_gpus, rm_nodes)):
+    if not all(isinstance(x, int) and x >= 0 for x in (gpus, nodes, rm_gpus, rm_nodes)):
+        t.problems.append(
+            f"{key}{t.at(key)}: NeMo RL's reward-model GPUs (gpus_per_node={rm_gpus!r}, num_nodes={rm_nodes!r}) and "
+            f"cluster (gpus_per_node={gpus!r}, num_nodes={nodes!r}) must be numbers of GPUs and nodes"
+        )
         return
-    if nodes == 1 and gpus > rm_gpus:
+    if rm_gpus * rm_nodes == 0:
+        t.move(f"{key}.gpus_per_node", f"{RM}.num_gpus", 0)
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's reward model on no GPU of its own: rlstack's runs on its reward actors' CPU "
+            "(trainer.backend=ray), or in the trainer's process on worker.reward.reward_model.device (local)"
+        )
+        return
+    if nodes == 1 and rm_nodes == 1 and gpus > rm_gpus:
         t.take("cluster.gpus_per_node")
         t.move("cluster.gpus_per_node", "trainer.n_gpus_per_node", gpus - rm_gpus)
-        t.notes.append(
-            f"cluster.gpus_per_node={gpus}: {rm_gpus} of them hold the reward model (a reward actor)"
-        )
+        policy = f"trainer.n_gpus_per_node={gpus - rm_gpus} of cluster.gpus_per_node={gpus}"
     elif nodes > 1 and nodes > rm_nodes:
         t.take("cluster.num_nodes")
         t.move("cluster.num_nodes", "trainer.nnodes", nodes - rm_nodes)
-        t.notes.append(
-            f"cluster.num_nodes={nodes}: {rm_nodes} of them hold the reward model (a reward actor)"
-        )
+        policy = f"trainer.nnodes={nodes - rm_nodes} of cluster.num_nodes={nodes}"
     else:
         t.problems.append(
             f"cluster: {nodes} node(s) of {gpus} GPU(s) leave none for the policy beside the reward model's "
-            f"{rm_nodes} node(s) of {rm_gpus} GPU(s) (env.reward_model.resources)"
+            f"{rm_nodes} node(s) of {rm_gpus} GPU(s) ({key})"
         )
+        return
+    # one reward actor per GPU of the reward model's, each on one GPU, which Ray places (`RayRewards`)
+    wanted = {"worker.reward.num_workers": rm_gpus * rm_nodes, f"{RM}.num_gpus": 1, "trainer.backend": "ray"}
+    kept = {k: t.get(k) for k in wanted if t.get(k) not in (tree.MISSING, "auto")}  # set in rlstack's name
+    for k, v in wanted.items():
+        if k not in kept:
+            tree.set(t.values, k, v)
+    backend = kept.get("trainer.backend", "ray")
+    if backend != "ray":
+        t.problems.append(
+            f"trainer.backend={backend}{t.at('trainer.backend')}: NeMo RL runs the reward model on GPUs of its own, "
+            f"{key}{t.at(key)}, which rlstack's reward actors take under trainer.backend=ray; the local backend "
+            "would load it in the trainer's process, beside the policy: leave trainer.backend unset (or ray)"
+        )
+        return
+    said = ", ".join(f"{k}={v} (set)" for k, v in kept.items() if v != wanted[k])
+    t.notes.append(
+        f"{key}{t.at(key)}: NeMo RL's reward model on {rm_nodes} node(s) of {rm_gpus} GPU(s) of its own, the policy on "
+        f"the rest ({policy}); read as {rm_gpus * rm_nodes} reward actor(s) holding the reward model on a GPU each "
+        f"(worker.reward.num_workers={rm_gpus * rm_nodes}, worker.reward.reward_model.num_gpus=1), under "
+        f"trainer.backend=ray, which places them{'; kept: ' + said if said else ''}"
+    )
 
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -333,7 +383,11 @@ def _checkpoints(t: Translation) -> None:
             f"checkpointing.enabled=false{t.at('checkpointing')}: NeMo RL's key, trainer.save_model_only is set"
         )
     elif enabled is False:
-        tree.pop(t.values, "checkpointing.save_period")
+        if t.take("checkpointing.save_period") is not tree.MISSING:
+            t.notes.append(
+                f"checkpointing.save_period{t.at('checkpointing.save_period')}: NeMo RL's key, not used: "
+                "checkpointing.enabled is false"
+            )
         tree.set(t.values, "trainer.save_model_only", True)
         t.notes.append(
             f"checkpointing.enabled=false{t.at('checkpointing')}: NeMo RL's key, read as trainer.save_model_only=true "
