@@ -290,7 +290,9 @@ def default_function_problem(key: str, ref: str) -> str | None:
         return None
     with open(ref, encoding="utf-8") as f:
         defs = [
-            n.name for n in ast.parse(f.read(), ref).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            n.name
+            for n in ast.parse(f.read(), ref).body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         ]
     return no_default_function(key, ref, [n for n in defs if not n.startswith("_")])
 
