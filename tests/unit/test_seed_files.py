@@ -105,6 +105,7 @@ def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
     )
     assert (cfg.data.rollout_batch_size, a.global_batch_size, cfg.worker.rollout.n) == (512, 128, 5)
     assert (cfg.trainer.total_epochs, cfg.trainer.save_limit, cfg.trainer.val_freq) == (15, 3, 5)
+    assert any("trainer.save_limit=3" in n and "best by the validation reward" in n for n in notes)
     assert a.loss_agg_mode in (None, "token-mean") and a.loss_type == "vanilla"
     assert a.model.lora.exclude_modules == ".*visual.*"
     # the one key it leaves out takes EasyR1's default, not the demo's

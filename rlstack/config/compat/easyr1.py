@@ -264,6 +264,13 @@ def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> Non
             + ", ".join(f"{k}={v!r}" for k, v in unset.items())
         )
     _easyr1_validation(values, notes)
+    limit = tree.get(values, "trainer.save_limit")
+    if isinstance(limit, int) and limit > 0 and tree.get(values, "trainer.save_best_metric") is tree.MISSING:
+        notes.append(
+            f"trainer.save_limit={limit}: EasyR1 keeps the checkpoint best by the validation reward among them "
+            f"and the newest others; rlstack keeps the newest {limit} (trainer.save_best_metric=val/reward_score "
+            f"keeps the {limit} best by it and the newest)"
+        )
     if tree.get(values, "worker.actor.model.trust_remote_code") is tree.MISSING:
         notes.append(
             "worker.actor.model.trust_remote_code: EasyR1's default is true, rlstack's false (a model folder's "
