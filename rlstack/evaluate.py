@@ -27,7 +27,8 @@ from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
-from rlstack.tracking import Tracker, generation_rows
+from rlstack.batch_metrics import generation_rows
+from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines
 from rlstack.workers.rollout import Sampling

@@ -50,7 +50,8 @@ from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
-from rlstack.tracking import Tracker, generation_rows
+from rlstack.batch_metrics import generation_rows
+from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines
 from rlstack.workers.start import start_workers

@@ -30,7 +30,8 @@ from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
 from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
-from rlstack.tracking import Tracker, batch_metrics, generation_rows, total_tokens
+from rlstack.batch_metrics import batch_metrics, generation_rows, total_tokens
+from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import PROBE_TEXT, WeightSync
 from rlstack.workers.start import start_workers

@@ -14,7 +14,7 @@ from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager, reward_inputs
-from rlstack.tracking import reward_component_means
+from rlstack.batch_metrics import reward_component_means
 
 
 def write_module(path: Path, source: str) -> Path:
