@@ -244,6 +244,24 @@ def test_a_kl_coef_that_no_kl_uses_is_said(tmp_path, caplog):
     assert not [n for n in notes if "does nothing" in n]
 
 
+@pytest.mark.parametrize(
+    "ref", ["examples/reward_function/math.py", "examples/reward_function/math.py:compute_score_wo_format"]
+)
+def test_vppos_reward_file_as_shipped_scores_as_its_config_names_it(vppo_checkout, ref):
+    """The reward file of VPPO's config, named without its function (its compute_score here), and its
+    other function: loaded and called as a run calls them, a right boxed answer scores above a wrong one."""
+    from rlstack.rewards.loader import load_reward_function
+
+    fn = load_reward_function(ref)
+    assert fn.name.endswith(":compute_score" if ":" not in ref else ":compute_score_wo_format")
+    rows = [
+        {"response": "<think>3 + 4</think> \\boxed{7}", "ground_truth": "7"},
+        {"response": "<think>3 + 4</think> \\boxed{8}", "ground_truth": "7"},
+    ]
+    right, wrong = fn.fn(rows)
+    assert right["accuracy"] == 1.0 and wrong["accuracy"] == 0.0 and right["overall"] > wrong["overall"]
+
+
 SEEDS = FIXTURES / "seeds"
 
 
