@@ -21,13 +21,13 @@ from pathlib import Path
 
 from rlstack.algos.groups import pass_at_k
 from rlstack.batch import Batch
+from rlstack.batch_metrics import generation_rows
 from rlstack.config import Config, ConfigError, to_yaml
 from rlstack.data.dataset import PromptDataset
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
-from rlstack.batch_metrics import generation_rows
 from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines

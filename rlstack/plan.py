@@ -10,16 +10,58 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
-from rlstack.algos.advantages import AdvEstimator
+from rlstack.algos.actor_loss import ActorLossParams
+from rlstack.algos.advantages import AdvantageParams, AdvEstimator
 from rlstack.algos.kl import KLPenalty
-from rlstack.config import AlgorithmConfig, Config
+from rlstack.algos.policy_loss import (
+    LossAggMode,
+    PolicyLoss,
+    PolicyLossParams,
+    RolloutCorrection,
+    RolloutCorrectionParams,
+)
+from rlstack.algos.step import StepParams
+from rlstack.config import ActorConfig, AlgorithmConfig, Config
 
 
 def exact_kl(alg: AlgorithmConfig) -> bool:
     """The KL loss is taken over whole next-token distributions (`kl_penalty=full`), inside the update."""
     return alg.use_kl_loss and alg.kl_penalty == KLPenalty.FULL
+
+
+def actor_loss_params(c: ActorConfig, alg: AlgorithmConfig) -> ActorLossParams:
+    """The actor's loss as `worker.actor` and `algorithm` choose it: the one place the config becomes the
+    loss's parameters (`StepPlan.actor_loss`)."""
+    return ActorLossParams(
+        loss_type=PolicyLoss(c.loss_type),
+        agg_mode=LossAggMode(c.loss_agg_mode),
+        policy=PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual),
+        rollout_correction=RolloutCorrection(c.rollout_correction) if c.rollout_correction else None,
+        rollout_correction_params=RolloutCorrectionParams(
+            c.rollout_correction_low, c.rollout_correction_high
+        ),
+        top_entropy_quantile=c.top_entropy_quantile,
+        vppo_perception=alg.use_vppo_on_perception,
+        vppo_entropy_top_p=alg.top_p_entropy_tokens if alg.use_vppo_on_entropy else None,
+        vppo_entropy_penalty_coef=alg.entropy_penalty_coef if alg.use_entropy_penalty else None,
+        entropy_coeff=c.entropy_coeff,
+        kl_penalty=KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None,
+        kl_coef=alg.kl_coef,
+    )
+
+
+def step_params(alg: AlgorithmConfig) -> StepParams:
+    """The advantages' parameters as `algorithm` chooses them (`StepPlan.advantages`)."""
+    return StepParams(
+        AdvEstimator(alg.adv_estimator),
+        AdvantageParams(gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo),
+        KLPenalty(alg.kl_penalty) if alg.use_kl_in_reward else None,
+        (alg.kl_target, alg.kl_horizon) if alg.kl_type == "adaptive" else None,
+        alg.advantage_scaling_min if alg.use_vppo_on_perception and alg.use_advantage_shaping else None,
+    )
 
 
 Reference = Literal["none", "worker", "policy_base", "in_update"]
@@ -72,6 +114,10 @@ class StepPlan:
     """Trajectories per critic mini-batch."""
     critic_warmup: int
     """Steps that update only the critic."""
+    advantages: StepParams
+    """How the step turns scores into advantages (estimator, its parameters, the in-reward KL, VPPO's shaping)."""
+    actor_loss: ActorLossParams
+    """The policy's loss and every term around it, as the policy worker computes it."""
 
     @classmethod
     def of(cls, cfg: Config) -> StepPlan:
@@ -108,6 +154,8 @@ class StepPlan:
             actor_mini_batch=w.actor.global_batch_size * w.rollout.n,
             critic_mini_batch=w.critic.global_batch_size * w.rollout.n,
             critic_warmup=cfg.trainer.critic_warmup,
+            advantages=step_params(alg),
+            actor_loss=actor_loss_params(w.actor, alg),
         )
 
     @classmethod
@@ -149,4 +197,16 @@ class StepPlan:
         return f"step plan: {' -> '.join(self.phases())} ({mode}, {placed}{where})"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"phases": self.phases()}
+        return {
+            **{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)},
+            "phases": self.phases(),
+        }
+
+
+def _plain(value):
+    """A plan field as JSON takes it: records as mappings of their fields, enums as their values."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from rlstack import checkpoint
+from rlstack.batch_metrics import generation_rows
 from rlstack.checkpoint import write_dir_atomically
 from rlstack.config import (
     BUILTIN_DIRS,
@@ -50,7 +51,6 @@ from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
 from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
-from rlstack.batch_metrics import generation_rows
 from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines

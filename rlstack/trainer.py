@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from rlstack import checkpoint
-from rlstack.algos.advantages import AdvantageParams, AdvEstimator
-from rlstack.algos.kl import KLPenalty
-from rlstack.algos.step import StepParams, step_advantages, visual_dependency
+from rlstack.algos.step import step_advantages, visual_dependency
 from rlstack.batch import Batch
+from rlstack.batch_metrics import batch_metrics, generation_rows, total_tokens
 from rlstack.collection import Collector
 from rlstack.config import Config, to_yaml
 from rlstack.data.dataset import PromptLoader, prompt_sets
@@ -30,7 +29,6 @@ from rlstack.rollout.agent import agent_system_prompt
 from rlstack.sft import build_warm_models
 from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
-from rlstack.batch_metrics import batch_metrics, generation_rows, total_tokens
 from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import PROBE_TEXT, WeightSync
@@ -65,15 +63,6 @@ class Trainer:
         probe = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
         tolerance, apart = w.rollout.weight_sync_tolerance, self.plan.rollout_apart
         self.weight_sync = WeightSync(ws.policy, ws.rollout, apart, probe, tolerance, self.engine.name)
-        self.step_params = StepParams(
-            AdvEstimator(alg.adv_estimator),
-            AdvantageParams(
-                gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo
-            ),
-            KLPenalty(alg.kl_penalty) if self.plan.kl_in_reward else None,
-            (alg.kl_target, alg.kl_horizon) if alg.kl_type == "adaptive" else None,
-            alg.advantage_scaling_min if alg.use_vppo_on_perception and alg.use_advantage_shaping else None,
-        )
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.step = 0
@@ -241,7 +230,7 @@ class Trainer:
             batch["scores"],
             batch["response_mask"],
             batch["uid"],
-            self.step_params,
+            self.plan.advantages,
             self.kl_coef,
             old_logprobs=batch.get("old_logprobs"),
             ref_logprobs=batch.get("ref_logprobs"),

@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 
 from rlstack.algos.groups import pass_at_k_means
 from rlstack.batch import Batch
+from rlstack.batch_metrics import agent_metrics, reward_component_means
 from rlstack.collection import seed_prompts
 from rlstack.data.dataset import PromptDataset
 from rlstack.rewards.manager import Rewards
-from rlstack.batch_metrics import agent_metrics, reward_component_means
 from rlstack.workers.rollout import RolloutWorker, Sampling
 
 

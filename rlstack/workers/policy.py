@@ -11,14 +11,9 @@ from pathlib import Path
 import torch
 
 from rlstack.algos.actor_loss import ActorLossInputs, ActorLossParams, actor_loss
-from rlstack.algos.kl import KLPenalty, kl_full
+from rlstack.algos.kl import kl_full
 from rlstack.algos.policy_loss import (
-    LossAggMode,
     LossNormalizers,
-    PolicyLoss,
-    PolicyLossParams,
-    RolloutCorrection,
-    RolloutCorrectionParams,
     token_mean,
 )
 from rlstack.batch import Batch, columns_read_by
@@ -31,7 +26,7 @@ from rlstack.models.loading import load_causal_lm, load_tokenizer_and_processor,
 from rlstack.models.logprobs import forward_logprobs, packed_response_logits, response_logits
 from rlstack.models.lora import add_lora, load_adapter, merged_weights, save_adapter
 from rlstack.models.vision import mask_patches, position_ids, vision_tower_parameters
-from rlstack.plan import exact_kl
+from rlstack.plan import actor_loss_params, exact_kl
 from rlstack.workers import distributed
 from rlstack.workers.distributed import MiniBatchTotals
 from rlstack.workers.group import MODEL_INPUTS, Dispatch, remote
@@ -89,9 +84,12 @@ class PolicyWorker:
         device: str = "cpu",
         temperature: float = 1.0,
         old_logprobs: bool = True,
+        loss: ActorLossParams | None = None,
     ):
-        """`temperature` and `old_logprobs` come from the step plan (`rlstack/plan.py`)."""
+        """`temperature`, `old_logprobs` and `loss` come from the step plan (`rlstack/plan.py`); `loss`
+        unset: the one `actor_loss_params` makes of `actor` and `algorithm`, as the plan does."""
         self.cfg, self.algo = actor, algorithm
+        self.loss = loss
         self.temperature = temperature
         """The temperature log-probs are taken at: the rollout's sampling temperature."""
         self.old_logprobs = old_logprobs
@@ -260,22 +258,7 @@ class PolicyWorker:
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """Policy update over `ppo_epochs` passes of mini-batches of `mini_batch_size` trajectories."""
         c, alg = self.cfg, self.algo
-        params = ActorLossParams(
-            loss_type=PolicyLoss(c.loss_type),
-            agg_mode=LossAggMode(c.loss_agg_mode),
-            policy=PolicyLossParams(c.clip_ratio_low, c.clip_ratio_high, c.clip_ratio_dual),
-            rollout_correction=RolloutCorrection(c.rollout_correction) if c.rollout_correction else None,
-            rollout_correction_params=RolloutCorrectionParams(
-                c.rollout_correction_low, c.rollout_correction_high
-            ),
-            top_entropy_quantile=c.top_entropy_quantile,
-            vppo_perception=alg.use_vppo_on_perception,
-            vppo_entropy_top_p=alg.top_p_entropy_tokens if alg.use_vppo_on_entropy else None,
-            vppo_entropy_penalty_coef=(alg.entropy_penalty_coef if alg.use_entropy_penalty else None),
-            entropy_coeff=c.entropy_coeff,
-            kl_penalty=KLPenalty(alg.kl_penalty) if alg.use_kl_loss else None,
-            kl_coef=alg.kl_coef,
-        )
+        params = self.loss if self.loss is not None else actor_loss_params(c, alg)
 
         def loss_fn(
             micro: Batch,

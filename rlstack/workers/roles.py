@@ -37,6 +37,7 @@ def build_roles(cfg: Config, plan: StepPlan, total_steps: int, device: str) -> d
         device,
         temperature=plan.logprob_temperature,
         old_logprobs=plan.old_logprobs,
+        loss=plan.actor_loss,
     )
     roles: dict[str, Any] = {"actor": policy}
     if not plan.rollout_apart:

@@ -67,3 +67,49 @@ def test_asynchronous_plan_says_its_bound():
     p = plan("algorithm.async_grpo.enabled=true", "algorithm.async_grpo.max_trajectory_age_steps=2")
     assert p.asynchronous and p.max_age == 2 and "asynchronous, max age 2" in p.summary()
     assert p.to_dict()["phases"] == p.phases()
+
+
+def test_the_plan_holds_the_algorithms_parameters_as_the_config_chooses_them(tiny_model_dir):
+    """One place turns `algorithm` and `worker.actor` into the advantages' and the loss's parameters:
+    the plan, which the trainer and the policy worker read and step_plan.json shows."""
+    import json
+
+    from rlstack.algos.kl import KLPenalty
+    from rlstack.algos.policy_loss import LossAggMode, PolicyLoss, RolloutCorrection
+    from rlstack.workers.roles import build_roles
+
+    p = plan(
+        "worker.actor.loss_type=gspo",
+        "worker.actor.clip_ratio_high=0.3",
+        "worker.actor.rollout_correction=tis",
+        "algorithm.use_kl_loss=true",
+        "algorithm.kl_coef=0.02",
+        "algorithm.norm_adv_by_std_in_grpo=false",
+    )
+    loss, adv = p.actor_loss, p.advantages
+    assert (loss.loss_type, loss.agg_mode, loss.policy.clip_ratio_high) == (
+        PolicyLoss.GSPO,
+        LossAggMode.SEQ_MEAN_TOKEN_MEAN,  # the mode GSPO is defined with
+        0.3,
+    )
+    assert (loss.rollout_correction, loss.kl_penalty, loss.kl_coef) == (
+        RolloutCorrection.TIS,
+        KLPenalty("low_var_kl"),
+        0.02,
+    )
+    assert adv.kl_in_reward is None and adv.adaptive_kl is None and not adv.advantage.norm_adv_by_std_in_grpo
+    in_reward = plan(
+        "algorithm.use_kl_in_reward=true", "algorithm.kl_type=adaptive", "algorithm.kl_penalty=kl"
+    )
+    assert in_reward.advantages.kl_in_reward == KLPenalty.KL and in_reward.advantages.adaptive_kl is not None
+    assert in_reward.actor_loss.kl_penalty is None  # the KL is in the reward, not the loss
+    shown = json.loads(json.dumps(p.to_dict()))
+    assert (
+        shown["actor_loss"]["loss_type"] == "gspo" and shown["actor_loss"]["policy"]["clip_ratio_high"] == 0.3
+    )
+    assert shown["advantages"]["estimator"] == "grpo"
+    cfg = load_config(
+        [*BASE, "worker.actor.loss_type=cispo", f"worker.actor.model.model_path={tiny_model_dir}"]
+    )
+    roles = build_roles(cfg, StepPlan.of(cfg), total_steps=1, device="cpu")
+    assert roles["actor"].loss.loss_type == PolicyLoss.CISPO  # the worker is handed the plan's record

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from scored_batches import make_batch
 
+from rlstack.batch_metrics import reward_component_means
 from rlstack.config import ConfigError, RewardConfig, load_config
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager, Rewards
-from rlstack.batch_metrics import reward_component_means
 from rlstack.workers.ray_group import RayRewards
 
 FUNCTIONS = """

@@ -9,12 +9,12 @@ import pytest
 import torch
 from scored_batches import make_batch
 
+from rlstack.batch_metrics import reward_component_means
 from rlstack.config import RewardConfig
 from rlstack.errors import RLStackError
 from rlstack.rewards import builtin
 from rlstack.rewards.loader import RewardLoadError, load_reward_function
 from rlstack.rewards.manager import RewardError, RewardManager, reward_inputs
-from rlstack.batch_metrics import reward_component_means
 
 
 def write_module(path: Path, source: str) -> Path:
