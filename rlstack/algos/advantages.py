@@ -26,7 +26,9 @@ with the unbiased std and eps = 1e-6, where veRL's `masked_whiten` multiplies by
 (std(r) + eps) over the responses to the same prompt, given to every sampled token. With
 `norm_adv_by_std_in_grpo=False` the division is dropped, as in Dr. GRPO (Liu et al., 2025,
 arXiv:2503.20783). Departures: `std` is the unbiased sample standard deviation (as veRL); a
-singleton gets 0 (veRL gives it its raw score).
+singleton gets 0 (veRL gives it its raw score); a group whose scores are all equal gets exactly 0
+(`groups.group_stats`; veRL's float mean can miss equal scores such as 0.6 by a last bit, and its
+advantages are then ~0.06 from rounding alone).
 
 `rloo`: REINFORCE Leave-One-Out (Kool et al., 2019, "Buy 4 REINFORCE samples, get a baseline for
 free!"; Ahmadian et al., 2024, arXiv:2402.14740): A_i = r_i - mean of the other responses to the
@@ -158,6 +160,7 @@ def _leave_one_out_stats(
     lo = torch.where(others, vals, torch.inf).amin(1)  # [B]
     hi = torch.where(others, vals, -torch.inf).amax(1)  # [B]
     std = torch.where((n > 1) & (lo < hi), var.sqrt(), torch.zeros_like(var))
+    mean = torch.where(lo == hi, lo, mean)  # equal others: exactly their value (a float sum can miss it)
     return n, mean, std
 
 

@@ -365,3 +365,19 @@ def test_advantages_carry_no_gradient(estimator):
 def test_outputs_follow_the_input_dtype(estimator):
     adv, returns = compute_advantages(estimator, mixed_batch(torch.float64), AdvantageParams())
     assert adv.dtype == returns.dtype == torch.float64
+
+
+@pytest.mark.parametrize(  # REINFORCE++'s baseline whitens over the batch afterwards: a tied group moves with it
+    "estimator", [e for e in GROUP_RELATIVE if e != AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE]
+)
+@pytest.mark.parametrize(("value", "n"), [(0.6, 6), (0.1, 7), (0.7, 12), (0.3, 5), (1.0, 6)])
+def test_a_group_of_equal_scores_gets_exactly_zero(estimator, value, n):
+    """n equal scores summed in float32 and divided by n can miss the value by a last bit (0.6 six times);
+    the group still has nothing to learn from: every advantage is exactly 0, so no rounding pushes it
+    and `worker.actor.skip_zero_advantage` can leave its rows out. A mixed group beside it is unchanged."""
+    scores = [value] * n + [0.0, 1.0, 1.0]
+    groups = [0] * n + [1, 1, 1]
+    adv, _ = compute_advantages(estimator, outcome_inputs(scores, groups), AdvantageParams())
+    assert adv[:n].eq(0).all()
+    if estimator != AdvEstimator.GRPO_PASSK:  # pass@k gives the best row alone a nonzero advantage
+        assert adv[n:].ne(0).all()
