@@ -336,9 +336,8 @@ class LossNormalizers(NamedTuple):
     global_tokens: float | torch.Tensor  # sampled tokens in the whole mini-batch, `mask.sum()`
     global_seqs: float | torch.Tensor  # its sequences with a sampled token, `(mask.sum(-1) > 0).sum()`
     norm_length: float  # the constant of seq-mean-token-sum-norm, the maximum response length
-    metric_tokens: float | torch.Tensor | None = (
-        None  # what token-mean metrics divide by; None: global_tokens
-    )
+    # what token-mean metrics divide by (the rows computed, `skip_zero_advantage`); None: global_tokens
+    metric_tokens: float | torch.Tensor | None = None
 
 
 def _seq_mean(per_seq: torch.Tensor, global_seqs: float | torch.Tensor) -> torch.Tensor:

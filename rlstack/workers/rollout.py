@@ -151,6 +151,11 @@ class RolloutWorker:
         else:
             tokenizer, processor = load_tokenizer_and_processor(model, path)
         multimodal = processor is not None
+        if cfg.name not in ENGINES:  # `auto` is resolved when the config loads (`load_config`)
+            raise ValueError(
+                f"worker.rollout.name={cfg.name!r}: build the worker from a config load_config returned (it "
+                f"resolves auto), or name an engine: {', '.join(ENGINES)}"
+            )
         self.engine = ENGINES[cfg.name](
             EngineInputs(cfg, model, path, tokenizer, multimodal, device, policy, own_copy)
         )

@@ -308,8 +308,8 @@ def optimizer_steps(
     """Run the optimizer steps of one training step; returns metrics averaged over them, plus `<role>/lr`.
     `sequence_group`: the ranks that hold this rank's rows (sequence parallelism), counted once in the
     mini-batch totals and the metrics. `takes_pass`: which rows of a mini-batch [rows] need a forward and
-    backward pass, the others' loss and gradient being 0 (`computed_rows`; `<role>/skipped_tokens`); None:
-    every row."""
+    backward pass, the others' loss and gradient being 0 (`computed_rows`; `<role>/skipped_tokens`): the
+    update is then the same up to rounding; None: every row."""
     step = scheduler.last_epoch + 1
     dp = distributed.current()
     blank = BlankImages.of(model)
@@ -384,14 +384,25 @@ def optimizer_steps(
 
 def computed_rows(mb: Batch, takes_pass: torch.Tensor) -> Batch:
     """The rows of mini-batch `mb` that take a pass when `takes_pass` [rows] marks those that need one: the
-    marked rows, then unmarked ones in their order up to the most marked rows any rank has (FSDP2 runs its
-    collectives per pass: every rank makes the same passes), and at least one row, so that the gradients the
-    optimizer steps with are zeros where a pass would have made them, not missing."""
-    keep = max(1, *distributed.gather_objects(int(takes_pass.sum())))
+    marked rows; then, where the mini-batch has images and no marked row does, one row with images (a
+    vision tower's gradients are then zeros, as every row's pass leaves them, not missing); then the others,
+    shortest first, up to the most rows any rank needs (FSDP2 runs its collectives per pass: every rank
+    makes the same passes), and at least one row, so that the optimizer steps on zero gradients where a
+    pass would have made them."""
+    marked = takes_pass.bool()
+    grids = mb.get("image_grid_thw")
+    pictured = torch.tensor(
+        [g is not None and len(g) > 0 for g in grids] if grids is not None else [False] * len(mb)
+    )
+    lend_image = bool(pictured.any()) and not bool((pictured & marked).any())
+    keep = max(1, *distributed.gather_objects(int(marked.sum()) + lend_image))
     if keep >= len(mb):
         return mb
-    first = torch.argsort((~takes_pass.bool()).to(torch.uint8), stable=True)[: min(keep, len(mb))]
-    return mb.select(first.sort().values)
+    order = mb["attention_mask"].sum(-1).double()  # the others: shortest first
+    if lend_image:
+        order[int(pictured.nonzero()[0])] = -1
+    order[marked] = -2
+    return mb.select(torch.argsort(order, stable=True)[:keep].sort().values)
 
 
 def _on(ranks: list[int], dp: distributed.Rank) -> str:

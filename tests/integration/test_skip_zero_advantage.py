@@ -105,14 +105,23 @@ def test_a_mini_batch_of_zero_advantages_steps_as_on_a_zero_gradient(tiny_model_
     assert sum(on[2][-1:]) == 1 and on[3][1]["actor/skipped_tokens"] < 1
 
 
-def test_computed_rows_keep_the_marked_rows_and_as_many_as_the_busiest_rank(monkeypatch):
-    mb = Batch({"x": torch.arange(6)})
+def test_computed_rows_keep_the_marked_rows_then_the_shortest_as_many_as_the_busiest_rank(monkeypatch):
+    lengths = [5, 1, 4, 2, 3, 6]
+    mask = (torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]).long()
+    mb = Batch({"x": torch.arange(6), "attention_mask": mask})
     marked = torch.tensor([False, True, False, False, True, False])
     assert computed_rows(mb, marked)["x"].tolist() == [1, 4]
-    assert computed_rows(mb, torch.zeros(6, dtype=torch.bool))["x"].tolist() == [0]
+    assert computed_rows(mb, torch.zeros(6, dtype=torch.bool))["x"].tolist() == [1]  # the shortest
     assert computed_rows(mb, torch.ones(6, dtype=torch.bool)) is mb
-    monkeypatch.setattr(training.distributed, "gather_objects", lambda n: [n, 4])  # another rank has 4
-    assert computed_rows(mb, marked)["x"].tolist() == [0, 1, 2, 4]
+    # a vision batch whose image rows all have zero advantages: one of them still takes a pass
+    grids = [
+        torch.tensor([[1, 2, 2]]) if i in (3, 5) else torch.zeros(0, 3, dtype=torch.long) for i in range(6)
+    ]
+    pictured = Batch({**mb.columns, "image_grid_thw": grids})
+    assert computed_rows(pictured, marked)["x"].tolist() == [1, 3, 4]
+    assert computed_rows(pictured, marked | (torch.arange(6) == 5))["x"].tolist() == [1, 4, 5]
+    monkeypatch.setattr(training.distributed, "gather_objects", lambda n: [n, 4])  # another rank needs 4
+    assert computed_rows(mb, marked)["x"].tolist() == [1, 2, 3, 4]  # the two shortest others
 
 
 @pytest.mark.parametrize(
