@@ -365,3 +365,29 @@ def test_a_bfloat16_policy_on_two_ranks_keeps_float32_shards_and_takes_small_ste
         assert r["metrics"]["actor/grad_norm"] == pytest.approx(
             single["metrics"]["actor/grad_norm"], rel=2e-2
         )
+
+
+@pytest.mark.parametrize("layout", [{}, PACKED], ids=["padded", "padding-free-dynamic"])
+@pytest.mark.timeout(180)
+def test_two_ranks_skipping_zero_advantage_rows_step_as_one_process_with_every_row(
+    tiny_model_dir: Path, tok, tmp_path: Path, layout: dict
+):
+    """worker.actor.skip_zero_advantage over FSDP2: rank 1's rows all have advantage 0 and rank 0 keeps
+    three of its four. The ranks must still make the same passes (rank 1 runs filler rows) and the step
+    is the one process's over every row."""
+    batch = uneven_batch(len(tok))
+    zeroed = torch.tensor([1, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)
+    batch = Batch({**batch.columns, "advantages": batch["advantages"] * ~zeroed[:, None]})
+    single = one_update(str(tiny_model_dir), "token-mean", batch, ROWS)
+    parts, mini_per_rank = split_mini_batches(batch, ROWS, world_size=2)
+    assert [int(p["advantages"].ne(0).any(-1).sum()) for p in parts] == [3, 0]
+    skip = {**layout, "skip_zero_advantage": True}
+    ranks = run_ranks(
+        2, ranks_update, str(tiny_model_dir), "token-mean", parts, mini_per_rank, skip, tmp=tmp_path
+    )
+    for r in ranks:
+        assert r["metrics"]["actor/skipped_tokens"] > 0
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert r["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-5), key
+        for name, w in single["weights"].items():
+            torch.testing.assert_close(r["weights"][name], w, atol=1e-5, rtol=0)
