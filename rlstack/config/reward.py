@@ -237,21 +237,24 @@ DEFAULT_FUNCTIONS = ("main", "compute_score")
 of `main`). `RewardConfig.reward_function`; `rewards/loader.py` reads it."""
 
 
-def top_level_names(path: str) -> list[str]:
-    """The names a Python file defines at its top level (defs, classes, assignments, imports); read, not
-    imported. Raises OSError, SyntaxError, UnicodeDecodeError or ValueError where it cannot be read."""
+def top_level_names(path: str) -> tuple[list[str], list[str]]:
+    """The names a Python file defines at its top level (defs, classes, assignments, imports), and its
+    functions among them; read, not imported. Raises OSError, SyntaxError, UnicodeDecodeError or ValueError
+    where it cannot be read."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     names: list[str] = []
+    functions: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.append(node.name)
+            functions += [] if isinstance(node, ast.ClassDef) else [node.name]
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names += [t.id for t in targets if isinstance(t, ast.Name)]
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names += [(a.asname or a.name).split(".")[0] for a in node.names]
-    return names
+    return names, functions
 
 
 def names_a_file_alone(ref: str) -> bool:
@@ -283,18 +286,12 @@ def default_function_problem(key: str, ref: str) -> str | None:
     if not os.path.isfile(ref):
         return missing_path(key, ref, form="path/to/file.py:function_name")
     try:
-        names = top_level_names(ref)
+        names, functions = top_level_names(ref)
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         return f"{key}={ref!r}: the file cannot be read as Python ({e})"
     if default_function(names):
         return None
-    with open(ref, encoding="utf-8") as f:
-        defs = [
-            n.name
-            for n in ast.parse(f.read(), ref).body
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        ]
-    return no_default_function(key, ref, [n for n in defs if not n.startswith("_")])
+    return no_default_function(key, ref, [n for n in functions if not n.startswith("_")])
 
 
 def functions_in_use(rw: RewardConfig) -> list[str]:
