@@ -137,6 +137,8 @@ class MathRewardConfig:
     """math-verify's own parse/verify timeout per sample, in seconds (main thread only)."""
     max_answer_chars: int = field(1000, ge=1)
     """Longer extracted answers score 0 without being parsed."""
+    numeric_answers: bool = False
+    """Where the ground truth is a number, the answer must be one too (units after it allowed): an expression equal to it (`\\boxed{29 * 12 - 295}`) scores 0. math-verify evaluates such expressions, so a model trained on arithmetic word problems can learn to box the expression and have the grader do the arithmetic."""
 
 
 @dataclass

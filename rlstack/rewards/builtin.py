@@ -34,8 +34,8 @@ def math(
 ) -> list[dict[str, Any]]:
     """Math answers by math-verify (`rlstack.rewards.math`): overall = (1 - w) * accuracy + w * format.
 
-    `settings`: `fallback` (judge for unparseable answers), `timeout_seconds`, `max_answer_chars`
-    (from `worker.reward.math`). Each result also carries the extracted answer and the reason.
+    `settings`: `fallback` (judge for unparseable answers), `timeout_seconds`, `max_answer_chars`,
+    `numeric_answers` (from `worker.reward.math`). Each result also carries the extracted answer and the reason.
     """
     from rlstack.rewards import math as math_reward
 
@@ -51,6 +51,7 @@ def math_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
         "fallback": judge if m.judge_fallback else None,
         "timeout_seconds": m.timeout_s,
         "max_answer_chars": m.max_answer_chars,
+        "numeric_answers": m.numeric_answers,
     }
 
 

@@ -375,14 +375,26 @@ def _question(x: dict[str, Any]) -> str:
     return ""
 
 
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_NUMBER_AS_ANSWER = re.compile(r"\\?\$?\s*[-+]?\d+(?:\.\d+)?\s*(?:[A-Za-z%][^\d=]*)?")
+"""A number, perhaps after a currency sign and before its unit (`53`, `$53`, `53 candies`): no operator."""
+
+
+def is_number_answer(answer: str) -> bool:
+    """Whether an extracted answer is a plain number (perhaps with a currency sign or a unit)."""
+    return bool(_NUMBER_AS_ANSWER.fullmatch(prenormalize(answer).replace(",", "").strip()))
+
+
 def score_details(
     reward_inputs: list[dict[str, Any]],
     format_weight: float = 0.1,
     fallback: Fallback | None = None,
     timeout_seconds: int | None = 5,
     max_answer_chars: int = MAX_ANSWER_CHARS,
+    numeric_answers: bool = False,
 ) -> list[MathScore]:
-    """Scores with reasons; `compute_score` is this without the reasons."""
+    """Scores with reasons; `compute_score` is this without the reasons. `numeric_answers`: where the
+    ground truth is a number, an answer that is not one (an expression equal to it) scores 0."""
     results: list[MathScore] = []
     pending: list[int] = []
     for x in reward_inputs:
@@ -395,6 +407,8 @@ def score_details(
             acc, reason = False, "no answer"
         elif len(answer) > max_answer_chars:
             acc, reason = False, f"answer too long ({len(answer)} chars)"
+        elif numeric_answers and _NUMBER.fullmatch(prenormalize(gold)) and not is_number_answer(answer):
+            acc, reason = False, "not a number (the ground truth is one: numeric_answers)"
         else:
             acc, reason = is_equivalent(gold, answer, timeout_seconds)
         if acc is None:

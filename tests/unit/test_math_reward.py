@@ -357,3 +357,45 @@ def test_verify_exception_is_not_equal(monkeypatch):
 )
 def test_words(gold, answer, expected):
     assert is_equivalent(gold, answer)[0] is expected
+
+
+@pytest.mark.parametrize(
+    ("boxed", "paid"),
+    [
+        ("29 * 12 - 295", False),  # what a no-tool model learned to write: math-verify computes it
+        ("34 \\times 37 + 30 \\times 40", False),
+        ("2458 - 0", False),
+        ("53", True),
+        ("$53", True),
+        ("53 candies", True),
+        ("53.0", True),
+    ],
+)
+def test_numeric_answers_pays_only_a_number_where_the_truth_is_one(boxed, paid):
+    from rlstack.rewards.math import score_details
+
+    gold = "2458" if "37" in boxed or "2458" in boxed else "53"
+    (strict,) = score_details(
+        [{"response": f"\\boxed{{{boxed}}}", "ground_truth": gold}], numeric_answers=True
+    )
+    assert strict.accuracy == float(paid)
+    if not paid:
+        assert "not a number" in strict.reason
+        (loose,) = score_details([{"response": f"\\boxed{{{boxed}}}", "ground_truth": gold}])
+        assert loose.accuracy == 1.0  # without it, the grader does the arithmetic
+    (fraction,) = score_details(
+        [{"response": "\\boxed{\\frac{2}{4}}", "ground_truth": "\\frac{1}{2}"}], numeric_answers=True
+    )
+    assert fraction.accuracy == 1.0  # a ground truth that is not a plain number is compared as before
+
+
+def test_numeric_answers_reaches_builtin_math_from_its_section():
+    from rlstack.config import RewardConfig
+    from rlstack.rewards.manager import RewardManager
+
+    cfg = RewardConfig(reward_function="builtin:math")
+    cfg.math.numeric_answers = True
+    manager = RewardManager.of(cfg, max_response_length=64)
+    (fn,) = manager.functions
+    (scored,) = fn.fn([{"response": "\\boxed{29 * 12 - 295}", "ground_truth": "53"}])
+    assert scored["accuracy"] == 0.0 and "not a number" in scored["reason"]
