@@ -138,7 +138,7 @@ class MathRewardConfig:
     max_answer_chars: int = field(1000, ge=1)
     """Longer extracted answers score 0 without being parsed."""
     numeric_answers: bool = False
-    """Where the ground truth is a number, the answer must be one too (units after it allowed): an expression equal to it (`\\boxed{29 * 12 - 295}`) scores 0. math-verify evaluates such expressions, so a model trained on arithmetic word problems can learn to box the expression and have the grader do the arithmetic."""
+    """Where the ground truth is a number, the answer must be one too (units after it allowed): an expression equal to it (`\\boxed{29 * 12 - 295}`) scores 0. math-verify evaluates such expressions (EasyR1's mathruler grader does not), so a model trained on arithmetic word problems can learn to box the expression and have the grader do the arithmetic."""
 
 
 @dataclass
