@@ -1,8 +1,8 @@
 """OmegaConf interpolations in a config (`${oc.env:HOME}`, `${oc.env:X,default}`, `${data.max_prompt_length}`,
-`${.sibling}`), resolved by OmegaConf's own resolver over the merged file and overrides laid on
-rlstack's defaults, before the config is built: a reference keeps its value's type, an environment
-variable's text is read as the field's type where it must be, and every problem names its key and
-where it was set (`load.py` reports them with the rest)."""
+`${.sibling}`), resolved by OmegaConf's own resolver over the merged file and overrides laid on the
+defaults (an EasyR1 file's are EasyR1's, as there; else rlstack's), before the config is built: a
+reference keeps its value's type, an environment variable's text is read as the field's type where it
+must be, and every problem names its key and where it was set (`load.py` reports them with the rest)."""
 
 from __future__ import annotations
 
@@ -42,15 +42,17 @@ _REFERENCE = re.compile(r"\$\{\s*(\.*[A-Za-z_][\w\-]*(?:(?:\.|\[)[\w\-\]]*)*)\s*
 
 
 def resolve_interpolations(
-    values: dict, sources: dict[str, str], problems: list[str]
+    values: dict, sources: dict[str, str], problems: list[str], dialect: dict[str, Any] | None = None
 ) -> dict[str, Interpolated]:
     """Resolve, in place, every OmegaConf interpolation of the merged config `values` as OmegaConf does:
     `${oc.env:VAR}` and `${oc.env:VAR,default}`, references to other keys (`${data.max_prompt_length}`,
     relative `${.n}`), with OmegaConf's own resolver, so that the merged file and command line are what
-    they refer to and a key the config leaves unset is rlstack's default. A reference gives the value
-    with its type (`${data.max_prompt_length}` is an int); `\\${` is a literal `${`, and a `$` not followed
-    by `{` is left as it is. What cannot be resolved is a problem naming the key, where it was set and
-    why. Returns the keys resolved (dotted) -> how."""
+    they refer to and a key the config leaves unset is the default it takes in this run: the config's
+    dialect's where `dialect` gives one (dotted key -> value: EasyR1's defaults for an EasyR1 file, which
+    EasyR1 merges with the file before it resolves), else rlstack's. A reference gives the value with its
+    type (`${data.max_prompt_length}` is an int); `\\${` is a literal `${`, and a `$` not followed by `{`
+    is left as it is. What cannot be resolved is a problem naming the key, where it was set and why.
+    Returns the keys resolved (dotted) -> how."""
     found = list(_interpolations(values, ()))
     if not found:
         return {}
@@ -59,7 +61,9 @@ def resolve_interpolations(
             with warnings.catch_warnings():  # omegaconf 2.4 calls it register_resolver (2.3's is another)
                 warnings.simplefilter("ignore", UserWarning)
                 OmegaConf.register_new_resolver(name, resolver)
-    full = dataclasses.asdict(Config())  # a reference to a key no file sets reads rlstack's default
+    full = dataclasses.asdict(Config())  # a reference to a key no file sets reads its default
+    for key, value in (dialect or {}).items():
+        tree.set(full, key, copy.deepcopy(value))
     for path, text in list(_interpolations(full, ())):  # a default is text as it is
         _set_path(full, path, text.replace("${", "\\${"))
     tree.merge(full, copy.deepcopy(values))

@@ -94,7 +94,8 @@ def load_config(
         tree.merge(merged, values)
         sources.update(where)
 
-    interpolated = resolve_interpolations(merged, sources, problems)
+    # a reference to a key the file leaves out reads the default it takes here (EasyR1's, in an EasyR1 file)
+    interpolated = resolve_interpolations(merged, sources, problems, easyr1.dialect_defaults(merged, sources))
     if nemo_rl.is_nemo_rl(merged):
         nemo_rl.translate(merged, sources, problems)  # NeMo RL's layout, read as rlstack's
     easyr1.translate(merged, sources, problems)  # EasyR1's names for rlstack's keys, and its extra keys

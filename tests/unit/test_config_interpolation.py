@@ -219,3 +219,56 @@ def test_a_nemo_rl_multiplication_resolves(tmp_path: Path):
         ]
     )
     assert cfg.worker.rollout.max_num_batched_tokens == 128
+
+
+EASYR1_FILE = """
+algorithm:
+  adv_estimator: reinforce_plus_plus
+  disable_kl: true  # a key only EasyR1 has: this is EasyR1's file
+worker:
+  rollout:
+    max_num_batched_tokens: ${data.max_response_length}
+    val_n: ${worker.rollout.n}
+trainer:
+  experiment_name: n${worker.rollout.n}_len${data.max_response_length}
+"""
+EASYR1_NAMES = [
+    "data.train_files=builtin:addition@train",
+    "data.prompt_key=problem",
+    "worker.actor.model.model_path=builtin:tiny-qwen2",
+    "worker.reward.reward_function=builtin:exact_match",
+]
+"""What EasyR1 has no default for (rlstack asks an EasyR1 file for them), and the built-in task's prompt field."""
+
+
+def test_a_reference_in_an_easyr1_file_to_a_key_it_leaves_out_reads_easyr1s_default(tmp_path: Path):
+    """EasyR1 merges its dataclass defaults with the file, then resolves: a key the file leaves out is
+    EasyR1's default there (n 1, max_response_length 512), which is also what the run takes here, not
+    rlstack's demo's (n 8, 16 tokens)."""
+    path = write_yaml(tmp_path / "easyr1.yaml", EASYR1_FILE)
+    cfg = load_config([f"config={path}", *EASYR1_NAMES])
+    r = cfg.worker.rollout
+    assert (r.n, cfg.data.max_response_length) == (1, 512)  # EasyR1's defaults, as the file leaves them out
+    assert (r.val_n, r.max_num_batched_tokens, cfg.trainer.experiment_name) == (1, 512, "n1_len512")
+    # the command line still wins over both
+    cfg = load_config([f"config={path}", *EASYR1_NAMES, "worker.rollout.n=4"])
+    assert (cfg.worker.rollout.val_n, cfg.trainer.experiment_name) == (4, "n4_len512")
+
+
+def test_a_reference_in_an_easyr1_file_to_a_key_that_is_nowhere_names_the_file_the_key_and_the_target(
+    tmp_path: Path,
+):
+    path = write_yaml(
+        tmp_path / "easyr1.yaml",
+        EASYR1_FILE.replace("${worker.rollout.n}\n", "${worker.rollout.num_samples}\n", 1)
+        + "  project_name: ${trainer.no_such_key_anywhere}\n",
+    )
+    first, second = problems_of([f"config={path}", *EASYR1_NAMES])  # said once each
+    assert first == (
+        f"worker.rollout.val_n ({path}, line 7): ${{worker.rollout.num_samples}}: worker.rollout.num_samples is "
+        "not a key of the config; did you mean ${worker.rollout.name}?"
+    )
+    assert second == (
+        f"trainer.project_name ({path}, line 10): ${{trainer.no_such_key_anywhere}}: "
+        "trainer.no_such_key_anywhere is not a key of the config; a reference is ${section.key}, from the top"
+    )

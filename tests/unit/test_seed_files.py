@@ -149,6 +149,27 @@ def test_an_easyr1_file_without_kl_keys_puts_easyr1s_kl_in_the_reward(tmp_path, 
     assert any("EasyR1's default" in n and "use_kl_in_reward=true" in n for n in notes)
 
 
+@pytest.mark.parametrize(
+    ("kl", "on"),
+    [("use_kl_loss: true", (True, False)), ("disable_kl: true", (False, False))],
+)
+def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, caplog, kl, on):
+    """EasyR1's kl_coef (1e-3) and kl_penalty (kl) are its AlgorithmConfig's, copied to the actor for the KL
+    loss too: a file that leaves them out means them with use_kl_loss, not rlstack's 0.01 / low_var_kl."""
+    text = (EASYR1 / "config.yaml").read_text()
+    drop = ("disable_kl:", "use_kl_loss:", "kl_penalty:", "kl_coef:")
+    lines = [line for line in text.splitlines() if not line.strip().startswith(drop)]
+    at = lines.index("algorithm:") + 1
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join([*lines[:at], f"  {kl}", *lines[at:]]))
+    cfg, notes = _load([f"config={path}", *EASYR1_PATHS], caplog)
+    alg = cfg.algorithm
+    assert (alg.use_kl_loss, alg.use_kl_in_reward) == on
+    assert (alg.kl_coef, alg.kl_penalty) == (1e-3, "kl")
+    assert any("algorithm.kl_coef=0.001" in n and "EasyR1's defaults" in n for n in notes)
+    assert not [n for n in notes if "does nothing" in n]  # EasyR1's own default is no kl_coef the file set
+
+
 def test_an_easyr1_file_must_name_what_easyr1_has_no_default_for(tmp_path):
     text = (EASYR1 / "config.yaml").read_text()
     path = tmp_path / "config.yaml"

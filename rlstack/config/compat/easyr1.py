@@ -174,15 +174,14 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             key, value, move, problems, at
         ),
     }
+    easyr1_file = is_easyr1_file(values, sources)
     easyr1 = False  # the config holds keys only EasyR1 has: it is read as EasyR1's
-    easyr1_file = False  # and a config file holds them (not only the command line): it is EasyR1's file
     disable_kl_read = False
-    for key in [*FOREIGN, *handlers]:
+    for key in (*FOREIGN, *OWN_RULES):
         value = tree.pop(values, key)
         if value is tree.MISSING:
             continue
         easyr1, disable_kl_read = True, disable_kl_read or key == "algorithm.disable_kl"
-        easyr1_file |= bool(at(key)) and "command-line override" not in at(key)
         if key in handlers:
             handlers[key](key, value)
             continue
@@ -203,12 +202,12 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
             notes.append(f"{key}={value}{at(key)}: EasyR1's spelling, read as {spellings[value]}")
     if easyr1:
         _estimator_loss(values, notes, problems, at)
+    if easyr1_file and not disable_kl_read and tree.get(values, "algorithm.use_kl_in_reward") is tree.MISSING:
+        # EasyR1's disable_kl defaults to false: a KL penalty in the reward
+        _disable_kl("algorithm.disable_kl", False, values, notes, lambda _: " (unset: EasyR1's default)")
+    _idle_kl_coef(values, notes, at)  # before EasyR1's kl_coef fills in where no KL uses it
     if easyr1_file:
         _easyr1_defaults(values, notes, problems)
-        if not disable_kl_read and tree.get(values, "algorithm.use_kl_in_reward") is tree.MISSING:
-            # EasyR1's disable_kl defaults to false: a KL penalty in the reward
-            _disable_kl("algorithm.disable_kl", False, values, notes, lambda _: " (unset: EasyR1's default)")
-    _idle_kl_coef(values, notes, at)
     modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
         tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
@@ -216,6 +215,28 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
     for note in notes:
         log.warning("config: %s", note)
     return notes
+
+
+OWN_RULES = ("algorithm.disable_kl", "worker.rollout.limit_images", "worker.rollout.val_override_config")
+"""EasyR1's keys read by a rule of their own (`translate`'s handlers), besides `FOREIGN`'s."""
+
+
+def is_easyr1_file(values: dict, sources: dict[str, str]) -> bool:
+    """Whether a config file (not only the command line) of the merged config `values` holds keys only EasyR1
+    has: then the config is EasyR1's file, and the keys it leaves out take EasyR1's defaults."""
+    for key in (*FOREIGN, *OWN_RULES):
+        where = tree.where_set(sources, key)
+        if tree.get(values, key) is not tree.MISSING and where and "command-line override" not in where:
+            return True
+    return False
+
+
+def dialect_defaults(values: dict, sources: dict[str, str]) -> dict[str, Any]:
+    """The defaults the keys of the merged config `values` take where it leaves them out, where they are not
+    rlstack's: EasyR1's (`EASYR1_DEFAULTS`) for an EasyR1 file, else none. What an interpolation
+    (`${worker.rollout.n}`) to such a key reads, as in EasyR1, which merges its defaults with the file and
+    then resolves."""
+    return dict(EASYR1_DEFAULTS) if is_easyr1_file(values, sources) else {}
 
 
 EASYR1_DEFAULTS: dict[str, Any] = {
@@ -241,10 +262,13 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "worker.critic.micro_batch_size_per_device_for_update": 4,
     "worker.critic.micro_batch_size_per_device_for_experience": 16,
     "worker.rollout.n": 1,
+    "algorithm.kl_coef": 1e-3,
+    "algorithm.kl_penalty": "kl",
 }
-"""EasyR1's defaults (its DataConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig) where rlstack's
-are the tiny demo's or otherwise differ: what the keys an EasyR1 config file leaves out mean there. The KL's
-are EASYR1_KL; validation sampling follows the rollout's (`_easyr1_validation`)."""
+"""EasyR1's defaults (its DataConfig, AlgorithmConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig)
+where rlstack's are the tiny demo's or otherwise differ: what the keys an EasyR1 config file leaves out mean
+there (the KL's whether it is a loss or in the reward: EasyR1 copies the algorithm's to the actor's).
+Validation sampling follows the rollout's (`_easyr1_validation`)."""
 EASYR1_ROLLOUT = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 """EasyR1's sampling defaults (its RolloutConfig), which its validation uses where val_override_config does not
 say otherwise."""
@@ -302,8 +326,9 @@ def _easyr1_validation(values: dict, notes: list[str]) -> None:
         )
 
 
-EASYR1_KL = {"algorithm.kl_coef": 1e-3, "algorithm.kl_penalty": "kl"}
-"""EasyR1's defaults for the in-reward KL (its AlgorithmConfig), where the config leaves them out."""
+EASYR1_KL = {k: EASYR1_DEFAULTS[k] for k in ("algorithm.kl_coef", "algorithm.kl_penalty")}
+"""EasyR1's KL defaults (its AlgorithmConfig), where the config leaves them out: filled with the in-reward KL
+that `disable_kl: false` turns on, also where only the command line says so."""
 
 
 def _disable_kl(key: str, value: Any, values: dict, notes: list[str], at: Callable[[str], str]) -> None:
