@@ -519,8 +519,8 @@ def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, c
             ],
             (2, 8, 8, 1),
         ),
-        # a number of reward actors set in rlstack's name is kept
-        (["worker.reward.num_workers=2"], (1, 1, 2, 1)),
+        # a number of reward actors set in rlstack's name is kept, where they fit the reward model's GPUs
+        (["worker.reward.num_workers=2", "worker.reward.reward_model.num_gpus=0.5"], (1, 1, 2, 0.5)),
     ],
 )
 def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, caplog, overrides, placed):
@@ -528,6 +528,45 @@ def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, cap
     t, rw = cfg.trainer, cfg.worker.reward
     assert t.backend == "ray"
     assert (t.nnodes, t.n_gpus_per_node, rw.num_workers, rw.reward_model.num_gpus) == placed
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["worker.reward.num_workers=2"],
+            "worker.reward.num_workers=2 (command-line override 'worker.reward.num_workers=2') reward actor(s) x "
+            "worker.reward.reward_model.num_gpus=1 need 2 GPUs, but NeMo RL's env.reward_model.resources "
+            "(grpo_rm_1B.yaml, line 20) gives the reward model 1 node(s) of 1 GPU(s), 1 in all (the rest of the "
+            "cluster is the policy's: trainer.n_gpus_per_node=1 of cluster.gpus_per_node=2), and Ray would stop "
+            "the run at start: set worker.reward.num_workers to at most 1, share the GPUs "
+            "(worker.reward.reward_model.num_gpus=0.5), or give the reward model more "
+            "(env.reward_model.resources.gpus_per_node, and cluster.gpus_per_node with it)",
+        ),
+        (
+            [
+                "++cluster.gpus_per_node=4",
+                "++env.reward_model.resources.gpus_per_node=2",
+                "worker.reward.num_workers=3",
+            ],
+            "need 3 GPUs, but NeMo RL's env.reward_model.resources (grpo_rm_1B.yaml, line 20) gives the reward "
+            "model 1 node(s) of 2 GPU(s), 2 in all",
+        ),
+        (
+            ["worker.reward.reward_model.num_gpus=2"],
+            "one actor's 2 GPUs must be on one node, and NeMo RL's env.reward_model.resources (grpo_rm_1B.yaml, "
+            "line 20) gives the reward model 1 node(s) of 1 GPU(s): set worker.reward.reward_model.num_gpus to "
+            "at most 1",
+        ),
+    ],
+)
+def test_nemo_rls_reward_actors_beyond_the_reward_models_gpus_are_refused_at_load(nemo_dir, overrides, said):
+    """More reward actors (or GPUs each) than NeMo RL gives the reward model: refused at load, naming the
+    keys, the limit and the way out, not at start when Ray finds no GPU for them."""
+    with pytest.raises(ConfigError) as e:
+        load_config([f"config={nemo_dir / 'grpo_rm_1B.yaml'}", *overrides], machine_checks="warn")
+    (problem,) = e.value.problems
+    assert said in problem.replace(f"{nemo_dir}/", ""), problem
 
 
 def test_nemo_rls_reward_model_on_the_local_backend_is_refused_by_name(nemo_dir):

@@ -271,6 +271,7 @@ def _reward_model_gpus(t: Translation, rm_gpus: object, rm_nodes: object) -> Non
             "would load it in the trainer's process, beside the policy: leave trainer.backend unset (or ray)"
         )
         return
+    reward_actors_fit_their_gpus(t, rm_gpus, rm_nodes, policy)
     said = ", ".join(f"{k}={v} (set)" for k, v in kept.items() if v != wanted[k])
     t.notes.append(
         f"{key}{t.at(key)}: NeMo RL's reward model on {rm_nodes} node(s) of {rm_gpus} GPU(s) of its own, the policy on "
@@ -278,6 +279,33 @@ def _reward_model_gpus(t: Translation, rm_gpus: object, rm_nodes: object) -> Non
         f"(worker.reward.num_workers={rm_gpus * rm_nodes}, worker.reward.reward_model.num_gpus=1), under "
         f"trainer.backend=ray, which places them{'; kept: ' + said if said else ''}"
     )
+
+
+def reward_actors_fit_their_gpus(t: Translation, rm_gpus: int, rm_nodes: int, policy: str) -> None:
+    """The reward actors (`worker.reward.num_workers`, each on `worker.reward.reward_model.num_gpus` GPUs) must
+    fit the GPUs NeMo RL gives the reward model (`env.reward_model.resources`): the rest of the cluster is the
+    policy's, and Ray would otherwise stop the run at start for want of GPUs, after the policy has loaded."""
+    n, gpus = t.get("worker.reward.num_workers"), t.get(f"{RM}.num_gpus")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (n, gpus)) or gpus <= 0:
+        return  # a value of the wrong type or range is said when the config is built; 0 GPUs: on the CPU
+    key, total = "env.reward_model.resources", rm_gpus * rm_nodes
+    actors = (
+        f"worker.reward.num_workers={n}{t.at('worker.reward.num_workers')} reward actor(s) x "
+        f"{RM}.num_gpus={gpus:g}{t.at(f'{RM}.num_gpus')}"
+    )
+    given = f"NeMo RL's {key}{t.at(key)} gives the reward model {rm_nodes} node(s) of {rm_gpus} GPU(s)"
+    if gpus > rm_gpus:
+        t.problems.append(
+            f"{actors}: one actor's {gpus:g} GPUs must be on one node, and {given}: set {RM}.num_gpus to at most "
+            f"{rm_gpus}, or raise {key}.gpus_per_node (and cluster.gpus_per_node with it)"
+        )
+    elif n * gpus > total + 1e-6:
+        t.problems.append(
+            f"{actors} need {n * gpus:g} GPUs, but {given}, {total} in all (the rest of the cluster is the "
+            f"policy's: {policy}), and Ray would stop the run at start: set worker.reward.num_workers to at most "
+            f"{int(total // gpus + 1e-6)}, share the GPUs ({RM}.num_gpus={int(total / n * 100) / 100:g}), or give the reward model "
+            f"more ({key}.gpus_per_node, and cluster.gpus_per_node with it)"
+        )
 
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
