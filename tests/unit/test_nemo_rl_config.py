@@ -367,13 +367,22 @@ def test_nemo_rls_registry_names_are_read_as_their_hub_datasets(tmp_path: Path):
             entry.prompt_key,
             entry.answer_key,
         )
-        assert (d.val_files, d.val_split) == (entry.val_files or "", entry.val_split), name
-    # DeepScaler validates on AIME 2024, as NeMo RL's class; a validation set named is read instead
+        # under data.train (NeMo RL's layout since its #1649) a class brings only the rows it holds out
+        assert (d.val_files, d.val_split) == ("", entry.val_split), name
+    # DeepScaler's class brought AIME 2024 for validation in the older layout (data.dataset_name), and
+    # brings none today; its recipes name data.validation (AIME2024) for it
     cfg = load_config([_nemo_rl(tmp_path, "data:\n  dataset_name: DeepScaler\n")])
     assert (cfg.data.train_files, cfg.data.val_files) == (
         "agentica-org/DeepScaleR-Preview-Dataset@train",
         "HuggingFaceH4/aime_2024@train",
     )
+    recipe = "data:\n  train: {dataset_name: DeepScaler}\n  validation: {dataset_name: AIME2024}\n"
+    cfg = load_config([_nemo_rl(tmp_path, recipe)])
+    assert (cfg.data.train_files, cfg.data.val_files) == (
+        "agentica-org/DeepScaleR-Preview-Dataset@train",
+        "HuggingFaceH4/aime_2024@train",
+    )
+    assert (cfg.data.prompt_key, cfg.data.answer_key) == ("problem", "answer")  # both classes' fields
     cfg = load_config(
         [_nemo_rl(tmp_path, "data:\n  train: {dataset_name: DeepScaler}\n  validation: null\n")]
     )

@@ -24,8 +24,10 @@ class Dataset:
     """data.answer_key: the row field NeMo RL's class reads the ground truth from."""
     prompt_key: str = "problem"
     """data.prompt_key: the row field it reads the problem from."""
-    val_files: str | None = None
-    """Validation rows where the config names none (NeMo RL's class brings them): data.val_files."""
+    older_val_files: str | None = None
+    """Validation rows the class brought in NeMo RL's older layout (`data.dataset_name`, before NeMo RL #1649
+    split the training and validation datasets): data.val_files there, where the config names none. Under
+    `data.train`, today's, NeMo RL's classes bring none (its recipes name `data.validation`)."""
     val_split: float = 0.0
     """Or the share of the training rows NeMo RL's class holds out for validation (its default
     `split_validation_size`): data.val_split. 0: the class holds out no rows whatever
@@ -43,7 +45,7 @@ in `question`, the answer after `####` of `answer`; rlstack's `data.format=auto`
 DATASETS = {
     "OpenMathInstruct-2": Dataset("nvidia/OpenMathInstruct-2@train_1M", "expected_answer", val_split=0.05),
     "DeepScaler": Dataset(
-        "agentica-org/DeepScaleR-Preview-Dataset@train", val_files="HuggingFaceH4/aime_2024@train"
+        "agentica-org/DeepScaleR-Preview-Dataset@train", older_val_files="HuggingFaceH4/aime_2024@train"
     ),
     "AIME2024": Dataset("HuggingFaceH4/aime_2024@train"),
     # veRL rows (prompt, reward_model.ground_truth), which data.format=auto reads as problem and answer
@@ -111,11 +113,12 @@ _OLDER_PATHS = {"train": "data.train_data_path", "validation": "data.val_data_pa
 _ROWS = {"train": "training", "validation": "validation"}
 
 
-def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
+def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None, str]:
     """`data.train` or `data.validation` (`which`) rows as rlstack's `to` (data.train_files, data.val_files):
     a `data_path` (or the older `data.train_data_path` / `data.val_data_path`), else a `dataset_name` with a
     Hub form; `subset` is the Hub config (`name:config@split`). Returns whether NeMo RL's keys name the rows,
-    and the registry entry they named."""
+    the registry entry they named, and the key of the dataset's name (`data.train.dataset_name`, or the
+    older layout's `data.dataset_name`)."""
     if which == "train":
         key, name = setting(t, "dataset_name")
     else:
@@ -134,13 +137,13 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
                 f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's subset is a Hub dataset's config, and "
                 f"{path_key}={path!r} is a file, which has none (NeMo RL stops there too): remove {subset_key}"
             )
-            return True, None
+            return True, None, key
         t.move(path_key, to, f"{path}{':' + subset if subset else ''}{at_split}")
         if subset:
             t.notes.append(
                 f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, the Hub config of {path_key}"
             )
-        return True, None
+        return True, None, key
     form = _hub_form(name, split, subset)
     if form is not None:
         files, entry = form
@@ -164,7 +167,7 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
                 f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, not used: NeMo RL's {name} class loads "
                 "no Hub config (it ignores the key)"
             )
-        return True, entry
+        return True, entry, key
     if subset:
         t.notes.append(
             f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, not used: no dataset named here"
@@ -183,7 +186,7 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None]:
             f"({', '.join(DATASETS)}), data.{which}.data_path to a local file, or rlstack's {to} (a file, "
             "builtin:<task>, org/name@split or org/name:config@split)"
         )
-    return False, None
+    return False, None, key
 
 
 def _extract_answer(t: Translation, key: str, value: Any, entry: Dataset | None) -> None:
@@ -238,11 +241,12 @@ def datasets_rule(t: Translation) -> None:
     """The training and validation rows, and the fields their problem and answer are in. NeMo RL names rows
     by path (`data_path`) or dataset (`dataset_name`): a Hub dataset (`org/name`) is read from the Hub, a
     registry name of `DATASETS` as its Hub form, with its fields and, where the config names none, the
-    validation rows NeMo RL's class brings. Training rows named nowhere (`dataset_name: null`) or by a name
+    validation rows NeMo RL's class brings (held out of the training rows; in the older layout, DeepScaler's
+    AIME 2024). Training rows named nowhere (`dataset_name: null`) or by a name
     rlstack has no form for are a problem naming the key and what to set; a config that names no validation
     rows validates on none (`data.val_files=''`), as NeMo RL, whether or not its training rows could be read
     (a problem with those is not made worse by the demo's validation rows)."""
-    train, entry = _rows(t, "train", "data.train_files")
+    train, entry, name_key = _rows(t, "train", "data.train_files")
     _extract_answer(t, *setting(t, "extract_answer"), entry)
     none = t.get("data.validation") is None  # NeMo RL's `validation: null`: none but rows held out
     if none:
@@ -250,7 +254,7 @@ def datasets_rule(t: Translation) -> None:
         t.notes.append(
             f"data.validation{t.at('data.validation')}: NeMo RL's key, null: no validation rows of their own"
         )
-    val, val_entry = _rows(t, "validation", "data.val_files")
+    val, val_entry, _ = _rows(t, "validation", "data.val_files")
     key = "data.validation.extract_answer"
     _extract_answer(t, key, t.take(key), val_entry)
     _fields(t, [e for e in (entry, val_entry) if e is not None])
@@ -265,15 +269,16 @@ def datasets_rule(t: Translation) -> None:
         held_out = tree.MISSING
     if val or t.get("data.val_files") is not tree.MISSING:
         return
+    older = entry.older_val_files if entry is not None and name_key == "data.dataset_name" else None
     if held_out not in (tree.MISSING, None, 0):
         t.move("data.train.split_validation_size", "data.val_files", "")  # the held-out rows validate
-    elif entry is not None and (entry.val_files or entry.val_split) and not none:
-        tree.set(t.values, "data.val_files", entry.val_files or "")
+    elif entry is not None and (older or entry.val_split) and not none:
+        tree.set(t.values, "data.val_files", older or "")
         if entry.val_split and t.get("data.val_split") is tree.MISSING:
             tree.set(t.values, "data.val_split", entry.val_split)
-        rows = entry.val_files or f"{entry.val_split:.0%} of the training rows, held out (data.val_split)"
+        rows = older or f"{entry.val_split:.0%} of the training rows, held out (data.val_split)"
         t.notes.append(
-            f"NeMo RL's dataset brings its validation rows, {rows}: read as data.val_files={entry.val_files or ''!r}"
+            f"NeMo RL's dataset brings its validation rows, {rows}: read as data.val_files={older or ''!r}"
         )
     else:
         tree.set(t.values, "data.val_files", "")
