@@ -316,10 +316,16 @@ def _build(
             kwargs[key] = converted
         else:
             got = "a secret's text" if given and given.secret else f"{value!r} ({type(value).__name__})"
+            unset = value == "" and "command-line override" in sources.get(dotted, "")  # `key=$UNSET`
             problems.append(
                 f"{dotted} {tree.at(sources.get(dotted, ''))}: expected {_expected(tp)}, got {got}"
                 + (f" from {given.text}" if given else "")
                 + _choice_elsewhere(value, dotted)
+                + (
+                    "; the command line gives it no value (a shell variable there that is not set?)"
+                    if unset
+                    else ""
+                )
             )
     return cls(**kwargs)
 

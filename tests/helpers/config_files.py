@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -40,3 +42,17 @@ def problems_of(args: list[str]) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load_config(args)
     return info.value.problems
+
+
+def launch_arguments(script: Path, cwd: Path, env: dict[str, str] | None = None) -> list[str]:
+    """The arguments a seed system's launch script passes to `python3 -m verl.trainer.main`, as bash expands
+    them (its variables, quotes, `$(date ...)`), run in `cwd` with only PATH and `env` in the environment."""
+    shim = 'python3() { shift 2; printf "%s\\0" "$@"; }; source "$0"'  # python3 -m verl.trainer.main ARGS
+    ran = subprocess.run(
+        ["bash", "-c", shim, str(script)],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], **(env or {})},
+        capture_output=True,
+        check=True,
+    )
+    return [a for a in ran.stdout.decode().split("\0") if a]
