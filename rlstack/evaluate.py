@@ -22,13 +22,13 @@ from pathlib import Path
 from rlstack.algos.groups import pass_at_k
 from rlstack.batch import Batch
 from rlstack.batch_metrics import generation_rows
-from rlstack.config import Config, ConfigError, to_yaml
+from rlstack.config import Config, ConfigError
 from rlstack.data.dataset import PromptDataset
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.rollout.agent import agent_system_prompt
+from rlstack.run_loop import RunLoop
 from rlstack.sft import build_warm_models
-from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines
 from rlstack.workers.rollout import Sampling
@@ -71,10 +71,15 @@ class EvalSettings:
 
 
 def eval_run_config(cfg: Config) -> Config:
-    """The run directory an evaluation writes: `<experiment_name>_eval`, never the training run's."""
+    """The config an evaluation records: its run directory is `<experiment_name>_eval`, never the training
+    run's, and it is a validation-only run (`trainer.val_only`) that resumes nothing (`--checkpoint` names
+    the weights it evaluates)."""
     t = cfg.trainer
     name = t.experiment_name if t.experiment_name.endswith("eval") else f"{t.experiment_name}_eval"
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, experiment_name=name))
+    only = dataclasses.replace(
+        t, experiment_name=name, val_only=True, find_last_checkpoint=False, load_checkpoint_path=None
+    )
+    return dataclasses.replace(cfg, trainer=only)
 
 
 def pass_at_ks(batch: Batch, ks: list[int]) -> dict[str, float]:
@@ -92,6 +97,11 @@ def pass_at_ks(batch: Batch, ks: list[int]) -> dict[str, float]:
 
 
 class Evaluator:
+    """An evaluation as a `Job` of the run loop (`run_loop.py`): a validation-only run, its validation every
+    dataset's greedy and sampled passes; no steps, no checkpoints."""
+
+    validates = True
+
     def __init__(self, cfg: Config, settings: EvalSettings):
         problems = settings.problems()
         if any(not spec.strip() for spec in settings.datasets):
@@ -102,6 +112,7 @@ class Evaluator:
         if problems:
             raise ConfigError(problems)
         self.cfg = cfg = eval_run_config(cfg)
+        self.loop = RunLoop(cfg, "eval")
         self.settings, self.datasets = settings, datasets
         build_warm_models(cfg)
         w = cfg.worker
@@ -118,62 +129,60 @@ class Evaluator:
         self.plan = plan
         self.workers = ws = start_workers(work, plan, 1)
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
+        self.result: dict = {}
+        """What `eval.json` holds, once evaluated."""
 
     def run(self) -> dict:
         """Evaluate every dataset; returns what `eval.json` holds."""
-        cfg, s = self.cfg, self.settings
-        run_dir = cfg.run_dir
+        run_dir = self.cfg.run_dir
         replace_earlier_eval(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        tracker = Tracker.of_run(cfg, 0, 0)
-        try:
-            if s.checkpoint:
-                self.policy.load_checkpoint(Path(s.checkpoint))
-            sync_engines(self.policy, self.rollout, self.plan.rollout_apart, 0)  # the weights evaluated
-            ks = list(s.ks) or sorted({2**i for i in range(s.n.bit_length()) if 2**i <= s.n} | {s.n})
-            result: dict = {
-                "model": cfg.worker.actor.model.model_path,
-                "checkpoint": s.checkpoint,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "datasets": {},
-            }
-            logged: dict[str, float] = {}
-            rows: list[dict] = []
-            d, r = cfg.data, cfg.worker.rollout
-            for spec, dataset in self.sets.items():
-                entry: dict = {"rows": len(dataset)}
-                greedy, batch = validate(
-                    dataset,
-                    self.rollout,
-                    self.rewards,
-                    d.val_batch_size,
-                    r.seed,
-                    1,
-                    Sampling(1, 0.0, 1.0, -1),
-                )
-                entry["greedy"] = _strip(greedy)
-                rows += [r | {"eval": "greedy"} for r in generation_rows(batch, len(batch), 0)]
-                if s.n > 1:
-                    sampling = Sampling(s.n, s.temperature, r.val_top_p, r.val_top_k)
-                    sampled, batch = validate(
-                        dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, sampling
-                    )
-                    entry["sampled"] = _strip(sampled) | pass_at_ks(batch, ks)
-                    entry["sampled_settings"] = {"n": s.n, "temperature": s.temperature, "k": ks}
-                    rows += [r | {"eval": "sampled"} for r in generation_rows(batch, len(batch), 0)]
-                result["datasets"][spec] = entry
-                for mode in ("greedy", "sampled"):
-                    logged |= {f"eval/{mode}/{k}": v for k, v in entry.get(mode, {}).items()}
-            tracker.log_generations(rows, 0, "val")
-            tracker.log(logged, 0, advance=False)
-        finally:
-            tracker.close()
-            self.workers.close()
-        (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(table(result))
+        self.loop.fit(self, 0)
+        (run_dir / "eval.json").write_text(json.dumps(self.result, indent=2) + "\n")
+        print(table(self.result))
         print(f"[rlstack] eval written to {run_dir / 'eval.json'} (rlstack board {run_dir})")
-        return result
+        return self.result
+
+    def validate(self) -> dict[str, float]:
+        """Every dataset, greedy and (`n > 1`) sampled, with the weights evaluated; the metrics logged at
+        step 0, every trajectory in `generations/`."""
+        cfg, s = self.cfg, self.settings
+        if s.checkpoint:
+            self.policy.load_checkpoint(Path(s.checkpoint))
+        sync_engines(self.policy, self.rollout, self.plan.rollout_apart, 0)  # the weights evaluated
+        ks = list(s.ks) or sorted({2**i for i in range(s.n.bit_length()) if 2**i <= s.n} | {s.n})
+        result: dict = {
+            "model": cfg.worker.actor.model.model_path,
+            "checkpoint": s.checkpoint,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "datasets": {},
+        }
+        logged: dict[str, float] = {}
+        rows: list[dict] = []
+        d, r = cfg.data, cfg.worker.rollout
+        for spec, dataset in self.sets.items():
+            entry: dict = {"rows": len(dataset)}
+            greedy, batch = validate(
+                dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, Sampling(1, 0.0, 1.0, -1)
+            )
+            entry["greedy"] = _strip(greedy)
+            rows += [r | {"eval": "greedy"} for r in generation_rows(batch, len(batch), 0)]
+            if s.n > 1:
+                sampling = Sampling(s.n, s.temperature, r.val_top_p, r.val_top_k)
+                sampled, batch = validate(
+                    dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, sampling
+                )
+                entry["sampled"] = _strip(sampled) | pass_at_ks(batch, ks)
+                entry["sampled_settings"] = {"n": s.n, "temperature": s.temperature, "k": ks}
+                rows += [r | {"eval": "sampled"} for r in generation_rows(batch, len(batch), 0)]
+            result["datasets"][spec] = entry
+            for mode in ("greedy", "sampled"):
+                logged |= {f"eval/{mode}/{k}": v for k, v in entry.get(mode, {}).items()}
+        self.loop.tracker.log_generations(rows, 0, "val")
+        self.result = result
+        return logged
+
+    def close(self) -> None:
+        self.workers.close()
 
 
 EVAL_OUTPUTS = ("eval.json", "metrics.jsonl", "generations", "tensorboard")

@@ -8,8 +8,9 @@ the assistant turns). The run has a run directory of its own (`sft_run_config`),
 `metrics.jsonl` and the trackers, checkpoints it resumes from (`trainer.resume_mode` as for GRPO), and
 the final model in `huggingface/`. Validation reports the loss on the validation rows (`val/sft_loss`)
 and, when their answers are plain values, generates and scores them with the run's reward functions as
-GRPO's validation does (`val/<source>/accuracy`, ...). SIGINT / SIGTERM stop after the step in progress
-with a checkpoint, as in `trainer.py`.
+GRPO's validation does (`val/<source>/accuracy`, ...). Seeding, resume, the run directory, the trackers,
+stops (SIGINT / SIGTERM: after the step in progress, with a checkpoint) and the validation and checkpoint
+schedules are the run loop's (`run_loop.py`), as for GRPO; `trainer.max_steps` is the run's length.
 
 `builtin:tiny-qwen2-addition` is the demo's warm start as a built-in model, so that the examples learn as
 shipped: the randomly initialised tiny Qwen2 (`builtin:tiny-qwen2`) answers no addition right and GRPO has
@@ -29,9 +30,8 @@ import fcntl
 import shutil
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-
-import torch
 
 from rlstack import checkpoint
 from rlstack.batch_metrics import generation_rows
@@ -42,16 +42,13 @@ from rlstack.config import (
     BUILTIN_WARM_MODEL,
     Config,
     load_config,
-    to_yaml,
 )
 from rlstack.data.dataset import PromptLoader, prompt_sets, sft_batch
 from rlstack.models.loading import cache_dir, load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
-from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
+from rlstack.run_loop import RunLoop, run_length
 from rlstack.timing import timer
-from rlstack.tracking import Tracker
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines
 from rlstack.workers.start import start_workers
@@ -73,93 +70,51 @@ def run_sft(cfg: Config) -> Path:
 
 
 class SFTTrainer:
+    """Supervised fine-tuning as a `Job` of the run loop (`run_loop.py`): its step one update on a batch of
+    rows, its state the data position."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg = sft_run_config(cfg)
-        d, t, w = cfg.data, cfg.trainer, cfg.worker
-        if t.num_threads > 0:
-            torch.set_num_threads(t.num_threads)
-        checkpoint.seed_everything(t.seed, t.full_determinism)
+        d, w = cfg.data, cfg.worker
+        self.loop = RunLoop(cfg, "sft")  # seeds; a resume with other settings stops here
         self.run_dir = cfg.run_dir
-        self.resume_point = check_resume(cfg, "sft")  # at load: a resume with other settings stops here
         build_warm_models(cfg)
         self.tokenizer, self.processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
         self.train_set, self.val_set = prompt_sets(d, self.tokenizer, self.processor, system, images)
+        self.validates = self.val_set is not None
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
-        # as TRL's SFT: max_steps, when set, is the length of the run, however many epochs that takes
-        self.total_steps = t.max_steps or len(self.loader) * t.total_epochs
+        self.total_steps = run_length(cfg.trainer, len(self.loader))
         # The workers of GRPO without its algorithm: no reference, critic or old log-probs, and log-probs
         # (the loss) at temperature 1; the rollout engine only generates for validation.
         work, plan = StepPlan.without_algorithm(cfg)
         self.plan = plan
         self.workers = ws = start_workers(work, plan, self.total_steps)
         self.policy, self.rollout, self.rewards = ws.policy, ws.rollout, ws.rewards
-        self.step = 0
-        self.saved_step, self.last_saved = -1, Path()
-        self.step_metrics: dict[str, float] = {}
-        """The last step's metrics (with its validation's): what its checkpoint records."""
-        """The step of the last checkpoint this process saved, and where."""
-        self.tracker: Tracker | None = None
+
+    @property
+    def step(self) -> int:
+        return self.loop.step
 
     def fit(self) -> Path:
         """Train for `total_steps` (from the checkpoint it resumes, if any); returns the final model's
         directory."""
-        self._resume()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume_point is not None:
-            record(self.cfg, self.resume_point, self.step)
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
-        print(
-            f"[rlstack] run directory: {self.run_dir}  (watch it: rlstack board {self.run_dir})", flush=True
-        )
-        self.tracker = Tracker.of_run(self.cfg, self.total_steps, self.step)
-        with stop_requests("the step in progress") as stop:
-            try:
-                self._fit(stop)
-            finally:
-                self.tracker.close()
-                self.workers.close()
+        self.loop.fit(self, self.total_steps)
         return self.run_dir / "huggingface"
 
-    def _fit(self, stop: StopRequest) -> None:
-        t = self.cfg.trainer
-        if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
-            self.tracker.log(self.validate(), self.step, advance=False)
-        if t.val_only:
-            return
-        while self.step < self.total_steps:
-            if stop.signum is not None:
-                raise self._stopped(stop)
-            self.step += 1
-            timing: dict[str, float] = defaultdict(float)
-            with timer(timing, "step"):
-                batch = sft_batch(self.train_set, self.loader.next_indices(), self.tokenizer, self.processor)
-                metrics = self.policy.sft_update(batch, len(batch))
-            tokens = float(batch["attention_mask"].sum())
-            metrics |= {
-                "sft/answer_tokens": float(batch["response_mask"].sum()) / len(batch),
-                "perf/total_num_tokens": tokens,
-                "perf/throughput": tokens / timing["step"],
-                "perf/time_per_step": timing["step"],
-                "timing_s/step": timing["step"],
-            }
-            last = self.step == self.total_steps
-            if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
-                metrics |= self.validate()
-            self.tracker.log(metrics, self.step)
-            self.step_metrics = metrics
-            if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
-                self.save_checkpoint()
-        self.policy.save_model(self.run_dir / "huggingface")
-
-    def _stopped(self, stop: StopRequest) -> RunStopped:
-        """After a signal, at the end of a step: a checkpoint first (`trainer.save_on_interrupt`)."""
-        t = self.cfg.trainer
-        where = f"stopped by {stop.name} after SFT step {self.step} of {self.total_steps}"
-        saved = None
-        if t.save_on_interrupt and self.step > 0:
-            saved = self.last_saved if self.saved_step == self.step else self.save_checkpoint()
-        return stopped(stop, where, saved, bool(t.find_last_checkpoint or t.load_checkpoint_path))
+    def train_step(self) -> dict[str, float]:
+        timing: dict[str, float] = defaultdict(float)
+        with timer(timing, "step"):
+            batch = sft_batch(self.train_set, self.loader.next_indices(), self.tokenizer, self.processor)
+            metrics = self.policy.sft_update(batch, len(batch))
+        tokens = float(batch["attention_mask"].sum())
+        return metrics | {
+            "sft/answer_tokens": float(batch["response_mask"].sum()) / len(batch),
+            "perf/total_num_tokens": tokens,
+            "perf/throughput": tokens / timing["step"],
+            "perf/time_per_step": timing["step"],
+            "timing_s/step": timing["step"],
+        }
 
     def validate(self) -> dict[str, float]:
         """`val/sft_loss` over every validation row; when their answers are plain values, the rows are also
@@ -185,46 +140,30 @@ class SFTTrainer:
                 self.val_set, self.rollout, self.rewards, d.val_batch_size, r.seed, r.val_n
             )
             metrics |= generated
-            if self.tracker is not None:
-                rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
-                self.tracker.log_generations(rows, self.step, "val")
+            rows = generation_rows(val, self.cfg.trainer.val_generations_to_log, self.step)
+            self.loop.tracker.log_generations(rows, self.step, "val")
         return metrics
 
     # ----------------------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self) -> Path:
-        def write(path: Path) -> None:
-            self.policy.save_checkpoint(path)
-            self.rollout.save_checkpoint(path)
-            state = {
-                "kind": "sft",
-                "step": self.step,
-                "loader": self.loader.state_dict(),
-                "rng": checkpoint.rng_state(),
-            }
-            torch.save(state, path / "trainer_state.pt")
-            (path / "config.yaml").write_text(to_yaml(self.cfg))
+    @contextlib.contextmanager
+    def held(self) -> Iterator[dict]:
+        yield {"loader": self.loader.state_dict()}
 
-        t = self.cfg.trainer
-        best = (t.save_best_metric, t.save_best_mode) if t.save_best_metric else None  # val/sft_loss, min
-        self.last_saved = checkpoint.save_atomically(
-            self.run_dir / "checkpoints", self.step, write, t.save_limit, self.step_metrics, best
-        )
-        self.saved_step = self.step
-        return self.last_saved
+    def save_workers(self, path: Path) -> None:
+        self.policy.save_checkpoint(path)
+        self.rollout.save_checkpoint(path)
 
-    def _resume(self) -> None:
-        if self.resume_point is None:
-            return
-        path = self.resume_point.path
+    def load(self, path: Path, state: dict) -> None:
         self.policy.load_checkpoint(path)
         self.rollout.load_checkpoint(path)
-        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-        self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
-        checkpoint.set_rng_state(state["rng"])
-        print(f"resumed from {path} at step {self.step}")
-        checkpoint.say_later_checkpoints(self.run_dir / "checkpoints", self.step)
+
+    def save_model(self, path: Path) -> None:
+        self.policy.save_model(path)
+
+    def close(self) -> None:
+        self.workers.close()
 
 
 # ------------------------------------------------------------------------ the built-in warm start

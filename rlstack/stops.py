@@ -1,6 +1,6 @@
 """Clean stops: SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends before it kills a job) ask
-the run to stop at its next safe point, the end of the step in progress, where the trainer saves a
-checkpoint and says how to resume; a second signal stops at once. Neither prints a traceback (the
+the run to stop at its next safe point, the end of the step in progress, where the run loop
+(`run_loop.py`, the same for train, sft and eval) saves a checkpoint and says how to resume; a second signal stops at once. Neither prints a traceback (the
 `rlstack` command turns them into one line and the exit status 128 + the signal's number)."""
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class StopRequest:
 
 
 @contextmanager
-def stop_requests(what: str) -> Iterator[StopRequest]:
-    """While inside, SIGINT and SIGTERM set the request (and say once that the run stops after `what`);
-    a second one raises `Stopped`. Outside the main thread signals cannot be caught: the request never
+def stop_requests(when: str) -> Iterator[StopRequest]:
+    """While inside, SIGINT and SIGTERM set the request (and say once that the run stops `when`: "after
+    the step in progress ..."); a second one raises `Stopped`. Outside the main thread signals cannot be caught: the request never
     fires there."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
@@ -72,8 +72,7 @@ def stop_requests(what: str) -> Iterator[StopRequest]:
             raise Stopped(signum)
         request.signum = signum
         print(
-            f"\n[rlstack] {signal.Signals(signum).name}: stopping after {what} "
-            "(a checkpoint is saved first); send it again to stop at once",
+            f"\n[rlstack] {signal.Signals(signum).name}: stopping {when}; send it again to stop at once",
             file=sys.stderr,
             flush=True,
         )

@@ -1,5 +1,7 @@
-"""The training loop: one driver, the workers behind typed handles (`workers/group.py`, `workers/start.py`;
-docs/layout.md maps the rest of the code).
+"""The training step of GRPO and its family: one driver, the workers behind typed handles
+(`workers/group.py`, `workers/start.py`; docs/layout.md maps the rest of the code). Seeding, resume, the
+run directory, the tracker, stops and the validation and checkpoint schedules are the run loop's
+(`run_loop.py`), shared with `rlstack sft` and `rlstack eval`.
 
 What a step runs is decided once, by the step plan (`rlstack/plan.py`); collecting the batch lives in
 `collection.py`, the weight sync and its check in `weight_sync.py`, validation in `validation.py`, and
@@ -10,24 +12,22 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import torch
-
-from rlstack import checkpoint
 from rlstack.algos.step import step_advantages, visual_dependency
 from rlstack.batch import Batch
 from rlstack.batch_metrics import batch_metrics, generation_rows, total_tokens
 from rlstack.collection import Collector
-from rlstack.config import Config, to_yaml
+from rlstack.config import Config
 from rlstack.data.dataset import PromptLoader, prompt_sets
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
-from rlstack.resume import check_resume, record
 from rlstack.rollout.agent import agent_system_prompt
+from rlstack.run_loop import RunLoop, run_length
 from rlstack.sft import build_warm_models
-from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
 from rlstack.timing import timer
 from rlstack.tracking import Tracker
 from rlstack.validation import validate
@@ -36,22 +36,21 @@ from rlstack.workers.start import start_workers
 
 
 class Trainer:
+    """GRPO and its family as a `Job` of the run loop (`run_loop.py`): its step below, its state the data
+    position, the adapted KL coefficient, the rollout rounds and asynchronous GRPO's buffer."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        d, w, t, alg = cfg.data, cfg.worker, cfg.trainer, cfg.algorithm
-        if t.num_threads > 0:
-            torch.set_num_threads(t.num_threads)
-        checkpoint.seed_everything(t.seed, t.full_determinism)
+        d, w, alg = cfg.data, cfg.worker, cfg.algorithm
+        self.loop = RunLoop(cfg, "train")  # seeds; a resume with other settings stops here
         self.run_dir = cfg.run_dir
-        self.ckpt_root = self.run_dir / "checkpoints"
-        self.resume_point = check_resume(cfg)  # at load: a resume with other settings stops here
         build_warm_models(cfg)  # builtin:tiny-qwen2-addition, on first use
         tokenizer, processor = load_tokenizer_and_processor(w.actor.model, model_dir(w.actor.model))
         system, images = agent_system_prompt(w.rollout.agent), w.rollout.agent.max_images
         self.train_set, self.val_set = prompt_sets(d, tokenizer, processor, system, images)
+        self.validates = self.val_set is not None
         self.loader = PromptLoader(self.train_set, d.rollout_batch_size, d.shuffle, d.seed)
-        by_epochs = len(self.loader) * t.total_epochs
-        self.total_steps = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
+        self.total_steps = run_length(cfg.trainer, len(self.loader))
         self.plan = StepPlan.of(cfg)
         self.workers = ws = start_workers(cfg, self.plan, self.total_steps)
         self.groups, self.cluster, self.rewards = ws.groups, ws.cluster, ws.rewards
@@ -65,88 +64,30 @@ class Trainer:
         self.weight_sync = WeightSync(ws.policy, ws.rollout, apart, probe, tolerance, self.engine.name)
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
-        self.step = 0
-        self.step_metrics: dict[str, float] = {}
-        """The last step's metrics (with its validation's): what its checkpoint records."""
-        self.said_no_metric = False
-        self.tracker: Tracker | None = None
         self.resumed_buffer: list = []
         """Asynchronous GRPO: batches the producer had made when the resumed checkpoint was saved."""
         self.producer: RolloutProducer | None = None
-        """Asynchronous GRPO's rollout thread, running during `fit`."""
+        """Asynchronous GRPO's rollout thread, started by the first step."""
+
+    @property
+    def step(self) -> int:
+        """The step in progress (the last one done between steps)."""
+        return self.loop.step
+
+    @property
+    def tracker(self) -> Tracker | None:
+        return self.loop.tracker
 
     # ------------------------------------------------------------------------------------ loop
 
     def fit(self) -> dict[str, float]:
         """Train for `total_steps`; returns the last step's metrics."""
-        self._resume()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume_point is not None:
-            record(self.cfg, self.resume_point, self.step)
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
-        (self.run_dir / "step_plan.json").write_text(json.dumps(self.plan.to_dict(), indent=2) + "\n")
-        print(
-            f"[rlstack] run directory: {self.run_dir}  (watch it: rlstack board {self.run_dir})", flush=True
-        )
-        print(f"[rlstack] {self.plan.summary()}", flush=True)
+        notes = [self.plan.summary()]
         if self.cfg.worker.rollout.auto_reason:
             r = self.cfg.worker.rollout
-            print(
-                f"[rlstack] rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})", flush=True
-            )
-        self.tracker = Tracker.of_run(self.cfg, self.total_steps, self.step)
-        with stop_requests("the step in progress") as stop:
-            try:
-                return self._fit(stop)
-            finally:
-                if self.producer is not None:
-                    self.producer.close()
-                self.tracker.close()
-                self.workers.close()
-
-    def _fit(self, stop: StopRequest) -> dict[str, float]:
-        t = self.cfg.trainer
-        metrics: dict[str, float] = {}
-        if self.val_set is not None and (t.val_only or (self.step == 0 and t.val_before_train)):
-            metrics = self.validate()
-            self.tracker.log(metrics, self.step, advance=False)
-        if t.val_only:
-            return metrics
-        if stop.signum is not None:
-            raise RunStopped(f"stopped by {stop.name} before training; nothing to save", stop.signum, None)
-        if self.plan.asynchronous and self.step < self.total_steps:
-            self.producer = RolloutProducer(
-                self.collector.collect,
-                self.plan.max_age,
-                self.step + 1,
-                self.total_steps,
-                self.step,
-                self.resumed_buffer,
-            ).start()
-        while self.step < self.total_steps:
-            self.step += 1
-            metrics = self.train_step()
-            last = self.step == self.total_steps
-            if self.val_set is not None and (last or (t.val_freq > 0 and self.step % t.val_freq == 0)):
-                metrics |= self.validate()
-            self.tracker.log(metrics, self.step)
-            self.step_metrics = metrics
-            saved = None
-            if not t.save_model_only and (last or (t.save_freq > 0 and self.step % t.save_freq == 0)):
-                saved = self.save_checkpoint()
-            if stop.signum is not None and not last:
-                raise self._stopped(stop, saved)
-        self.policy.save_model(self.run_dir / "huggingface")
-        return metrics
-
-    def _stopped(self, stop: StopRequest, saved: Path | None) -> RunStopped:
-        """Stop after a signal, at the end of a step: a checkpoint first (`trainer.save_on_interrupt`)."""
-        t = self.cfg.trainer
-        if saved is None and t.save_on_interrupt:
-            saved = self.save_checkpoint()
-        where = f"stopped by {stop.name} after step {self.step} of {self.total_steps}"
-        resumes = bool(t.find_last_checkpoint or t.load_checkpoint_path)
-        return stopped(stop, where, saved, resumes, "trainer.save_on_interrupt=false")
+            notes.append(f"rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})")
+        plan = json.dumps(self.plan.to_dict(), indent=2) + "\n"
+        return self.loop.fit(self, self.total_steps, {"step_plan.json": plan}, tuple(notes))
 
     def train_step(self) -> dict[str, float]:
         plan = self.plan
@@ -210,7 +151,16 @@ class Trainer:
 
     def _next_batch(self, timing: dict[str, float], metrics: dict[str, float]) -> Batch:
         """This step's batch, its metrics and timings added: from the producer's buffer (asynchronous
-        GRPO), or collected now."""
+        GRPO, whose thread the first step starts), or collected now."""
+        if self.plan.asynchronous and self.producer is None:
+            self.producer = RolloutProducer(
+                self.collector.collect,
+                self.plan.max_age,
+                self.step,
+                self.total_steps,
+                self.step - 1,
+                self.resumed_buffer,
+            ).start()
         if self.producer is None:
             batch, collected, collect_timing = self.collector.collect(self.step)
             metrics |= collected
@@ -255,57 +205,38 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self) -> Path:
-        if self.producer is None:
-            return self._save_checkpoint([])
-        with self.producer.paused() as buffered:  # the loader and seeds stay where the buffer leaves them
-            return self._save_checkpoint(buffered)
-
-    def _save_checkpoint(self, buffered: list) -> Path:
-        def write(path: Path) -> None:
-            self.policy.save_checkpoint(path)
-            self.rollout.save_checkpoint(path)
-            if self.critic is not None:
-                self.critic.save_checkpoint(path)
-            state = {
-                "kind": "train",
-                "step": self.step,
+    @contextmanager
+    def held(self) -> Iterator[dict]:
+        pause = self.producer.paused() if self.producer is not None else nullcontext([])
+        with pause as buffered:  # the loader and seeds stay where asynchronous GRPO's buffer leaves them
+            yield {
                 "loader": self.loader.state_dict(),
-                "rng": checkpoint.rng_state(),
                 "kl_coef": self.kl_coef,
                 "rollouts": self.collector.rounds,
                 "async_buffer": buffered,
             }
-            torch.save(state, path / "trainer_state.pt")
-            (path / "config.yaml").write_text(to_yaml(self.cfg))  # what a resume compares with
 
-        t = self.cfg.trainer
-        best = (t.save_best_metric, t.save_best_mode) if t.save_best_metric else None
-        metrics = self.step_metrics
-        if best and best[0] not in metrics and not self.said_no_metric:
-            self.said_no_metric = True
-            print(
-                f"[rlstack] warning: step {self.step}'s metrics have no {best[0]} (trainer.save_best_metric): its "
-                f"checkpoint ranks last; metrics it has: {', '.join(sorted(metrics)[:12])}, ...",
-                flush=True,
-            )
-        return checkpoint.save_atomically(self.ckpt_root, self.step, write, t.save_limit, metrics, best)
+    def save_workers(self, path: Path) -> None:
+        self.policy.save_checkpoint(path)
+        self.rollout.save_checkpoint(path)
+        if self.critic is not None:
+            self.critic.save_checkpoint(path)
 
-    def _resume(self) -> None:
-        if self.resume_point is None:
-            return
-        path = self.resume_point.path
+    def load(self, path: Path, state: dict) -> None:
         self.policy.load_checkpoint(path)
         self.rollout.load_checkpoint(path)
         if self.critic is not None:
             self.critic.load_checkpoint(path)
-        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-        self.step = state["step"]
-        if not any(c.key == "algorithm.kl_coef" for c in self.resume_point.changes):
+        if not any(c.key == "algorithm.kl_coef" for c in self.loop.resume_point.changes):
             self.kl_coef = state["kl_coef"]  # adapted (kl_type=adaptive) unless the config sets a new one
         self.collector.rounds, self.resumed_buffer = state.get("rollouts", 0), state.get("async_buffer", [])
         self.loader.load_state_dict(state["loader"])
-        checkpoint.set_rng_state(state["rng"])
-        self.weight_sync.sync(self.step)
-        print(f"resumed from {path} at step {self.step}")
-        checkpoint.say_later_checkpoints(self.ckpt_root, self.step)
+        self.weight_sync.sync(state["step"])
+
+    def save_model(self, path: Path) -> None:
+        self.policy.save_model(path)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+        self.workers.close()

@@ -24,9 +24,11 @@ class TrainerConfig:
     output_dir: str = field("outputs", resume=True)
     """Root of the run directories."""
     total_epochs: int = field(1, ge=1, resume=True)
-    """Passes over the training rows."""
+    """Passes over the training rows: the run's length when max_steps is null."""
     max_steps: int | None = field(None, ge=1, why="null: the epochs decide", resume=True)
-    """Stop after this many steps (default: the epochs decide)."""
+    """The run's length in steps, however many passes over the training rows that takes (total_epochs is then ignored; EasyR1's and TRL's max_steps); null: total_epochs decides."""
+    step_cap: int | None = field(None, ge=1, why="null: no cap", resume=True)
+    """End the run after this many steps if its length (total_epochs, or max_steps) has not ended it first; never lengthens a run (NeMo RL's grpo.max_num_steps beside max_num_epochs: whichever comes first); null: no cap."""
     critic_warmup: int = field(0, ge=0)
     """Steps that train only the critic before the actor starts updating (gae)."""
     val_freq: int = field(-1, ge=1, also=(-1,), why="-1: only at the end", resume=True)

@@ -122,7 +122,7 @@ def test_two_ray_ranks_give_the_local_metrics_shard_the_policy_and_keep_every_en
         "trainer.max_steps=4",
     )
     trainer = Trainer(resumed)
-    trainer._resume()
+    trainer.loop._resume(trainer)  # what fit() does first
     assert trainer.step == 3
     policy = trainer.groups["actor"].worker
     weights = policy.model.state_dict()

@@ -192,7 +192,7 @@ def test_the_code_grpo_config_over_its_defaults_reads_as_rlstacks_keys(configs: 
     assert (w.actor.optim.lr, w.actor.optim.weight_decay, w.actor.optim.lr_warmup_steps) == (5e-6, 0.01, 50)
     assert (w.actor.model.dtype, w.actor.padding_free, w.actor.dynamic_batching) == ("bfloat16", True, False)
     assert (w.rollout.gpu_memory_utilization, w.rollout.top_k, w.rollout.colocated) == (0.7, -1, True)
-    assert (t.n_gpus_per_node, t.nnodes, t.max_steps, t.seed, t.val_freq, t.val_before_train) == (
+    assert (t.n_gpus_per_node, t.nnodes, t.step_cap, t.seed, t.val_freq, t.val_before_train) == (
         2,
         1,
         100,
@@ -455,7 +455,7 @@ def test_nemo_rls_command_line_reads_as_it_does_there(configs: Path, capsys: pyt
     args += ["data.dataset_name=null", "data.train_files=builtin:addition@train"]
     assert main(["train", *args, "--print-config", "--machine-checks=warn"]) == 0  # bfloat16: a GPU node's
     resolved = yaml.safe_load(capsys.readouterr().out)
-    assert resolved["trainer"]["max_steps"] == 3  # 1000000 in the file
+    assert resolved["trainer"]["step_cap"] == 3  # 1000000 in the file: a cap, as NeMo RL's max_num_steps
     assert resolved["worker"]["rollout"]["temperature"] == 0.7 and resolved["worker"]["rollout"]["n"] == 4
     # the same as config=F with plain overrides
     plain = [a.lstrip("+") for a in args[2:]]

@@ -764,7 +764,7 @@ def test_nemo_rls_smoke_recipe_reads_gsm8k_as_nemo_rl_does(nemo_dir, caplog):
     cfg, notes = _load([f"config={nemo_dir / 'grpo_smoke.yaml'}"], caplog)
     d = cfg.data
     assert (d.train_files, d.val_files, d.val_split, d.format) == ("openai/gsm8k:main@train", "", 0.0, "auto")
-    assert (cfg.data.rollout_batch_size, cfg.worker.rollout.n, cfg.trainer.max_steps) == (2, 4, 10)
+    assert (cfg.data.rollout_batch_size, cfg.worker.rollout.n, cfg.trainer.step_cap) == (2, 4, 10)
     assert any(
         n.startswith("data.train.split_validation_size") and "gsm8k class holds out no rows" in n
         for n in notes

@@ -165,7 +165,7 @@ TABLE: dict[str, Moved | Inert] = {
     "grpo.num_prompts_per_step": Moved("data.rollout_batch_size"),
     "grpo.num_generations_per_prompt": Moved("worker.rollout.n"),
     "grpo.max_num_epochs": Moved("trainer.total_epochs"),
-    "grpo.max_num_steps": Moved("trainer.max_steps"),
+    "grpo.max_num_steps": Moved("trainer.step_cap"),  # a cap: the epochs end the run if they come first
     "grpo.overlong_filtering": Moved("algorithm.mask_truncated_responses"),
     "grpo.val_period": Moved("trainer.val_freq", {0: -1}),
     "grpo.val_at_start": Moved("trainer.val_before_train"),
