@@ -13,7 +13,7 @@ save. A kind of run is a `Job`; `RunLoop` does the rest, the same way for each:
 A stop request is honoured at one point for every kind of run: after a unit of work (the opening
 validation, a step with its validation and checkpoint). A request made during the run's last unit changes
 nothing: the run is done. `rlstack eval` is a validation-only run (`trainer.val_only`) with no steps and
-no checkpoints.
+no checkpoints: having nothing to save, it stops at the first signal.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class RunLoop:
         try:
             self._resume(job)
             self._open(files or {}, notes)
-            with stop_requests(self._after()) as stop:
+            with stop_requests(self._after(), at_once=self.kind == "eval") as stop:
                 return self._loop(job, stop)
         finally:
             if self.tracker is not None:

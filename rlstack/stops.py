@@ -58,9 +58,10 @@ class StopRequest:
 
 
 @contextmanager
-def stop_requests(when: str) -> Iterator[StopRequest]:
+def stop_requests(when: str, at_once: bool = False) -> Iterator[StopRequest]:
     """While inside, SIGINT and SIGTERM set the request (and say once that the run stops `when`: "after
-    the step in progress ..."); a second one raises `Stopped`. Outside the main thread signals cannot be caught: the request never
+    the step in progress ..."); a second one raises `Stopped`, as does the first with `at_once` (a run
+    with nothing to save: `rlstack eval`). Outside the main thread signals cannot be caught: the request never
     fires there."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
@@ -68,7 +69,7 @@ def stop_requests(when: str) -> Iterator[StopRequest]:
         return
 
     def handle(signum, frame) -> None:
-        if request.signum is not None:
+        if at_once or request.signum is not None:
             raise Stopped(signum)
         request.signum = signum
         print(

@@ -16,7 +16,7 @@ from e2e_runs import _metrics, _overrides
 from rlstack.config import load_config
 from rlstack.evaluate import EvalSettings, Evaluator
 from rlstack.sft import SFTTrainer
-from rlstack.stops import RunStopped
+from rlstack.stops import RunStopped, Stopped
 from rlstack.trainer import Trainer
 
 
@@ -86,9 +86,8 @@ def test_a_stop_request_is_honoured_after_the_step_in_progress(tiny_model_dir: P
     assert sorted(_metrics(job.run_dir)) == [1, 2, 3, 4]
 
 
-def test_a_stop_request_during_an_evaluation_lets_it_finish(tiny_model_dir: Path, tmp_path: Path):
-    """An evaluation is a validation-only run: its one unit of work is the validation, which a first
-    signal lets finish, as the last step of a training run."""
+def test_a_stop_request_stops_an_evaluation_at_once(tiny_model_dir: Path, tmp_path: Path):
+    """An evaluation has nothing to save: a first signal stops it, with no eval.json half written."""
 
     class Signalled(Evaluator):
         def validate(self):
@@ -96,7 +95,7 @@ def test_a_stop_request_during_an_evaluation_lets_it_finish(tiny_model_dir: Path
             return super().validate()
 
     cfg = _cfg(tiny_model_dir, tmp_path)
-    result = Signalled(cfg, EvalSettings([_rows(tmp_path)])).run()
-    run_dir = tmp_path / "out" / "rlstack" / "default_eval"
-    assert json.loads((run_dir / "eval.json").read_text()) == result
-    assert list(_metrics(run_dir)) == [0]
+    with pytest.raises(Stopped) as stop:
+        Signalled(cfg, EvalSettings([_rows(tmp_path)])).run()
+    assert stop.value.signum == signal.SIGINT
+    assert not (tmp_path / "out" / "rlstack" / "default_eval" / "eval.json").exists()

@@ -169,10 +169,19 @@ def test_a_stop_request_during_the_last_unit_of_work_changes_nothing(tmp_path: P
     job = Job(loop, signal_at=3)
     loop.fit(job, 3)
     assert job.events[-3:] == ["save 3", "model", "close"]
-    # a validation-only run (rlstack eval): the validation is its only unit of work
-    loop = RunLoop(_cfg(tmp_path / "eval", "trainer.val_only=true"), "eval")
+    # a training config's validation-only run: the validation is its only unit of work
+    loop = RunLoop(_cfg(tmp_path / "val", "trainer.val_only=true"), "train")
     job = Job(loop, signal_at=0)
     assert loop.fit(job, 0) == {"val/score": 0.0}
+    assert job.events == ["validate 0", "close"]
+
+
+def test_an_evaluation_stops_at_the_first_request(tmp_path: Path):
+    """`rlstack eval` has nothing to save: a first signal stops it at once (the job still closes)."""
+    loop = RunLoop(_cfg(tmp_path, "trainer.val_only=true"), "eval")
+    job = Job(loop, signal_at=0)
+    with pytest.raises(Stopped):
+        loop.fit(job, 0)
     assert job.events == ["validate 0", "close"]
 
 
