@@ -104,7 +104,7 @@ class StepPlan:
     in_flight: bool
     """Asynchronous GRPO's in-flight weight updates."""
     check_weight_sync: bool
-    """After every sync, a fixed probe is scored by the engine and the policy."""
+    """After every sync, the engine's and the policy's log-probs of a fixed probe are compared."""
     logprob_temperature: float
     """The temperature the policy's log-probs are taken at: the rollout's sampling temperature (1 for
     greedy sampling), so that they match the distribution the tokens were drawn from."""

@@ -5,9 +5,9 @@ worker beside the policy pulls them from it (an engine sharing the policy's modu
 version); rollout workers placed apart are sent the whole weights, gathered on the policy's rank 0 and
 fetched from there by each rollout actor (not through the driver).
 
-`worker.rollout.check_weight_sync` scores a fixed text probe with every engine and with the policy after
-each sync and stops the run when they disagree: an engine left on stale weights would make training
-off-policy without anyone knowing.
+`worker.rollout.check_weight_sync` takes the log-probs of a fixed text probe under every engine and under
+the policy after each sync and stops the run when they disagree: an engine left on stale weights would
+make training off-policy without anyone knowing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rlstack.workers.policy import PolicyWorker
 from rlstack.workers.rollout import RolloutWorker
 
 PROBE_TEXT = "The weight-sync probe: 12 + 34 = 46."
-"""Fixed text (no images, whatever the model) that engine and policy score."""
+"""Fixed text (no images, whatever the model) whose log-probs engine and policy compute."""
 
 
 def sync_engines(policy: PolicyWorker, rollout: RolloutWorker, apart: bool, version: int) -> int:
@@ -43,7 +43,7 @@ class WeightSync:
         policy; `probe_ids`: the tokens of `PROBE_TEXT`."""
         self.policy, self.rollout, self.apart = policy, rollout, apart
         self.probe = probe_ids[:8], probe_ids[8:]
-        """The probe's first 8 tokens as the prompt, the rest as what is scored."""
+        """The probe's first 8 tokens as the prompt, the rest as the tokens whose log-probs are compared."""
         self.tolerance, self.engine_name = tolerance, engine_name
         self.synced: list[float] | None = None
         """The policy's log-probs of the probe at the weights of the last sync (None: none checked yet)."""
@@ -56,16 +56,16 @@ class WeightSync:
     def remember(self) -> None:
         """Before the first update: the probe's log-probs under the weights the engine has now."""
         if self.synced is None:
-            self.synced = self.policy.score(*self.probe)
+            self.synced = self.policy.probe_logprobs(*self.probe)
 
     def check(self, step: int) -> dict[str, float]:
-        """Score the probe with the engines and with the policy; fail loudly when they disagree: past the
-        tolerance, or, below it, when an engine scores the probe at least twice as close to the weights
-        of the previous sync as to the policy's now (what an engine that kept the old weights does however
-        little the update moved the probe; an engine in step with the policy differs from both by its own
-        numerics alone). Differences below 1% of the tolerance are taken as equal."""
-        engines = self.rollout.score(*self.probe)  # Dispatch.EACH: one list per rollout rank
-        policy = self.policy.score(*self.probe)
+        """The probe's log-probs under the engines and under the policy; fail loudly when they disagree: past
+        the tolerance, or, below it, when an engine's log-probs of the probe are at least twice as close to
+        the weights of the previous sync as to the policy's now (what an engine that kept the old weights
+        does however little the update moved the probe; an engine in step with the policy differs from both
+        by its own numerics alone). Differences below 1% of the tolerance are taken as equal."""
+        engines = self.rollout.probe_logprobs(*self.probe)  # Dispatch.EACH: one list per rollout rank
+        policy = self.policy.probe_logprobs(*self.probe)
         previous, self.synced = self.synced, policy
         now = [_max_diff(engine, policy) for engine in engines]
         metrics = {"rollout/weight_sync_max_diff": max(now)}

@@ -122,11 +122,11 @@ def test_weights_pushed_from_the_policy_are_sampled_from_and_scored_with(engine,
     prompt = prompts(tok)[0]
     probe = prompt[:10]
     # the prefix cache holds this prompt's KV entries from the old weights
-    before = engine.score(Request(prompt), probe)
+    before = engine.probe_logprobs(Request(prompt), probe)
     assert max(abs(a - b) for a, b in zip(before, policy_logprobs(model, prompt, probe))) < TOLERANCE
     engine.update_weights(((n, t.detach()) for n, t in changed.state_dict().items()), version=3)
     assert engine.weight_version == 3
-    after = engine.score(Request(prompt), probe)
+    after = engine.probe_logprobs(Request(prompt), probe)
     assert max(abs(a - b) for a, b in zip(after, policy_logprobs(changed, prompt, probe))) < TOLERANCE
     assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2  # it really moved
     completions = engine.generate([Request(prompt)] * 4, SamplingSettings(max_tokens=8))
@@ -135,7 +135,7 @@ def test_weights_pushed_from_the_policy_are_sampled_from_and_scored_with(engine,
         assert max(abs(a - b) for a, b in zip(c.logprobs, ref)) < TOLERANCE
     # back to the original weights, for any test after this one
     engine.update_weights(((n, t.detach()) for n, t in model.state_dict().items()), version=4)
-    assert max(abs(a - b) for a, b in zip(engine.score(Request(prompt), probe), before)) < TOLERANCE
+    assert max(abs(a - b) for a, b in zip(engine.probe_logprobs(Request(prompt), probe), before)) < TOLERANCE
 
 
 def test_completions_end_at_the_tokens_the_hf_engine_ends_at(engine, tiny_dir):

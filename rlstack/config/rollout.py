@@ -100,7 +100,7 @@ class RolloutConfig:
     num_ranks: int = field(1, ge=1, resume=True)
     """Rollout actors when `colocated=false` (one GPU each, or one CPU on machines without GPUs)."""
     check_weight_sync: bool = field(False, resume=True)
-    """After each weight sync, score a fixed probe with engine and policy; fail past weight_sync_tolerance (catches stale weights)."""
+    """After each weight sync, compare the engine's and the policy's log-probs of a fixed text probe; fail past weight_sync_tolerance (catches stale weights)."""
     weight_sync_tolerance: float = field(1.0e-2, gt=0, resume=True)
     """Largest allowed |engine log-prob - policy log-prob| on the probe's tokens."""
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -155,7 +155,7 @@ class Engine(Protocol):
         """One completion per request, in order."""
         ...
 
-    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, request: Request, token_ids: list[int]) -> list[float]:
         """Log-probs (temperature 1) of `token_ids` following the request's prompt, under the engine's
         current weights (the weight-sync check compares them with the policy's)."""
         ...

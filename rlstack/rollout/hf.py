@@ -214,7 +214,7 @@ class HFEngine:
         return None
 
     @torch.no_grad()
-    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, request: Request, token_ids: list[int]) -> list[float]:
         ids = torch.tensor([request.prompt_ids + token_ids], device=self.model.device)
         mask = torch.ones_like(ids)
         response = torch.zeros_like(ids)

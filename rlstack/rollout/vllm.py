@@ -446,7 +446,7 @@ class VLLMEngine:
             completions.append(Completion(ids, logprobs, "length" if o.finish_reason == "length" else "stop"))
         return completions
 
-    def score(self, request: Request, token_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, request: Request, token_ids: list[int]) -> list[float]:
         """(Every rank of a tensor-parallel engine calls it at once, with the same request.)"""
         from vllm import SamplingParams
 

@@ -196,7 +196,7 @@ class PolicyWorker:
 
     @remote(Dispatch.ALL)
     @torch.no_grad()
-    def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """Log-probs (temperature 1) of `token_ids` after a text prompt, under the current weights."""
         ids = torch.tensor([prompt_ids + token_ids])
         response = torch.zeros_like(ids)

@@ -122,7 +122,7 @@ class RolloutWorker:
     the generation in progress: the engine lands the weights between two of its decoding steps. A row's
     `weight_version` is then the version its generation began with (the oldest weights that sampled any
     of its tokens) and `weight_version_last` the version of the weights that sampled its last token.
-    The weight-sync check (`score`) waits for the generation in progress, which costs what in-flight
+    The weight-sync check (`probe_logprobs`) waits for the generation in progress, which costs what in-flight
     updates save.
     """
 
@@ -284,7 +284,7 @@ class RolloutWorker:
         return self.update_weights(None if shares else self.policy.named_weights(), version, private=False)
 
     @remote(Dispatch.EACH)
-    def score(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The engine's log-probs of `token_ids` after a text prompt (the weight-sync probe); every rank's
         engine is asked."""
         request = Request(prompt_ids)
@@ -294,11 +294,11 @@ class RolloutWorker:
             )
         with self.lock:
             # Asynchronous GRPO's producer may have generated (and put the engine to sleep) since the sync:
-            # the probe is scored awake, and the engine goes back to sleep as it was.
+            # the probe's log-probs are taken awake, and the engine goes back to sleep as it was.
             asleep = self.asleep
             self._wake_up()
             try:
-                return self.engine.score(request, token_ids)
+                return self.engine.probe_logprobs(request, token_ids)
             finally:
                 if asleep:
                     self.engine.sleep()

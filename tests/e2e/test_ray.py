@@ -81,7 +81,7 @@ def test_two_ray_ranks_give_the_local_metrics_shard_the_policy_and_keep_every_en
         "trainer.backend=ray",
         "trainer.n_gpus_per_node=2",
         "worker.reward.num_workers=2",  # each reward actor scores half the rows
-        "worker.rollout.check_weight_sync=true",  # every rank's engine copy scores the probe like the policy
+        "worker.rollout.check_weight_sync=true",  # each rank's engine copy: the policy's log-probs
         "worker.rollout.weight_sync_tolerance=1e-5",
         "trainer.save_freq=3",
     )

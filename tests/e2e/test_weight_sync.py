@@ -68,17 +68,17 @@ class _SleepyEngine:
         assert not self.asleep, "generated on a sleeping engine"
         return self.inner.generate(requests, sampling)
 
-    def score(self, request, token_ids):
+    def probe_logprobs(self, request, token_ids):
         assert not self.asleep, "scored on a sleeping engine"
-        self.calls.append("score")
-        return self.inner.score(request, token_ids)
+        self.calls.append("probe_logprobs")
+        return self.inner.probe_logprobs(request, token_ids)
 
 
 def test_the_weight_sync_probe_wakes_an_engine_put_to_sleep_by_a_later_rollout(
     tiny_model_dir: Path, tmp_path: Path
 ):
     """Asynchronous GRPO's producer can generate the next batch (and put the engine to sleep) between a
-    sync and its check: the probe must be scored awake, and the engine left asleep as it was."""
+    sync and its check: the probe's log-probs must be taken awake, and the engine left asleep as it was."""
     cfg = load_config(
         _overrides(tiny_model_dir, tmp_path, "data.val_files=", "worker.rollout.check_weight_sync=true")
     )
@@ -88,19 +88,19 @@ def test_the_weight_sync_probe_wakes_an_engine_put_to_sleep_by_a_later_rollout(
     trainer.collector.collect(1)  # a rollout: the engine sleeps after it
     assert engine.calls == ["wake_up", "sleep"]
     assert trainer.weight_sync.check(trainer.step)["rollout/weight_sync_max_diff"] < 1e-5
-    assert engine.calls[2:] == ["wake_up", "score", "sleep"] and engine.asleep
+    assert engine.calls[2:] == ["wake_up", "probe_logprobs", "sleep"] and engine.asleep
     trainer.weight_sync.sync(
         trainer.step
     )  # wakes the engine for the rollout that follows, and it stays awake
     trainer.weight_sync.check(trainer.step)
-    assert engine.calls[5:] == ["wake_up", "wake_up", "score"] and not engine.asleep
+    assert engine.calls[5:] == ["wake_up", "wake_up", "probe_logprobs"] and not engine.asleep
 
 
 def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance(
     tiny_model_dir: Path, tmp_path: Path
 ):
     """An update that moves the probe by less than weight_sync_tolerance still shows an engine left on the
-    old weights: it scores the probe like the previous sync's policy, not like the policy now."""
+    old weights: its log-probs of the probe are the previous sync's policy's, not the policy's now."""
     from rlstack.errors import RLStackError
 
     def config(out: Path):
@@ -119,19 +119,19 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
     cfg = config(tmp_path)
     trainer = Trainer(cfg)
     workers = trainer.groups["rollout"]
-    frozen = trainer.policy.score(*trainer.weight_sync.probe)  # what the engine would score, never synced
+    frozen = trainer.policy.probe_logprobs(*trainer.weight_sync.probe)  # an engine never synced
     numerics = 1e-4  # an engine's own rounding: in step with the policy, it differs by this much
 
-    def engine_scores(stale: bool):
+    def engine_logprobs(stale: bool):
         def call(method, *args, **kwargs):
-            if method != "score":
+            if method != "probe_logprobs":
                 return type(workers).call(workers, method, *args, **kwargs)
-            scores = frozen if stale else trainer.policy.score(*args)
-            return [[s + numerics for s in scores]]
+            logprobs = frozen if stale else trainer.policy.probe_logprobs(*args)
+            return [[lp + numerics for lp in logprobs]]
 
         return call
 
-    workers.call = engine_scores(stale=False)
+    workers.call = engine_logprobs(stale=False)
     trainer.fit()  # in step: no alarm
     rows = _metrics(cfg.run_dir)
     assert rows[2]["rollout/weight_sync_max_diff"] == pytest.approx(numerics, abs=1e-6)
@@ -140,7 +140,7 @@ def test_an_engine_that_keeps_the_previous_weights_is_caught_below_the_tolerance
     cfg = config(tmp_path / "stale")
     trainer = Trainer(cfg)
     workers = trainer.groups["rollout"]
-    workers.call = engine_scores(stale=True)
+    workers.call = engine_logprobs(stale=True)
     with pytest.raises(RLStackError, match=r"closer to the previous weights' \(up to 0.0001 apart\)") as info:
         trainer.fit()
     now = float(str(info.value).split("than to the policy's now (up to ")[1].split(")")[0])

@@ -491,8 +491,8 @@ def test_weights_sent_during_a_generation_land_between_two_decoding_steps(tiny_m
     assert got.logprobs[landing:] != pytest.approx(before.logprobs[landing:], abs=1e-3)
     # the engine now holds the new weights outright
     probe = request.prompt_ids, got.token_ids
-    assert engine.score(Request(probe[0]), probe[1]) == pytest.approx(
-        HFEngine(new, tok, 0, False).score(Request(probe[0]), probe[1]), abs=1e-5
+    assert engine.probe_logprobs(Request(probe[0]), probe[1]) == pytest.approx(
+        HFEngine(new, tok, 0, False).probe_logprobs(Request(probe[0]), probe[1]), abs=1e-5
     )
 
 

@@ -102,7 +102,7 @@ def test_every_remote_method_of_the_workers_declares_its_dispatch():
             "compute_ref_logprobs",
             "compute_masked_image_logprobs",
             "update",
-            "score",
+            "probe_logprobs",
             "gathered_weights",
             "save_model",
             "save_checkpoint",
@@ -116,7 +116,7 @@ def test_every_remote_method_of_the_workers_declares_its_dispatch():
             "generate_greedy",
             "update_weights",
             "sync_weights",
-            "score",
+            "probe_logprobs",
             "save_checkpoint",
             "load_checkpoint",
         ],
@@ -177,7 +177,14 @@ def test_every_call_the_driver_makes_on_a_worker_is_a_declared_remote_method():
     problems = [c for c in calls if c[-1] is not None]
     assert not problems, problems
     methods = {c[3] for c in calls}
-    assert {"compute_logprobs", "update", "generate", "score", "sync_weights", "save_checkpoint"} <= methods
+    assert {
+        "compute_logprobs",
+        "update",
+        "generate",
+        "probe_logprobs",
+        "sync_weights",
+        "save_checkpoint",
+    } <= methods
     # the walker itself sees a misspelling
     [(_, _, _, problem)] = handle_calls("self.policy.compute_logprob(batch)", HANDLES["trainer.py"])
     assert "has no method 'compute_logprob'" in problem
