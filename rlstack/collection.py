@@ -39,6 +39,17 @@ def seed_prompts(prompts: Batch, seed: int, round_: int, places: Iterable[int]) 
     return prompts
 
 
+ROUNDS_KEY = "collector_rounds"
+"""The trainer state's (`trainer_state.pt`) entry holding `Collector.rounds`."""
+OLD_ROUNDS_KEY = "rollouts"
+"""Its name in checkpoints written before it was renamed: still read."""
+
+
+def saved_rounds(state: dict) -> int:
+    """`Collector.rounds` of a trainer state, under its name or its old one (0 when neither is there)."""
+    return state.get(ROUNDS_KEY, state.get(OLD_ROUNDS_KEY, 0))
+
+
 class Collector:
     def __init__(
         self,
@@ -55,7 +66,7 @@ class Collector:
         self.rounds = 0
         """Rollout rounds so far (several per step with dynamic sampling): with the rollout seed and the
         prompt's place in its round, it seeds the prompt's samples (`sample_seed`), so that they do not
-        depend on how the prompts are split across ranks. Saved in checkpoints."""
+        depend on how the prompts are split across ranks. Saved in checkpoints (`ROUNDS_KEY`)."""
         self.dropped_groups = 0
         """Prompt groups dropped for a tool call past `tool_timeout_s` since the last step's count."""
 
@@ -66,15 +77,16 @@ class Collector:
         if self.plan.online_filtering:
             batch = self._filtered(step, timing, metrics)
         else:
-            batch = self.rollout(self.loader.next_batch(), step, timing)
+            batch = self.generate_and_score(self.loader.next_batch(), step, timing)
         if self.plan.mask_truncated:
             batch["response_mask"] = truncation_mask(batch["truncated"], batch["response_mask"])
         if self.plan.drop_timed_out_groups:
             metrics["rollout/dropped_groups"], self.dropped_groups = self.dropped_groups, 0
         return batch, metrics, timing
 
-    def rollout(self, prompts: Batch, step: int, timing: dict[str, float]) -> Batch:
-        """Sample `n` responses per prompt and score them (plus ReMax's greedy baseline)."""
+    def generate_and_score(self, prompts: Batch, step: int, timing: dict[str, float]) -> Batch:
+        """One rollout round: sample `n` responses per prompt and score them (plus ReMax's greedy baseline),
+        without the groups a tool call timed out in."""
         self.rounds += 1
         seed_prompts(prompts, self.cfg.worker.rollout.seed, self.rounds, range(len(prompts)))
         with timer(timing, "gen"):
@@ -120,7 +132,7 @@ class Collector:
                     "turn algorithm.online_filtering off"
                 )
             prompts = Batch.concat([self.loader.next_batch() for _ in range(a.oversample_factor)])
-            batch = self.rollout(prompts, step, timing)
+            batch = self.generate_and_score(prompts, step, timing)
             # a row whose reward call failed (on_error=score) has only overall and errors: NaN, as its group
             components = batch["reward_components"]
             missing = [i for i, c in enumerate(components) if a.filter_key not in c and not c.get("errors")]

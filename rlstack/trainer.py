@@ -19,7 +19,7 @@ from pathlib import Path
 from rlstack.algos.step import step_advantages, visual_dependency
 from rlstack.batch import Batch
 from rlstack.batch_metrics import batch_metrics, generation_rows, total_tokens
-from rlstack.collection import Collector
+from rlstack.collection import ROUNDS_KEY, Collector, saved_rounds
 from rlstack.config import Config
 from rlstack.data.dataset import PromptLoader, prompt_sets
 from rlstack.models.loading import load_tokenizer_and_processor, model_dir
@@ -212,7 +212,7 @@ class Trainer:
             yield {
                 "loader": self.loader.state_dict(),
                 "kl_coef": self.kl_coef,
-                "rollouts": self.collector.rounds,
+                ROUNDS_KEY: self.collector.rounds,
                 "async_buffer": buffered,
             }
 
@@ -229,7 +229,7 @@ class Trainer:
             self.critic.load_checkpoint(path)
         if not any(c.key == "algorithm.kl_coef" for c in self.loop.resume_point.changes):
             self.kl_coef = state["kl_coef"]  # adapted (kl_type=adaptive) unless the config sets a new one
-        self.collector.rounds, self.resumed_buffer = state.get("rollouts", 0), state.get("async_buffer", [])
+        self.collector.rounds, self.resumed_buffer = saved_rounds(state), state.get("async_buffer", [])
         self.loader.load_state_dict(state["loader"])
         self.weight_sync.sync(state["step"])
 

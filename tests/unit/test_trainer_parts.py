@@ -1,4 +1,5 @@
-"""Pieces of the loop on their own: checkpoints keep the GPU generators, phase timers wait for queued GPU work."""
+"""Pieces of the loop on their own: checkpoints keep the GPU generators and the collector's rounds (under
+their old key too), phase timers wait for queued GPU work."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ def test_checkpoints_keep_the_gpu_generators_where_cuda_is_in_use(monkeypatch):
     )  # resumed on another number of GPUs: left as seeded
     checkpoint.set_rng_state(state)
     assert len(restored) == 1
+
+
+def test_the_collectors_rounds_load_from_a_checkpoint_under_their_name_or_their_old_one():
+    from rlstack.collection import ROUNDS_KEY, saved_rounds
+
+    assert ROUNDS_KEY == "collector_rounds"
+    assert saved_rounds({"step": 4, "collector_rounds": 7}) == 7
+    assert saved_rounds({"step": 4, "rollouts": 7}) == 7  # written before the key was renamed
+    assert saved_rounds({"step": 4, "collector_rounds": 7, "rollouts": 3}) == 7
+    assert saved_rounds({"step": 4}) == 0
 
 
 def test_phase_timers_wait_for_the_gpu_work_they_queued(monkeypatch):

@@ -49,7 +49,7 @@ def _stub_collector(limit: int, all_wrong_rounds: int) -> SimpleNamespace:
     )
     rounds = iter(range(10_000))
 
-    def rollout(prompts, step, timing):
+    def generate_and_score(prompts, step, timing):
         scores = [0.0, 0.0] if next(rounds) < all_wrong_rounds else [0.0, 1.0]
         return Batch(
             {
@@ -64,7 +64,7 @@ def _stub_collector(limit: int, all_wrong_rounds: int) -> SimpleNamespace:
     return SimpleNamespace(
         cfg=cfg,
         loader=SimpleNamespace(next_batch=lambda: Batch({"uid": ["p"]})),
-        rollout=rollout,
+        generate_and_score=generate_and_score,
         _trajectory_filter=lambda batch: torch.ones(len(batch), dtype=torch.bool),
         pad_token_id=0,
     )
