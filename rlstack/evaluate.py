@@ -148,7 +148,7 @@ class Evaluator:
         cfg, s = self.cfg, self.settings
         if s.checkpoint:
             self.policy.load_checkpoint(Path(s.checkpoint))
-        sync_engines(self.policy, self.rollout, self.plan.rollout_apart, 0)  # the weights evaluated
+        sync_engines(self.policy, self.rollout, self.plan.rollout_colocated, 0)  # the weights evaluated
         ks = list(s.ks) or sorted({2**i for i in range(s.n.bit_length()) if 2**i <= s.n} | {s.n})
         result: dict = {
             "model": cfg.worker.actor.model.model_path,

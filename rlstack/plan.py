@@ -93,9 +93,9 @@ class StepPlan:
     """Truncated responses get an all-zero `response_mask`."""
     drop_timed_out_groups: bool
     """Prompt groups with a tool call past the tool timeout are dropped."""
-    rollout_apart: bool
-    """Rollout workers are Ray actors of their own, sent the policy's weights after every update (else
-    they live beside the policy, in its ranks)."""
+    rollout_colocated: bool
+    """Rollout workers live beside the policy, in its ranks (`worker.rollout.colocated`); else they are Ray
+    actors of their own, sent the policy's weights after every update."""
     asynchronous: bool
     """Asynchronous GRPO: rollouts are made in a thread of their own while the policy trains, by an engine
     with its own copy of the weights."""
@@ -145,7 +145,7 @@ class StepPlan:
             online_filtering=alg.online_filtering,
             mask_truncated=alg.mask_truncated_responses,
             drop_timed_out_groups=w.rollout.agent.tool_timeout_s is not None,
-            rollout_apart=not w.rollout.colocated,
+            rollout_colocated=w.rollout.colocated,
             asynchronous=alg.async_grpo.enabled,
             max_age=max_age,
             in_flight=alg.async_grpo.enabled and alg.async_grpo.in_flight,
@@ -193,7 +193,7 @@ class StepPlan:
             "in_update": ", reference: inside the update (exact KL)",
         }[self.reference]
         mode = f"asynchronous, max age {self.max_age}" if self.asynchronous else "synchronous"
-        placed = "rollout apart" if self.rollout_apart else "rollout beside the policy"
+        placed = "rollout beside the policy" if self.rollout_colocated else "rollout apart"
         return f"step plan: {' -> '.join(self.phases())} ({mode}, {placed}{where})"
 
     def to_dict(self) -> dict:

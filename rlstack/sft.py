@@ -122,7 +122,7 @@ class SFTTrainer:
         assert self.val_set is not None
         d, r = self.cfg.data, self.cfg.worker.rollout
         sync_engines(
-            self.policy, self.rollout, self.plan.rollout_apart, self.step
+            self.policy, self.rollout, self.plan.rollout_colocated, self.step
         )  # generate with these weights
         size = d.val_batch_size if d.val_batch_size > 0 else len(self.val_set)
         nll, tokens = 0.0, 0.0

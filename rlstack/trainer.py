@@ -60,8 +60,8 @@ class Trainer:
             cfg, self.plan, self.loader, ws.rollout, ws.rewards, tokenizer.pad_token_id
         )
         probe = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-        tolerance, apart = w.rollout.weight_sync_tolerance, self.plan.rollout_apart
-        self.weight_sync = WeightSync(ws.policy, ws.rollout, apart, probe, tolerance, self.engine.name)
+        tolerance, colocated = w.rollout.weight_sync_tolerance, self.plan.rollout_colocated
+        self.weight_sync = WeightSync(ws.policy, ws.rollout, colocated, probe, tolerance, self.engine.name)
         self.kl_coef = alg.kl_coef
         """The in-reward KL coefficient (adapted each step with `kl_type=adaptive`; saved in checkpoints)."""
         self.resumed_buffer: list = []

@@ -20,11 +20,11 @@ PROBE_TEXT = "The weight-sync probe: 12 + 34 = 46."
 """Fixed text (no images, whatever the model) whose log-probs engine and policy compute."""
 
 
-def sync_engines(policy: PolicyWorker, rollout: RolloutWorker, apart: bool, version: int) -> int:
+def sync_engines(policy: PolicyWorker, rollout: RolloutWorker, colocated: bool, version: int) -> int:
     """Bring the rollout engines to the policy's current weights (`version`): a rollout worker beside the
-    policy pulls them from it, rollout workers placed apart are sent the whole weights. Returns the bytes
-    one engine received."""
-    if not apart:
+    policy (`colocated`) pulls them from it, rollout workers placed apart are sent the whole weights.
+    Returns the bytes one engine received."""
+    if colocated:
         return rollout.sync_weights(version)
     return rollout.update_weights(policy.gathered_weights(), version)
 
@@ -34,14 +34,14 @@ class WeightSync:
         self,
         policy: PolicyWorker,
         rollout: RolloutWorker,
-        apart: bool,
+        colocated: bool,
         probe_ids: list[int],
         tolerance: float,
         engine_name: str,
     ):
-        """`policy`, `rollout`: the workers' handles; `apart`: the rollout workers are placed apart from the
-        policy; `probe_ids`: the tokens of `PROBE_TEXT`."""
-        self.policy, self.rollout, self.apart = policy, rollout, apart
+        """`policy`, `rollout`: the workers' handles; `colocated`: the rollout workers live beside the
+        policy, in its ranks (else they are placed apart); `probe_ids`: the tokens of `PROBE_TEXT`."""
+        self.policy, self.rollout, self.colocated = policy, rollout, colocated
         self.probe = probe_ids[:8], probe_ids[8:]
         """The probe's first 8 tokens as the prompt, the rest as the tokens whose log-probs are compared."""
         self.tolerance, self.engine_name = tolerance, engine_name
@@ -51,7 +51,7 @@ class WeightSync:
     def sync(self, version: int) -> int:
         """Bring the rollout engines to the policy's current weights (`version` = the step). Returns the
         bytes one engine received."""
-        return sync_engines(self.policy, self.rollout, self.apart, version)
+        return sync_engines(self.policy, self.rollout, self.colocated, version)
 
     def remember(self) -> None:
         """Before the first update: the probe's log-probs under the weights the engine has now."""

@@ -133,8 +133,8 @@ def _resolve_backend(cfg: Config) -> None:
     engines in actors of their own), else local. Resolved before validation, which checks the result."""
     t = cfg.trainer
     if t.backend == "auto":
-        apart = not cfg.worker.rollout.colocated
-        t.backend = "ray" if t.nnodes * t.n_gpus_per_node > 1 or apart else "local"
+        several_ranks = t.nnodes * t.n_gpus_per_node > 1
+        t.backend = "ray" if several_ranks or not cfg.worker.rollout.colocated else "local"
 
 
 def _resolve_engine(cfg: Config, problems: list[str]) -> None:

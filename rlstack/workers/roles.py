@@ -40,7 +40,7 @@ def build_roles(cfg: Config, plan: StepPlan, total_steps: int, device: str) -> d
         loss=plan.actor_loss,
     )
     roles: dict[str, Any] = {"actor": policy}
-    if not plan.rollout_apart:
+    if plan.rollout_colocated:
         roles["rollout"] = RolloutWorker(
             w.rollout,
             w.actor.model,

@@ -25,6 +25,9 @@ def test_the_example_is_on_policy_with_nothing_but_the_update():
     assert p.actor_mini_batch == 32 * 8 and p.logprob_temperature == 1.0
     assert set(role_classes(p)) == {"actor", "rollout"}
     assert "gen -> reward -> adv -> update_actor -> sync (synchronous" in p.summary()
+    assert p.rollout_colocated and "rollout beside the policy" in p.summary()
+    apart = plan("worker.rollout.colocated=false")
+    assert not apart.rollout_colocated and "rollout apart" in apart.summary()
 
 
 @pytest.mark.parametrize(
