@@ -31,7 +31,7 @@ def validate(
     for start in range(0, len(val_set), size):
         idx = list(range(start, min(start + size, len(val_set))))
         prompts = seed_prompts(val_set.batch(idx), seed, -1, idx)
-        scored.append(rewards.score(rollout.generate(prompts, validate=True, sampling=sampling)))
+        scored.append(rewards.score(rollout.generate(prompts, for_validation=True, sampling=sampling)))
     val = Batch.concat(scored)
     per_source: dict[str, list[float]] = defaultdict(list)
     uids: dict[str, list[str]] = defaultdict(list)

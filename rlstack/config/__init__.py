@@ -43,11 +43,11 @@ from rlstack.config.schema import (
     Config,
     ConfigError,
     WorkerConfig,
+    config_problems,
     describe,
     field_docs,
     to_dict,
     to_yaml,
-    validate,
 )
 from rlstack.config.trainer import TrainerConfig
 
@@ -83,6 +83,7 @@ __all__ = [
     "TrainerConfig",
     "WorkerConfig",
     "chat_template_text",
+    "config_problems",
     "cpu_supports_bfloat16",
     "describe",
     "field_docs",
@@ -92,5 +93,4 @@ __all__ = [
     "resolve_device",
     "to_dict",
     "to_yaml",
-    "validate",
 ]

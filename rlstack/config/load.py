@@ -32,9 +32,9 @@ from rlstack.config.schema import (
     MASK,
     Config,
     ConfigError,
+    config_problems,
     machine_problems,
     masked_secrets,
-    validate,
 )
 
 
@@ -113,7 +113,7 @@ def load_config(
     notes = own_notes + [note for clamp in (actor_micro_batch, critic_micro_batch) if (note := clamp(cfg))]
     machine: list[str] = []
     _resolve_engine(cfg, machine)
-    problems += validate(cfg, machine=False)
+    problems += config_problems(cfg, machine=False)
     machine += machine_problems(cfg)
     if machine_checks == "warn":
         notes += [f"this machine cannot run it: {m}" for m in machine]

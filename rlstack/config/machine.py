@@ -1,7 +1,7 @@
 """What this machine has: its GPUs, its CPU's bfloat16, the packages a setting needs, the local sandbox.
 
 The one module of the config package that imports torch (inside functions, so that `rlstack --help`
-stays fast) or asks the machine anything; its rules run last in `validate`.
+stays fast) or asks the machine anything; its rules run last in `config_problems`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The whole configuration: `Config` and its sections, the one `validate` over every section's rules,
+"""The whole configuration: `Config` and its sections, the one `config_problems` over every section's rules,
 and the listings read from the fields' docstrings (`describe`, for `rlstack config-keys` and the docs)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class ConfigError(RLStackError, ValueError):
         super().__init__(f"{len(problems)} problem(s) in the configuration:\n{lines}")
 
 
-def validate(cfg: Config, machine: bool = True) -> list[str]:
+def config_problems(cfg: Config, machine: bool = True) -> list[str]:
     """Every problem of a built config: values out of their fields' ranges, then each section's rules,
     then (`machine`) what this machine cannot run. Each says what, why and how to fix it."""
     p = range_problems(cfg)

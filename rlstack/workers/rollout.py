@@ -190,14 +190,19 @@ class RolloutWorker:
         return self.engine.capabilities
 
     @remote(Dispatch.ROWS)
-    def generate(self, prompts: Batch, validate: bool = False, sampling: Sampling | None = None) -> Batch:
-        """`worker.rollout.n` trajectories per prompt (`val_n` and the `val_*` settings with `validate`;
-        `sampling`'s settings when given: `rlstack eval`)."""
+    def generate(
+        self, prompts: Batch, for_validation: bool = False, sampling: Sampling | None = None
+    ) -> Batch:
+        """`worker.rollout.n` trajectories per prompt with the training sampling settings; `val_n` and the
+        `val_*` settings `for_validation`; `sampling`'s settings when given (`rlstack eval`).
+        `for_validation` also makes an out-of-memory error name the validation sizes."""
         r = self.cfg
         if sampling is not None:
-            return self._run(prompts, *sampling, validate=validate)
-        if validate:
-            return self._run(prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k, validate=True)
+            return self._run(prompts, *sampling, for_validation=for_validation)
+        if for_validation:
+            return self._run(
+                prompts, r.val_n, r.val_temperature, r.val_top_p, r.val_top_k, for_validation=True
+            )
         return self._run(prompts, r.n, r.temperature, r.top_p, r.top_k)
 
     @remote(Dispatch.ROWS)
@@ -206,7 +211,13 @@ class RolloutWorker:
         return self._run(prompts, 1, 0.0, 1.0, -1)
 
     def _run(
-        self, prompts: Batch, n: int, temperature: float, top_p: float, top_k: int, validate: bool = False
+        self,
+        prompts: Batch,
+        n: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        for_validation: bool = False,
     ) -> Batch:
         with self.lock:
             self._wake_up()
@@ -216,7 +227,7 @@ class RolloutWorker:
                     prompts, n, lambda p: self.loop.generate(p, n, temperature, top_p, top_k)
                 )
             except torch.OutOfMemoryError as e:
-                raise OutOfMemory(self._out_of_memory(len(prompts), n, e, validate)) from e
+                raise OutOfMemory(self._out_of_memory(len(prompts), n, e, for_validation)) from e
             finally:
                 self.engine.sleep()
                 self.asleep = True
@@ -225,10 +236,10 @@ class RolloutWorker:
             batch["weight_version_last"] = batch["weight_version"].clone()
         return batch
 
-    def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, validate: bool) -> str:
+    def _out_of_memory(self, prompts: int, n: int, e: torch.OutOfMemoryError, for_validation: bool) -> str:
         engine = self.engine.capabilities.name
         where = f"out of memory generating {prompts} prompts x {n} with the {engine} engine{device_memory_in_use()}"
-        if validate:
+        if for_validation:
             sizes = (
                 "data.val_batch_size (a positive number of prompts per call, not -1) or worker.rollout.val_n"
             )

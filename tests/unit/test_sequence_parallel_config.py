@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlstack.config import Config, load_config
-from rlstack.config.schema import validate
+from rlstack.config.schema import config_problems
 
 
 def model_dir(tmp_path: Path, heads: int, kv_heads: int, vision: bool = False) -> str:
@@ -42,7 +42,7 @@ def problems(path: str, ulysses_size: int, **settings) -> list[str]:
     for key, value in settings.items():
         section, name = key.split("__")
         setattr(sections[section], name, value)
-    return [p for p in validate(cfg, machine=False) if "ulysses" in p]
+    return [p for p in config_problems(cfg, machine=False) if "ulysses" in p]
 
 
 def test_a_run_that_can_split_its_sequences_loads(tmp_path):
