@@ -45,7 +45,7 @@ class AgentConfig:
     tool_timeout_s: float | None = field(None, gt=0, why="null: the tools decide")
     """Wall-clock limit of one turn's tool calls: a trajectory whose call has not returned ends (end_reason timeout, its tools closed) and the trainer drops its group; unset: the tools' own limits."""
     feedback: str | None = None
-    """An environment's reply to an answer (`file.py:fn` or `pkg.mod:fn`, NeMo RL's multi-turn environments): called with {prompt, answer, response, ground_truth, data_source, extra, turn} after a turn that ends with EOS; a string it returns is the next user turn (not trained on) and the model answers again, up to max_turns; None accepts the answer."""
+    """An environment's reply to an answer (`file.py:fn` or `pkg.mod:fn`, NeMo RL's multi-turn environments): called with {prompt, last_turn (that turn's text; also under its old name answer), response, ground_truth, data_source, extra, turn} after a turn that ends with EOS; a string it returns is the next user turn (not trained on) and the model answers again, up to max_turns; None accepts the answer."""
 
     @property
     def call_format(self) -> Literal["code", "hermes"]:

@@ -16,8 +16,8 @@ stop string of the call format (`</code>`, `</tool_call>`) or EOS. Each turn is 
   `over_length`.
 
 With an environment's `feedback` function (NeMo RL's multi-turn environments), a turn that ends with
-EOS is an answer the function reads (`answer`, with the whole `response` so far and the row's prompt,
-ground truth, data source and extra fields; within `tool_timeout_s` if set, else the trajectory ends
+EOS is an answer the function reads (`last_turn`, that turn's text, with the whole `response` so far and
+the row's prompt, ground truth, data source and extra fields; within `tool_timeout_s` if set, else the trajectory ends
 as `timeout`): a string it returns is appended as the next user turn (`response_mask = 0`) and the model
 answers again; None, or the last of `max_turns` turns, ends the trajectory (`done`). The function runs
 in the tool threads; one that raises or returns something else stops the rollout naming the row.
@@ -327,8 +327,10 @@ class AgentLoop:
 
         def run(t: Trajectory) -> Any:
             response = self.tokenizer.decode(t.tokens, skip_special_tokens=True)
-            answer = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
-            return self.feedback(t.row | {"response": response, "answer": answer, "turn": t.num_turns})
+            last_turn = self.tokenizer.decode(t.tokens[_last_turn_start(t) :], skip_special_tokens=True)
+            # `answer`: `last_turn`'s old name, still passed for the functions written with it
+            turn = {"response": response, "last_turn": last_turn, "answer": last_turn, "turn": t.num_turns}
+            return self.feedback(t.row | turn)
 
         began = time.perf_counter()
         futures = [pool.submit(run, t) for t in answered]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_agent import Scripted
 
 from rlstack.batch import Batch
@@ -23,7 +24,7 @@ SEEN = []
 
 def reply(x):
     SEEN.append(dict(x))
-    if x["ground_truth"] in x["answer"]:
+    if x["ground_truth"] in x["last_turn"]:
         return None
     return f"No. Turn {x['turn']} was wrong, try again."
 
@@ -36,6 +37,12 @@ def slow(x):
 
 def raising(x):
     return x["nope"]
+
+def reply_by_the_old_name(x):
+    SEEN.append(dict(x))
+    if x["ground_truth"] in x["answer"]:  # what `last_turn` was called first
+        return None
+    return f"No. Turn {x['turn']} was wrong, try again."
 """
 
 
@@ -78,13 +85,29 @@ def test_a_rejected_answer_gets_the_environments_reply_and_another_turn(tiny_mod
         "3<|im_end|>\n<|im_start|>user\nNo. Turn 1 was wrong, try again.<|im_end|>\n<|im_start|>assistant\n"
     )
     seen = loop.feedback.__globals__["SEEN"]
-    assert [(x["turn"], x["answer"], x["ground_truth"], x["data_source"], x["extra"]) for x in seen] == [
+    assert [(x["turn"], x["last_turn"], x["ground_truth"], x["data_source"], x["extra"]) for x in seen] == [
         (1, "3", "7", "env", {"i": 0}),
         (1, "8", "8", "env", {"i": 1}),
         (2, "7", "7", "env", {"i": 0}),
     ]
     assert "3" in seen[2]["response"] and "try again" in seen[2]["response"]  # the whole trajectory so far
     assert [t["role"] for t in out["turns"][0]] == ["assistant", "user", "assistant"]
+
+
+def test_a_feedback_function_written_with_the_old_name_answer_reads_the_last_turn(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    turns = [["3<eos>", "7<eos>"], ["8<eos>"]]
+    (tmp_path / "new").mkdir(), (tmp_path / "old").mkdir()
+    new, _, _, _ = _feedback_loop(tiny_model_dir, tmp_path / "new", turns, max_turns=4)
+    old, _, old_loop, _ = _feedback_loop(
+        tiny_model_dir, tmp_path / "old", turns, fn="reply_by_the_old_name", max_turns=4
+    )
+    assert old["end_reason"] == new["end_reason"] == ["done", "done"]
+    assert old["num_turns"].tolist() == new["num_turns"].tolist() == [2, 1]
+    assert torch.equal(old["input_ids"], new["input_ids"])
+    seen = old_loop.feedback.__globals__["SEEN"]
+    assert [x["answer"] for x in seen] == [x["last_turn"] for x in seen] == ["3", "8", "7"]
 
 
 def test_the_last_of_max_turns_ends_the_trajectory_without_asking(tiny_model_dir: Path, tmp_path: Path):
