@@ -31,7 +31,7 @@ from rlstack.run_loop import RunLoop
 from rlstack.sft import build_warm_models
 from rlstack.validation import validate
 from rlstack.weight_sync import sync_engines
-from rlstack.workers.rollout import Sampling
+from rlstack.workers.rollout import GroupSampling
 from rlstack.workers.start import start_workers
 
 
@@ -162,12 +162,18 @@ class Evaluator:
         for spec, dataset in self.sets.items():
             entry: dict = {"rows": len(dataset)}
             greedy, batch = validate(
-                dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, Sampling(1, 0.0, 1.0, -1)
+                dataset,
+                self.rollout,
+                self.rewards,
+                d.val_batch_size,
+                r.seed,
+                1,
+                GroupSampling(1, 0.0, 1.0, -1),
             )
             entry["greedy"] = _strip(greedy)
             rows += [r | {"eval": "greedy"} for r in generation_rows(batch, len(batch), 0)]
             if s.n > 1:
-                sampling = Sampling(s.n, s.temperature, r.val_top_p, r.val_top_k)
+                sampling = GroupSampling(s.n, s.temperature, r.val_top_p, r.val_top_k)
                 sampled, batch = validate(
                     dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, sampling
                 )

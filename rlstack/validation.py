@@ -11,7 +11,7 @@ from rlstack.batch_metrics import agent_metrics, reward_component_means
 from rlstack.collection import seed_prompts
 from rlstack.data.dataset import PromptDataset
 from rlstack.rewards.manager import Rewards
-from rlstack.workers.rollout import RolloutWorker, Sampling
+from rlstack.workers.rollout import GroupSampling, RolloutWorker
 
 
 def validate(
@@ -21,7 +21,7 @@ def validate(
     batch_size: int,
     seed: int,
     val_n: int,
-    sampling: Sampling | None = None,
+    sampling: GroupSampling | None = None,
 ) -> tuple[dict[str, float], Batch]:
     """The validation metrics (`val/...`) and the scored trajectories. `batch_size`: prompts per
     generation call (<= 0: all at once); `seed`: the rollout seed; `sampling`: other settings than the

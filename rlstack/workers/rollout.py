@@ -27,8 +27,10 @@ from rlstack.workers.memory import device_memory_in_use
 from rlstack.workers.policy import PolicyWorker, load_trained_model
 
 
-class Sampling(NamedTuple):
-    """How to sample a generation call: samples per prompt, temperature (0: greedy), top-p, top-k."""
+class GroupSampling(NamedTuple):
+    """How the rollout worker samples each prompt's group in one `generate` call: the group's size `n` (samples
+    per prompt), temperature (0: greedy), top-p, top-k. The engine's `SamplingSettings` are per request (one
+    completion each: token budget, stop strings), built from these by the rollout loop."""
 
     n: int
     temperature: float
@@ -191,7 +193,7 @@ class RolloutWorker:
 
     @remote(Dispatch.ROWS)
     def generate(
-        self, prompts: Batch, for_validation: bool = False, sampling: Sampling | None = None
+        self, prompts: Batch, for_validation: bool = False, sampling: GroupSampling | None = None
     ) -> Batch:
         """`worker.rollout.n` trajectories per prompt with the training sampling settings; `val_n` and the
         `val_*` settings `for_validation`; `sampling`'s settings when given (`rlstack eval`).
