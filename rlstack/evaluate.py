@@ -161,14 +161,9 @@ class Evaluator:
         d, r = cfg.data, cfg.worker.rollout
         for spec, dataset in self.sets.items():
             entry: dict = {"rows": len(dataset)}
+            one_greedy = GroupSampling(1, 0.0, 1.0, -1)
             greedy, batch = validate(
-                dataset,
-                self.rollout,
-                self.rewards,
-                d.val_batch_size,
-                r.seed,
-                1,
-                GroupSampling(1, 0.0, 1.0, -1),
+                dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, one_greedy
             )
             entry["greedy"] = _strip(greedy)
             rows += [r | {"eval": "greedy"} for r in generation_rows(batch, len(batch), 0)]
