@@ -60,7 +60,7 @@ class RolloutConfig:
     temperature: float = field(
         1.0, gt=0, why="greedy decoding is for validation only: worker.rollout.val_temperature=0"
     )
-    """Sampling temperature (the actor scores log-probs at the same temperature)."""
+    """Sampling temperature (the actor takes its log-probs at the same temperature)."""
     top_p: float = field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
     top_k: int = field(-1, ge=-1, why="-1 or 0: all tokens")
@@ -210,7 +210,7 @@ def rollout_rules(cfg: Config, p: list[str]) -> None:
         p.append(
             f"worker.actor.rollout_correction = {correction} with worker.rollout.name = "
             f"vllm and worker.rollout.{' and '.join(truncated)}: vLLM reports the behaviour log-probs of the "
-            "truncated distribution (renormalised over the kept tokens), while the policy scores the whole "
-            "one, so the correction would see a mismatch where there is none; sample with top_p=1.0 and "
+            "truncated distribution (renormalised over the kept tokens), while the policy's log-probs are "
+            "over the whole one, so the correction would see a mismatch where there is none; sample with top_p=1.0 and "
             "top_k=-1, or use worker.rollout.name=hf"
         )
