@@ -28,7 +28,7 @@ from rlstack import checkpoint
 from rlstack.config import Config, to_yaml
 from rlstack.config.trainer import TrainerConfig
 from rlstack.resume import check_resume, record
-from rlstack.stops import RunStopped, StopRequest, stop_requests, stopped
+from rlstack.stops import RunStopped, Stopped, StopRequest, stop_requests, stopped
 from rlstack.tracking import Tracker
 
 Kind = Literal["train", "sft", "eval"]
@@ -79,6 +79,25 @@ def run_length(t: TrainerConfig, steps_per_epoch: int) -> int:
     return min(steps, t.step_cap) if t.step_cap is not None else steps
 
 
+def length_note(t: TrainerConfig, steps_per_epoch: int) -> str | None:
+    """What an RL run's start says where `trainer.max_steps` outruns `trainer.total_epochs` (the epochs are
+    then ignored; until 2026-11-29 they capped an RL run, where SFT always took max_steps as its length),
+    None otherwise."""
+    by_epochs = steps_per_epoch * t.total_epochs
+    if (
+        t.max_steps is None
+        or t.max_steps <= by_epochs
+        or (t.step_cap is not None and t.step_cap <= by_epochs)
+    ):
+        return None
+    passes = -(-t.max_steps // max(steps_per_epoch, 1))
+    return (
+        f"trainer.max_steps={t.max_steps} is the run's length: {passes} passes over the training rows "
+        f"({steps_per_epoch} steps each), so trainer.total_epochs={t.total_epochs} is ignored; to stop at the "
+        f"epochs instead, set trainer.step_cap={t.max_steps} and leave max_steps out"
+    )
+
+
 class RunLoop:
     def __init__(self, cfg: Config, kind: Kind):
         """Seeds the run and finds the checkpoint it resumes from: before the job loads anything, so that a
@@ -106,15 +125,19 @@ class RunLoop:
         """Run `job` to step `total_steps` (from the checkpoint it resumes, if any); returns the last metrics.
         `files` are written beside `config.yaml` and `notes` printed after the run directory's line."""
         self.total_steps = total_steps
-        try:
-            self._resume(job)
-            self._open(files or {}, notes)
-            with stop_requests(self._after(), at_once=self.kind == "eval") as stop:
+        with stop_requests(self._after(), at_once=self.kind == "eval") as stop:
+            try:  # closed inside: a signal while the workers shut down is a request, not an interrupt
+                self._resume(job)
+                self._open(files or {}, notes)
                 return self._loop(job, stop)
-        finally:
-            if self.tracker is not None:
-                self.tracker.close()
-            job.close()
+            except Stopped as e:
+                if self.kind != "eval":
+                    raise
+                raise RunStopped(f"evaluation stopped by {e}; nothing written", e.signum, None) from None
+            finally:
+                if self.tracker is not None:
+                    self.tracker.close()
+                job.close()
 
     def _loop(self, job: Job, stop: StopRequest) -> dict[str, float]:
         t = self.cfg.trainer

@@ -26,7 +26,7 @@ from rlstack.models.loading import load_tokenizer_and_processor, model_dir
 from rlstack.plan import StepPlan
 from rlstack.producer import RolloutProducer, staleness
 from rlstack.rollout.agent import agent_system_prompt
-from rlstack.run_loop import RunLoop, run_length
+from rlstack.run_loop import RunLoop, length_note, run_length
 from rlstack.sft import build_warm_models
 from rlstack.timing import timer
 from rlstack.tracking import Tracker
@@ -83,6 +83,8 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         """Train for `total_steps`; returns the last step's metrics."""
         notes = [self.plan.summary()]
+        if note := length_note(self.cfg.trainer, len(self.loader)):
+            notes.append(note)
         if self.cfg.worker.rollout.auto_reason:
             r = self.cfg.worker.rollout
             notes.append(f"rollout engine: {r.name} (worker.rollout.name=auto: {r.auto_reason})")

@@ -16,7 +16,7 @@ from e2e_runs import _metrics, _overrides
 from rlstack.config import load_config
 from rlstack.evaluate import EvalSettings, Evaluator
 from rlstack.sft import SFTTrainer
-from rlstack.stops import RunStopped, Stopped
+from rlstack.stops import RunStopped
 from rlstack.trainer import Trainer
 
 
@@ -95,7 +95,7 @@ def test_a_stop_request_stops_an_evaluation_at_once(tiny_model_dir: Path, tmp_pa
             return super().validate()
 
     cfg = _cfg(tiny_model_dir, tmp_path)
-    with pytest.raises(Stopped) as stop:
+    with pytest.raises(RunStopped, match="evaluation stopped by SIGINT; nothing written") as stop:
         Signalled(cfg, EvalSettings([_rows(tmp_path)])).run()
     assert stop.value.signum == signal.SIGINT
     assert not (tmp_path / "out" / "rlstack" / "default_eval" / "eval.json").exists()

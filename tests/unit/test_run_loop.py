@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlstack.config import load_config
-from rlstack.run_loop import RunLoop, run_length
+from rlstack.run_loop import RunLoop, length_note, run_length
 from rlstack.stops import RunStopped, Stopped
 
 
@@ -180,9 +180,34 @@ def test_an_evaluation_stops_at_the_first_request(tmp_path: Path):
     """`rlstack eval` has nothing to save: a first signal stops it at once (the job still closes)."""
     loop = RunLoop(_cfg(tmp_path, "trainer.val_only=true"), "eval")
     job = Job(loop, signal_at=0)
-    with pytest.raises(Stopped):
+    with pytest.raises(RunStopped, match="^evaluation stopped by SIGINT; nothing written$") as stop:
         loop.fit(job, 0)
+    assert stop.value.signum == signal.SIGINT and stop.value.checkpoint is None
     assert job.events == ["validate 0", "close"]
+
+
+def test_a_signal_while_the_run_closes_is_a_request_not_an_interrupt(tmp_path: Path):
+    """The workers shut down (trackers upload, Ray stops) with the stop handler still in place: a first
+    signal then changes nothing, where an interrupt would cut the shutdown short."""
+    loop = RunLoop(_cfg(tmp_path, "trainer.val_before_train=false"), "train")
+
+    class SignalledAtClose(Job):
+        def close(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            super().close()
+
+    job = SignalledAtClose(loop)
+    loop.fit(job, 2)
+    assert job.events[-2:] == ["model", "close"]
+
+
+def test_a_max_steps_past_the_epochs_is_said(tmp_path: Path):
+    t = _cfg(tmp_path, "trainer.max_steps=7", "trainer.total_epochs=2").trainer
+    assert "3 passes over the training rows (3 steps each)" in length_note(t, 3)
+    assert "trainer.step_cap=7" in length_note(t, 3)
+    assert length_note(t, 4) is None  # 8 steps by the epochs: max_steps ends the run first
+    capped = _cfg(tmp_path, "trainer.max_steps=7", "trainer.step_cap=3").trainer  # ends within the epoch
+    assert length_note(capped, 3) is None
 
 
 def test_a_second_stop_request_stops_at_once(tmp_path: Path):
