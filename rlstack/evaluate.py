@@ -159,9 +159,9 @@ class Evaluator:
         logged: dict[str, float] = {}
         rows: list[dict] = []
         d, r = cfg.data, cfg.worker.rollout
+        one_greedy = GroupSampling(1, 0.0, 1.0, -1)
         for spec, dataset in self.sets.items():
             entry: dict = {"rows": len(dataset)}
-            one_greedy = GroupSampling(1, 0.0, 1.0, -1)
             greedy, batch = validate(
                 dataset, self.rollout, self.rewards, d.val_batch_size, r.seed, 1, one_greedy
             )

@@ -83,12 +83,7 @@ def length_note(t: TrainerConfig, steps_per_epoch: int) -> str | None:
     """What an RL run's start says where `trainer.max_steps` outruns `trainer.total_epochs` (the epochs are
     then ignored; until 2026-11-29 they capped an RL run, where SFT always took max_steps as its length),
     None otherwise."""
-    by_epochs = steps_per_epoch * t.total_epochs
-    if (
-        t.max_steps is None
-        or t.max_steps <= by_epochs
-        or (t.step_cap is not None and t.step_cap <= by_epochs)
-    ):
+    if run_length(t, steps_per_epoch) <= steps_per_epoch * t.total_epochs:
         return None
     passes = -(-t.max_steps // max(steps_per_epoch, 1))
     return (
