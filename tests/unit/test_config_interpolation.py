@@ -4,12 +4,17 @@ merged and before the values are converted and validated, with problems that nam
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
 from config_files import problems_of, write_yaml
 
+import rlstack.config.tree as tree
 from rlstack.config import load_config, to_yaml
+from rlstack.config.compat import easyr1
+from rlstack.config.compat.easyr1_fields import EASYR1_FIELDS
+from rlstack.config.schema import Config
 
 
 def test_an_environment_variable_with_and_without_a_default(tmp_path: Path, monkeypatch):
@@ -272,3 +277,72 @@ def test_a_reference_in_an_easyr1_file_to_a_key_that_is_nowhere_names_the_file_t
         f"trainer.project_name ({path}, line 10): ${{trainer.no_such_key_anywhere}}: "
         "trainer.no_such_key_anywhere is not a key of the config; a reference is ${section.key}, from the top"
     )
+
+
+EASYR1_ONLY_REFERENCES = """
+worker:
+  actor:
+    offload:
+      offload_params: false  # a key only EasyR1 has: this is EasyR1's file
+algorithm:
+  adv_estimator: reinforce_plus_plus
+  max_try_make_batch: ${trainer.max_try_make_batch}
+trainer:
+  experiment_name: kl_off_${algorithm.disable_kl}_img${worker.rollout.limit_images}_${worker.rollout.dtype}_${data.video_key}
+  project_name: shard${worker.actor.fsdp.fsdp_size}_${worker.actor.fsdp.enable_full_shard}_${worker.reward.num_cpus}
+"""
+
+
+def test_a_reference_in_an_easyr1_file_to_an_easyr1_only_key_it_leaves_out_reads_easyr1s_default(
+    tmp_path: Path,
+):
+    """Keys rlstack has no key for (`disable_kl`, `limit_images`, `trainer.max_try_make_batch`, FSDP's
+    `fsdp_size`, the rollout's `dtype`, ...) are still fields of EasyR1's config, at their defaults there when
+    the file leaves them out: a reference reads that default, with its type."""
+    path = write_yaml(tmp_path / "easyr1.yaml", EASYR1_ONLY_REFERENCES)
+    cfg = load_config([f"config={path}", *EASYR1_NAMES])
+    assert cfg.algorithm.max_try_make_batch == 20  # EasyR1's TrainerConfig.max_try_make_batch, an int
+    assert cfg.trainer.experiment_name == "kl_off_False_img0_bf16_videos"
+    assert cfg.trainer.project_name == "shard-1_True_1"
+    # the file's own value, where it sets the key, as before
+    path = write_yaml(
+        tmp_path / "set.yaml",
+        EASYR1_ONLY_REFERENCES.replace("algorithm:\n", "algorithm:\n  disable_kl: true\n"),
+    )
+    assert (
+        load_config([f"config={path}", *EASYR1_NAMES]).trainer.experiment_name
+        == "kl_off_True_img0_bf16_videos"
+    )
+
+
+def test_a_reference_to_an_easyr1_only_key_outside_an_easyr1_file_is_no_key(tmp_path: Path):
+    """Only an EasyR1 file (one holding keys only EasyR1 has) takes EasyR1's defaults; rlstack's own config
+    has no algorithm.disable_kl."""
+    path = write_yaml(tmp_path / "run.yaml", "trainer:\n  experiment_name: kl${algorithm.disable_kl}\n")
+    (problem,) = problems_of([f"config={path}"])
+    assert problem.startswith(
+        f"trainer.experiment_name ({path}, line 2): kl${{algorithm.disable_kl}}: algorithm.disable_kl is not a "
+        "key of the config; did you mean"
+    )
+
+
+def test_a_misspelt_easyr1_only_key_in_an_easyr1_file_is_a_problem_naming_easyr1s_key(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "easyr1.yaml",
+        EASYR1_ONLY_REFERENCES.replace("${algorithm.disable_kl}", "${algorithm.disable_kll}"),
+    )
+    (problem,) = problems_of([f"config={path}", *EASYR1_NAMES])
+    assert problem.startswith(f"trainer.experiment_name ({path}, line 9): kl_off_${{algorithm.disable_kll}}")
+    assert problem.endswith(
+        "algorithm.disable_kll is not a key of the config; did you mean ${algorithm.disable_kl}?"
+    )
+
+
+def test_every_easyr1_key_rlstack_reads_has_easyr1s_default_and_none_is_rlstacks_own():
+    """The table a reference in an EasyR1 file reads: every EasyR1 key rlstack moves, accepts or reads by its
+    own rule is in it; none of rlstack's keys is (rlstack's value, or EASYR1_DEFAULTS', is what the run
+    takes and what a reference reads)."""
+    assert [k for k in (*easyr1.FOREIGN, *easyr1.OWN_RULES) if k not in EASYR1_FIELDS] == []
+    ours = dataclasses.asdict(Config())
+    assert [k for k in EASYR1_FIELDS if tree.get(ours, k) is not tree.MISSING] == []
+    assert (EASYR1_FIELDS["algorithm.disable_kl"], EASYR1_FIELDS["worker.rollout.limit_images"]) == (False, 0)

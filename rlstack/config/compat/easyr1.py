@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rlstack.config.tree as tree
+from rlstack.config.compat.easyr1_fields import EASYR1_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +234,11 @@ def is_easyr1_file(values: dict, sources: dict[str, str]) -> bool:
 
 def dialect_defaults(values: dict, sources: dict[str, str]) -> dict[str, Any]:
     """The defaults the keys of the merged config `values` take where it leaves them out, where they are not
-    rlstack's: EasyR1's (`EASYR1_DEFAULTS`) for an EasyR1 file, else none. What an interpolation
-    (`${worker.rollout.n}`) to such a key reads, as in EasyR1, which merges its defaults with the file and
+    rlstack's: EasyR1's for an EasyR1 file (`EASYR1_DEFAULTS` for rlstack's keys, `EASYR1_FIELDS` for its
+    fields rlstack has no key for), else none. What an interpolation (`${worker.rollout.n}`,
+    `${algorithm.disable_kl}`) to such a key reads, as in EasyR1, which merges its defaults with the file and
     then resolves."""
-    return dict(EASYR1_DEFAULTS) if is_easyr1_file(values, sources) else {}
+    return {**EASYR1_FIELDS, **EASYR1_DEFAULTS} if is_easyr1_file(values, sources) else {}
 
 
 EASYR1_DEFAULTS: dict[str, Any] = {
