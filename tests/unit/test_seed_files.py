@@ -111,6 +111,13 @@ def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
     # the one key it leaves out takes EasyR1's default, not the demo's
     assert a.clip_ratio_high == 0.3
     assert any("worker.actor.clip_ratio_high=0.3" in n for n in notes)
+    # dynamic batching packs a pass as EasyR1's: micro-batch x the padded length, 2048 + 2048
+    budgets = (a.max_token_len_per_device_for_update, a.max_token_len_per_device_for_experience)
+    assert (*budgets, cfg.worker.ref.max_token_len_per_device_for_experience) == (
+        1 * 4096,
+        2 * 4096,
+        2 * 4096,
+    )
 
 
 @pytest.mark.parametrize(
@@ -168,6 +175,47 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
     assert (alg.kl_coef, alg.kl_penalty) == (1e-3, "kl")
     assert any("algorithm.kl_coef=0.001" in n and "EasyR1's defaults" in n for n in notes)
     assert not [n for n in notes if "does nothing" in n]  # EasyR1's own default is no kl_coef the file set
+
+
+@pytest.mark.parametrize(
+    ("overrides", "actor", "ref", "critic"),
+    [
+        ([], (4096, 8192), 8192, (16384, 32768)),  # micro-batches of 1 and 2; the critic's batching is off
+        (["data.max_response_length=6144"], (8192, 16384), 16384, (16384, 32768)),
+        (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (16384, 32768)),
+        (
+            ["worker.critic.dynamic_batching=true"],
+            (4096, 8192),
+            8192,
+            (4 * 4096, 16 * 4096),
+        ),  # EasyR1's 4 / 16
+        (["worker.actor.dynamic_batching=false"], (16384, 32768), 32768, (16384, 32768)),  # unused: rlstack's
+    ],
+)
+def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
+    caplog, overrides, actor, ref, critic
+):
+    """EasyR1 has no token budget key: with dynamic batching a pass holds up to the micro-batch size x the
+    padded length (max_prompt_length + max_response_length) tokens, the reference's the actor's experience
+    micro-batch. A budget set in rlstack's name stays."""
+    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS, *overrides], caplog)
+    a, cr = cfg.worker.actor, cfg.worker.critic
+    assert (a.max_token_len_per_device_for_update, a.max_token_len_per_device_for_experience) == actor
+    assert cfg.worker.ref.max_token_len_per_device_for_experience == ref
+    assert (cr.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_experience) == critic
+    said = [n for n in notes if n.startswith("EasyR1's dynamic batching packs each pass")]
+    assert len(said) == (0 if "worker.actor.dynamic_batching=false" in overrides else 1)
+
+
+def test_dynamic_batching_outside_an_easyr1_file_keeps_rlstacks_budgets():
+    cfg = load_config(
+        ["worker.actor.dynamic_batching=true", "worker.actor.micro_batch_size_per_device_for_update=1"]
+    )
+    a = cfg.worker.actor
+    assert (a.max_token_len_per_device_for_update, a.max_token_len_per_device_for_experience) == (
+        16384,
+        32768,
+    )
 
 
 def test_an_easyr1_file_must_name_what_easyr1_has_no_default_for(tmp_path):
@@ -422,11 +470,8 @@ EASYR1_SCRIPTS: dict[str, dict[str, Any]] = {
 """EasyR1's launch scripts that load, each with some of what its overrides mean here."""
 EASYR1_SCRIPTS_REFUSED: dict[str, list[str]] = {
     "qwen2_5_vl_7b_geo3k_dapo.sh": ["data.mini_rollout_batch_size=128 (command-line override"],
-    "qwen3_14b_dapo17k_dapo.sh": [
-        "data.mini_rollout_batch_size=256 (command-line override",
-        "worker.actor.max_token_len_per_device_for_update = 16384 is less than data.max_prompt_length + "
-        "data.max_response_length = 22528",
-    ],
+    # its 22528-token trajectories fit: EasyR1's budget, micro-batch 1 x 22528, is derived
+    "qwen3_14b_dapo17k_dapo.sh": ["data.mini_rollout_batch_size=256 (command-line override"],
     "qwen3_vl_4b_geo3k_grpo_lora.sh": ["LoRA is built for one policy rank so far"],
 }
 """EasyR1's launch scripts refused, each by what it asks that rlstack does not do that way (DAPO's

@@ -290,6 +290,7 @@ def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> Non
             + ", ".join(f"{k}={v!r}" for k, v in unset.items())
         )
     _easyr1_validation(values, notes)
+    _easyr1_budgets(values, notes)
     limit = tree.get(values, "trainer.save_limit")
     if isinstance(limit, int) and limit > 0 and tree.get(values, "trainer.save_best_metric") is tree.MISSING:
         notes.append(
@@ -326,6 +327,59 @@ def _easyr1_validation(values: dict, notes: list[str]) -> None:
             "EasyR1 validates with the rollout's sampling, where worker.rollout.val_override_config does not "
             f"say otherwise: read as {', '.join(said)} (rlstack's own default is greedy)"
         )
+
+
+EASYR1_BUDGETS = {
+    "worker.actor.max_token_len_per_device_for_update": (
+        "worker.actor.dynamic_batching",
+        "worker.actor.micro_batch_size_per_device_for_update",
+    ),
+    "worker.actor.max_token_len_per_device_for_experience": (
+        "worker.actor.dynamic_batching",
+        "worker.actor.micro_batch_size_per_device_for_experience",
+    ),
+    "worker.ref.max_token_len_per_device_for_experience": (
+        "worker.actor.dynamic_batching",
+        "worker.actor.micro_batch_size_per_device_for_experience",
+    ),
+    "worker.critic.max_token_len_per_device_for_update": (
+        "worker.critic.dynamic_batching",
+        "worker.critic.micro_batch_size_per_device_for_update",
+    ),
+    "worker.critic.max_token_len_per_device_for_experience": (
+        "worker.critic.dynamic_batching",
+        "worker.critic.micro_batch_size_per_device_for_experience",
+    ),
+}
+"""rlstack's dynamic-batching token budgets -> (the switch, the micro-batch size) EasyR1 derives each from. EasyR1
+has no budget key: with dynamic batching its actor and critic pack each pass with up to the micro-batch size x
+the padded length of the rows, which is data.max_prompt_length + data.max_response_length (prompts are padded
+to the one, responses to the other); its reference runs the actor's code with the actor's experience micro-batch
+and switch, copied to it."""
+
+
+def _easyr1_budgets(values: dict, notes: list[str]) -> None:
+    """The token budgets an EasyR1 file leaves out (all of them: EasyR1 has none), where its dynamic batching is
+    on: EasyR1's, the micro-batch size x the padded length (`EASYR1_BUDGETS`), not rlstack's fixed 16384 /
+    32768, which would pack passes of another size than EasyR1's on the same GPU."""
+    lengths = [tree.get(values, k) for k in ("data.max_prompt_length", "data.max_response_length")]
+    if not all(_count(v) for v in lengths):
+        return  # a problem of its own
+    padded, said = sum(lengths), []
+    for key, (switch, micro_key) in EASYR1_BUDGETS.items():
+        micro = tree.get(values, micro_key)
+        if tree.get(values, switch) is True and tree.get(values, key) is tree.MISSING and _count(micro):
+            tree.set(values, key, micro * padded)
+            said.append(f"{key}={micro * padded} ({micro_key.rsplit('.', 1)[-1]} {micro} x {padded})")
+    if said:
+        notes.append(
+            "EasyR1's dynamic batching packs each pass with up to the micro-batch size x the padded length "
+            f"(data.max_prompt_length + data.max_response_length = {padded}) tokens: read as {', '.join(said)}"
+        )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 EASYR1_KL = {k: EASYR1_DEFAULTS[k] for k in ("algorithm.kl_coef", "algorithm.kl_penalty")}
