@@ -28,10 +28,11 @@ class Dataset:
     """Validation rows the class brought in NeMo RL's older layout (`data.dataset_name`, before NeMo RL #1649
     split the training and validation datasets): data.val_files there, where the config names none. Under
     `data.train`, today's, NeMo RL's classes bring none (its recipes name `data.validation`)."""
+    holds_out: bool = False
+    """NeMo RL's class holds out `split_validation_size` of its rows for validation (data.val_split); else it
+    holds out none whatever the key says (NeMo RL warns that it ignores the key)."""
     val_split: float = 0.0
-    """Or the share of the training rows NeMo RL's class holds out for validation (its default
-    `split_validation_size`): data.val_split. 0: the class holds out no rows whatever
-    `split_validation_size` says (NeMo RL warns that it ignores the key)."""
+    """The share it holds out where the config does not say (its default `split_validation_size`)."""
     extract_answer: bool = False
     """NeMo RL's class takes `extract_answer` (gsm8k's; true by default: the answer is the text after
     `####` of the worked solution, as rlstack's `gsm8k` rows read it, `data.format=auto`)."""
@@ -43,11 +44,15 @@ in `question`, the answer after `####` of `answer`; rlstack's `data.format=auto`
 `gsm8k` format (problem and answer in `problem` and `answer`)."""
 
 DATASETS = {
-    "OpenMathInstruct-2": Dataset("nvidia/OpenMathInstruct-2@train_1M", "expected_answer", val_split=0.05),
+    "OpenMathInstruct-2": Dataset(
+        "nvidia/OpenMathInstruct-2@train_1M", "expected_answer", holds_out=True, val_split=0.05
+    ),
     "DeepScaler": Dataset(
         "agentica-org/DeepScaleR-Preview-Dataset@train", older_val_files="HuggingFaceH4/aime_2024@train"
     ),
     "AIME2024": Dataset("HuggingFaceH4/aime_2024@train"),
+    "AIME2026": Dataset("MathArena/aime_2026@train"),  # its answers are numbers: read as text
+    "OpenR1-Math-220k": Dataset("open-r1/OpenR1-Math-220k:default@train", holds_out=True),
     # veRL rows (prompt, reward_model.ground_truth), which data.format=auto reads as problem and answer
     "DAPOMath17K": Dataset("BytedTsinghua-SIA/DAPO-Math-17k@train"),
     "DAPOMathAIME2024": Dataset("BytedTsinghua-SIA/AIME-2024@train"),
@@ -57,7 +62,20 @@ DATASETS = {
 """NeMo RL's dataset registry names (`data.train.dataset_name`, `data.validation.dataset_name`, the older
 `data.dataset_name`) that have a Hub form, as rlstack reads them: the Hub dataset, config and split NeMo
 RL's class loads, the fields its problem and answer are in, and the validation rows it brings. The others
-(the SFT, preference and VLM sets) are a problem saying what to set."""
+(the SFT, preference and VLM sets, and `WITHOUT_HUB_FORM`'s) are a problem saying what to set."""
+
+WITHOUT_HUB_FORM = {
+    "AIME2025": (
+        "NeMo RL's AIME2025 class joins the rows of two Hub configs of opencompass/AIME2025, AIME2025-I and "
+        "AIME2025-II (split test, the problem in question), and rlstack reads one Hub config per data.train_files "
+        "or data.val_files",
+        "write both configs' rows into one JSONL file, the problem under problem and the answer under answer, and "
+        "name it in data.{which}.data_path (with data.default.input_key: problem and output_key: answer, which "
+        "NeMo RL reads it with too)",
+    ),
+}
+"""NeMo RL's math registry names whose rows rlstack's `name[:config]@split` cannot name exactly: why, and
+what to set instead (`{which}`: train or validation)."""
 
 LOCAL_SUFFIXES = (".arrow", ".csv", ".json", ".jsonl", ".parquet", ".txt")
 """Files NeMo RL's `load_dataset_from_path` reads as local files, which have no Hub config (`subset`)."""
@@ -175,6 +193,9 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None, st
     if t.get(to) is not tree.MISSING:  # rlstack's own key names the rows
         if name is not tree.MISSING:
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {to} is set")
+    elif isinstance(name, str) and name in WITHOUT_HUB_FORM:
+        why, instead = WITHOUT_HUB_FORM[name]
+        t.problems.append(f"{key}={name!r}{t.at(key)}: {why}: {instead.format(which=which)}")
     elif isinstance(name, str) or which == "train":
         if isinstance(name, str):
             what = f"={name!r}, a NeMo RL registry name without a Hub form rlstack reads"
@@ -260,7 +281,7 @@ def datasets_rule(t: Translation) -> None:
     _fields(t, [e for e in (entry, val_entry) if e is not None])
     key = "data.train.split_validation_size"
     held_out = t.get(key)
-    if entry is not None and not entry.val_split and held_out is not tree.MISSING:
+    if entry is not None and not entry.holds_out and held_out is not tree.MISSING:
         t.take(key)
         t.notes.append(
             f"{key}{t.at(key)}: NeMo RL's key, not used: NeMo RL's {_name(entry)} class holds out no rows (NeMo RL "
