@@ -38,6 +38,11 @@ def set(values: dict, dotted: str, value: Any) -> None:
     node[last] = value
 
 
+def is_count(value: Any) -> bool:
+    """Whether a value as read is a whole number of at least 1 (YAML's `true` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def where_set(sources: dict[str, str], key: str) -> str:
     """` (file, line N)` where `key` (or a key under it) was set, for messages; empty if nowhere known."""
     where = sources.get(key) or next((v for k, v in sources.items() if k.startswith(key + ".")), "")

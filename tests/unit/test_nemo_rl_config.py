@@ -360,7 +360,8 @@ def test_nemo_rls_registry_names_are_read_as_their_hub_datasets(tmp_path: Path):
     from rlstack.config.compat.nemo_rl_data import DATASETS
 
     for name, entry in DATASETS.items():
-        cfg = load_config([_nemo_rl(tmp_path, f"data:\n  train: {{dataset_name: {name}}}\n")])
+        off = "".join(f", {k}: false" for k, _ in entry.filters)  # every row, as rlstack reads a Hub split
+        cfg = load_config([_nemo_rl(tmp_path, f"data:\n  train: {{dataset_name: {name}{off}}}\n")])
         d = cfg.data
         assert (d.train_files, d.prompt_key, d.answer_key) == (
             entry.files,

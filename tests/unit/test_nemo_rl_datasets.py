@@ -1,6 +1,7 @@
-"""NeMo RL's registry datasets rlstack reads as Hub rows (OpenR1-Math-220k, AIME2026) and the one it cannot name
-exactly (AIME2025) (`rlstack/config/compat/nemo_rl_data.py`). Each over NeMo RL's grpo_math_1B.yaml as it
-ships, with NeMo RL's `++key=value` overrides."""
+"""NeMo RL's registry datasets rlstack reads as Hub rows (NuminaMath-1.5, OpenR1-Math-220k, AIME2026), the one it
+cannot name exactly (AIME2025), and the keys only some of NeMo RL's dataset classes read: `repeat` (its AIME
+classes) and NuminaMath-1.5's row filters (`rlstack/config/compat/nemo_rl_data.py`). Each over NeMo RL's
+grpo_math_1B.yaml as it ships, with NeMo RL's `++key=value` overrides."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def _problems(args: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     ("overrides", "files", "val_split"),
     [
+        (
+            ["++data.train.verifiable_only=false", "++data.train.require_valid=false"],
+            "AI-MO/NuminaMath-1.5@train",
+            0.05,  # the shipped file's split_validation_size, which NuminaMath-1.5's class reads
+        ),
+        (
+            ["++data.default.verifiable_only=false", "++data.default.require_valid=false"],
+            "AI-MO/NuminaMath-1.5@train",
+            0.05,
+        ),
         ([], "open-r1/OpenR1-Math-220k:default@train", 0.05),
         (
             ["++data.train.subset=extended", "++data.train.split_validation_size=0"],
@@ -59,7 +70,9 @@ def _problems(args: list[str]) -> list[str]:
 def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classes_load(
     base, caplog, overrides, files, val_split
 ):
-    name = {"open-r1": "OpenR1-Math-220k", "MathArena": "AIME2026"}[files.split("/")[0]]
+    name = {"AI-MO": "NuminaMath-1.5", "open-r1": "OpenR1-Math-220k", "MathArena": "AIME2026"}[
+        files.split("/")[0]
+    ]
     cfg, notes = _load([base, f"++data.train.dataset_name={name}", *overrides], caplog)
     d = cfg.data
     assert (d.train_files, d.prompt_key, d.answer_key) == (files, "problem", "answer")
@@ -67,6 +80,29 @@ def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classes_load(
     assert any(n.startswith(f"data.train.dataset_name={name!r}") and files in n for n in notes)
     for key in (o.lstrip("+").split("=")[0] for o in overrides):  # each read, and said
         assert any(n.startswith(key) for n in notes), key
+
+
+@pytest.mark.parametrize(
+    ("overrides", "on"),
+    [
+        ([], ["verifiable_only, on by default", "require_valid, on by default"]),
+        (["++data.train.require_valid=false"], ["verifiable_only, on by default"]),
+        (
+            ["++data.default.require_valid=false", "++data.train.verifiable_only=true"],
+            ["data.train.verifiable_only=True"],
+        ),
+    ],
+)
+def test_numinamaths_row_filters_rlstack_cannot_apply_are_refused_by_name(base, overrides, on):
+    """NeMo RL's NuminaMath-1.5 class drops the rows without a checkable answer and those not marked valid;
+    rlstack reads every row of the Hub split: the same rows only with both filters off."""
+    (problem,) = _problems([base, "++data.train.dataset_name=NuminaMath-1.5", *overrides])
+    assert problem.startswith("data.train.dataset_name='NuminaMath-1.5' (command-line override")
+    assert "AI-MO/NuminaMath-1.5@train and drops none" in problem
+    assert "set data.train.verifiable_only: false and data.train.require_valid: false" in problem
+    for filter_on in on:
+        assert filter_on in problem, (filter_on, problem)
+    assert problem.count(", on by default") + problem.count("=True") == len(on)
 
 
 @pytest.mark.parametrize("which", ["train", "validation"])
@@ -95,3 +131,92 @@ def test_a_data_path_of_the_rows_aime2025_asks_for_loads(base, tmp_path):
         "problem",
         "answer",
     )
+
+
+AIME_16 = [*DEEPSCALER, "++data.validation.dataset_name=AIME2024", "++data.validation.repeat=16"]
+"""NeMo RL's DeepScaler recipes' validation (grpo-deepscaler-1.5b-8K.yaml): AIME 2024, each row 16 times."""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "val_n"),
+    [
+        ([], 16),  # the shipped val_num_generations_per_prompt: 1
+        (["++grpo.val_num_generations_per_prompt=2"], 32),  # 16 copies, 2 samples each
+        (["worker.rollout.val_n=4"], 4),  # rlstack's key on the command line wins
+    ],
+)
+def test_a_repeated_aime_validation_set_is_as_many_samples_of_each_prompt(base, caplog, overrides, val_n):
+    """NeMo RL's AIME classes take their rows `repeat` times over, each copy sampled
+    val_num_generations_per_prompt times, and validation's accuracy is the mean reward over all: rlstack's
+    val_n samples of each prompt, val/<source>/accuracy their mean."""
+    cfg, notes = _load([base, *AIME_16, *overrides], caplog)
+    assert (cfg.data.val_files, cfg.worker.rollout.val_n) == ("HuggingFaceH4/aime_2024@train", val_n)
+    (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
+    if overrides[:1] == ["worker.rollout.val_n=4"]:
+        assert said.endswith("not used: the command line sets worker.rollout.val_n")
+    else:
+        assert f"takes each validation row 16 times, each sampled {val_n // 16} time(s)" in said
+        assert f"read as worker.rollout.val_n={val_n}" in said
+
+
+def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_it_differs(base, caplog):
+    """NeMo RL's grpo.max_val_samples counts the repeated rows (in whole batches of val_batch_size), rlstack's
+    data.val_max_samples prompts: the recipe's 480 in batches of 32 is AIME 2024's 30 rows x 16, the same
+    samples; the shipped 256 in one batch of 256 covers 16 rows x 16, which is said."""
+    recipe = ["++grpo.max_val_samples=480", "++grpo.val_batch_size=32"]
+    cfg, notes = _load([base, *AIME_16, *recipe], caplog)
+    assert (cfg.worker.rollout.val_n, cfg.data.val_max_samples, cfg.data.val_batch_size) == (16, 480, 32)
+    (said,) = [n for n in notes if n.startswith("grpo.max_val_samples=480")]
+    assert "validates the first 480 of them" in said and "the same samples where there are at most 30" in said
+    caplog.clear()
+    _, notes = _load([base, *AIME_16, "++grpo.val_batch_size=100"], caplog)  # the shipped 256 prompts
+    (said,) = [n for n in notes if n.startswith("grpo.max_val_samples=256")]
+    assert "validates the first 200 of them" in said and "at most 12 validation rows" in said
+
+
+def test_repeat_is_read_for_the_rows_of_an_aime_class_only(base, caplog):
+    """`data.default.repeat` reaches every dataset: the AIME validation rows read it, DeepScaler's class (like
+    every class but AIME's) ignores it, as in NeMo RL, which is said."""
+    cfg, notes = _load(
+        [base, *DEEPSCALER, "++data.validation.dataset_name=AIME2024", "++data.default.repeat=8"], caplog
+    )
+    assert cfg.worker.rollout.val_n == 8
+    assert any(
+        n.startswith("data.default.repeat")
+        and "not used for the training rows: NeMo RL's DeepScaler class" in n
+        for n in notes
+    )
+    caplog.clear()
+    cfg, notes = _load(
+        [base, *DEEPSCALER, "++data.validation.dataset_name=DAPOMathAIME2024", "++data.validation.repeat=16"],
+        caplog,
+    )
+    assert cfg.worker.rollout.val_n == 1
+    assert any(
+        "not used for the validation rows: NeMo RL's DAPOMathAIME2024 class reads none" in n for n in notes
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            [
+                "++data.train.dataset_name=AIME2024",
+                "++data.train.split_validation_size=0",
+                "++data.train.repeat=4",
+            ],
+            "data.train.repeat=4 (command-line override 'data.train.repeat=4'): NeMo RL's AIME2024 class takes the "
+            "training rows 4 times over into one set, shuffled together, which rlstack has no key for: set "
+            "trainer.total_epochs",
+        ),
+        (
+            [*DEEPSCALER, "++data.validation.dataset_name=AIME2024", "++data.validation.repeat=0"],
+            "data.validation.repeat=0 (command-line override 'data.validation.repeat=0'): NeMo RL's repeat is how "
+            "many times NeMo RL's AIME2024 class takes its rows: a whole number, at least 1",
+        ),
+    ],
+)
+def test_repeats_rlstack_cannot_mean_are_refused_by_name(base, overrides, said):
+    (problem,) = _problems([base, *overrides])
+    assert problem.startswith(said), problem

@@ -363,12 +363,16 @@ def _easyr1_budgets(values: dict, notes: list[str]) -> None:
     on: EasyR1's, the micro-batch size x the padded length (`EASYR1_BUDGETS`), not rlstack's fixed 16384 /
     32768, which would pack passes of another size than EasyR1's on the same GPU."""
     lengths = [tree.get(values, k) for k in ("data.max_prompt_length", "data.max_response_length")]
-    if not all(_count(v) for v in lengths):
+    if not all(tree.is_count(v) for v in lengths):
         return  # a problem of its own
     padded, said = sum(lengths), []
     for key, (switch, micro_key) in EASYR1_BUDGETS.items():
         micro = tree.get(values, micro_key)
-        if tree.get(values, switch) is True and tree.get(values, key) is tree.MISSING and _count(micro):
+        if (
+            tree.get(values, switch) is True
+            and tree.get(values, key) is tree.MISSING
+            and tree.is_count(micro)
+        ):
             tree.set(values, key, micro * padded)
             said.append(f"{key}={micro * padded} ({micro_key.rsplit('.', 1)[-1]} {micro} x {padded})")
     if said:
@@ -376,10 +380,6 @@ def _easyr1_budgets(values: dict, notes: list[str]) -> None:
             "EasyR1's dynamic batching packs each pass with up to the micro-batch size x the padded length "
             f"(data.max_prompt_length + data.max_response_length = {padded}) tokens: read as {', '.join(said)}"
         )
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 EASYR1_KL = {k: EASYR1_DEFAULTS[k] for k in ("algorithm.kl_coef", "algorithm.kl_penalty")}

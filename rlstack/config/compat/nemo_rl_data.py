@@ -1,5 +1,6 @@
 """NeMo RL's data keys: its registry dataset names read as the Hub datasets rlstack loads, the training and
-validation rows and their fields, and `prompt_file` (a `{}` text) as a Jinja template."""
+validation rows and their fields, the keys only some of its dataset classes read (`repeat`, row filters), and
+`prompt_file` (a `{}` text) as a Jinja template."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ class Dataset:
     extract_answer: bool = False
     """NeMo RL's class takes `extract_answer` (gsm8k's; true by default: the answer is the text after
     `####` of the worked solution, as rlstack's `gsm8k` rows read it, `data.format=auto`)."""
+    repeats: bool = False
+    """NeMo RL's class takes `repeat` (its AIME classes'): its rows that many times over (`_repeat`)."""
+    filters: tuple[tuple[str, str], ...] = ()
+    """(key, the rows it drops) of each row filter of NeMo RL's class, all on by default. rlstack reads every
+    row of a Hub split, so the rows are the same only with each of them false (`_filters`)."""
 
 
 GSM8K = Dataset("openai/gsm8k:main@train", extract_answer=True)
@@ -50,8 +56,19 @@ DATASETS = {
     "DeepScaler": Dataset(
         "agentica-org/DeepScaleR-Preview-Dataset@train", older_val_files="HuggingFaceH4/aime_2024@train"
     ),
-    "AIME2024": Dataset("HuggingFaceH4/aime_2024@train"),
-    "AIME2026": Dataset("MathArena/aime_2026@train"),  # its answers are numbers: read as text
+    "AIME2024": Dataset("HuggingFaceH4/aime_2024@train", repeats=True),
+    "AIME2026": Dataset("MathArena/aime_2026@train", repeats=True),  # its answers are numbers: read as text
+    "NuminaMath-1.5": Dataset(
+        "AI-MO/NuminaMath-1.5@train",
+        holds_out=True,
+        filters=(
+            (
+                "verifiable_only",
+                "rows without a checkable answer (answer empty, 'proof' or 'notfound', or question_type 'proof')",
+            ),
+            ("require_valid", "rows whose problem_is_valid or solution_is_valid is not 'Yes'"),
+        ),
+    ),
     "OpenR1-Math-220k": Dataset("open-r1/OpenR1-Math-220k:default@train", holds_out=True),
     # veRL rows (prompt, reward_model.ground_truth), which data.format=auto reads as problem and answer
     "DAPOMath17K": Dataset("BytedTsinghua-SIA/DAPO-Math-17k@train"),
@@ -275,10 +292,11 @@ def datasets_rule(t: Translation) -> None:
         t.notes.append(
             f"data.validation{t.at('data.validation')}: NeMo RL's key, null: no validation rows of their own"
         )
-    val, val_entry, _ = _rows(t, "validation", "data.val_files")
+    val, val_entry, val_key = _rows(t, "validation", "data.val_files")
     key = "data.validation.extract_answer"
     _extract_answer(t, key, t.take(key), val_entry)
     _fields(t, [e for e in (entry, val_entry) if e is not None])
+    _class_keys(t, {"train": (entry, name_key, True), "validation": (val_entry, val_key, val)})
     key = "data.train.split_validation_size"
     held_out = t.get(key)
     if entry is not None and not entry.holds_out and held_out is not tree.MISSING:
@@ -304,6 +322,133 @@ def datasets_rule(t: Translation) -> None:
     else:
         tree.set(t.values, "data.val_files", "")
         t.notes.append("NeMo RL's config names no validation rows: no validation (data.val_files='')")
+
+
+def _class_keys(t: Translation, rows: dict[str, tuple[Dataset | None, str, bool]]) -> None:
+    """The keys only some of NeMo RL's dataset classes read (`repeat`, and the row filters of
+    `Dataset.filters`), for the training and the validation rows (`rows`: which -> the registry entry, the key
+    naming the dataset, whether rows are named): `data.<which>.<key>`, else `data.default.<key>`, which NeMo RL
+    gives every dataset that leaves the key out. Each is read out; where the class does not read it, noted (NeMo
+    RL ignores it too)."""
+    names = ("repeat", *sorted({k for e in DATASETS.values() for k, _ in e.filters}))
+    defaults = {name: t.take(f"data.default.{name}") for name in names}
+    for which, (entry, name_key, named) in rows.items():
+        settings = {}
+        for name in names:
+            key, value = f"data.{which}.{name}", t.take(f"data.{which}.{name}")
+            if value is tree.MISSING and named:
+                key, value = f"data.default.{name}", defaults[name]
+            settings[name] = (key, value)
+        if not named:
+            for key, value in settings.values():
+                if value is not tree.MISSING:
+                    t.notes.append(
+                        f"{key}{t.at(key)}: NeMo RL's key, not used: no {_ROWS[which]} rows are named"
+                    )
+            continue
+        _repeat(t, which, *settings.pop("repeat"), entry)
+        _filters(t, which, settings, entry, name_key)
+
+
+def _class(entry: Dataset | None) -> str:
+    return (
+        f"NeMo RL's {_name(entry)} class" if entry else "NeMo RL's class for a Hub dataset's or a file's rows"
+    )
+
+
+def _repeat(t: Translation, which: str, key: str, value: Any, entry: Dataset | None) -> None:
+    """NeMo RL's `repeat` (`key`: its AIME classes take their rows `value` times over): validation rows as
+    several samples of each prompt (`worker.rollout.val_n`); training rows a problem saying what to set."""
+    if value is tree.MISSING:
+        return
+    rows = _ROWS[which]
+    if entry is None or not entry.repeats:
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's key, not used for the {rows} rows: {_class(entry)} reads none"
+        )
+    elif not tree.is_count(value):
+        t.problems.append(
+            f"{key}={value!r}{t.at(key)}: NeMo RL's repeat is how many times {_class(entry)} takes its rows: a "
+            "whole number, at least 1"
+        )
+    elif value == 1:
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, 1: each {rows} row once, as rlstack reads them")
+    elif which == "train":
+        t.problems.append(
+            f"{key}={value}{t.at(key)}: {_class(entry)} takes the training rows {value} times over into one set, "
+            f"shuffled together, which rlstack has no key for: set trainer.total_epochs (each epoch one shuffled "
+            f"pass over the rows), or name a file holding the rows {value} times in data.train.data_path"
+        )
+    else:
+        _validation_repeat(t, key, value, entry)
+
+
+def _validation_repeat(t: Translation, key: str, repeat: int, entry: Dataset) -> None:
+    """NeMo RL validates each of its `repeat` copies of a row with grpo.val_num_generations_per_prompt samples
+    (read by then as worker.rollout.val_n) and reports the mean reward over all of them as its accuracy:
+    rlstack's worker.rollout.val_n samples of each prompt, whose mean is val/<source>/accuracy."""
+    n_key = "worker.rollout.val_n"
+    if t.sources.get(n_key, "").startswith("command-line"):
+        t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: the command line sets {n_key}")
+        return
+    per_copy = t.get(n_key)
+    per_copy = 1 if per_copy is tree.MISSING else per_copy
+    if not tree.is_count(per_copy):
+        return  # worker.rollout.val_n's own problem
+    n = repeat * per_copy
+    tree.set(t.values, n_key, n)
+    t.notes.append(
+        f"{key}{t.at(key)}: NeMo RL's key: {_class(entry)} takes each validation row {repeat} times, each sampled "
+        f"{per_copy} time(s) (grpo.val_num_generations_per_prompt), its accuracy the mean reward over them all: "
+        f"read as {n_key}={n}, val/<source>/accuracy the mean over each prompt's {n} samples (rlstack's "
+        "pass@k metrics are estimated over all of them, NeMo RL's pass_k over each copy's)"
+    )
+    most, batch = t.get("grpo.max_val_samples"), t.get("grpo.val_batch_size")
+    if tree.is_count(most):
+        rows = most // batch * batch if tree.is_count(batch) else most
+        t.notes.append(
+            f"grpo.max_val_samples={most}{t.at('grpo.max_val_samples')} counts NeMo RL's repeated validation rows: "
+            f"it validates the first {rows} of them (whole batches of grpo.val_batch_size, all the rows' first "
+            f"copies first), rlstack each of the first {most} prompts {n} times (data.val_max_samples): the same "
+            f"samples where there are at most {rows // repeat} validation rows; with more, NeMo RL stops part-way "
+            f"through the copies, sampling its later rows fewer times, where rlstack samples each prompt {n} times"
+        )
+
+
+def _filters(
+    t: Translation, which: str, settings: dict[str, tuple[str, Any]], entry: Dataset | None, name_key: str
+) -> None:
+    """The row filters of NeMo RL's class (`Dataset.filters`, `settings`: each filter's key and value): with any
+    on (the default), NeMo RL's rows are not the Hub split rlstack reads, a problem saying what to set; all
+    false, noted. Set for a class without them, noted."""
+    own = dict(entry.filters) if entry is not None else {}
+    for name, (key, value) in settings.items():
+        if value is not tree.MISSING and name not in own:
+            t.notes.append(f"{key}{t.at(key)}: NeMo RL's key, not used: {_class(entry)} reads none")
+    if not own:
+        return
+    on = []
+    for name, what in own.items():
+        key, value = settings[name]
+        if value is tree.MISSING:
+            on.append(f"{what} ({name}, on by default)")
+        elif value:  # NeMo RL tests the value's truth
+            on.append(f"{what} ({key}={value!r}{t.at(key)})")
+    if on:
+        off = " and ".join(f"data.{which}.{name}: false" for name in own)
+        t.problems.append(
+            f"{name_key}={_name(entry)!r}{t.at(name_key)}: {_class(entry)} drops {'; and '.join(on)}, where rlstack "
+            f"reads every row of {entry.files} and drops none: write the rows it keeps into a file and name it in "
+            f"data.{which}.data_path (with data.default.input_key: {entry.prompt_key} and output_key: "
+            f"{entry.answer_key}, which NeMo RL reads it with too), or set {off} "
+            "for every row, as NeMo RL then reads them"
+        )
+        return
+    for name in own:
+        key = settings[name][0]
+        t.notes.append(
+            f"{key}{t.at(key)}: NeMo RL's key, false: {_class(entry)} keeps every row, as rlstack reads them"
+        )
 
 
 def prompt_files_rule(t: Translation) -> None:
