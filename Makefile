@@ -45,7 +45,7 @@ demo-real-code: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # The long lane: variants of what `make test` covers (every example recipe; Ray runs of sequence
 # parallelism, SFT, one rank, the tool agent, apart validation), kept out of it for its 15-minute budget.

@@ -207,6 +207,16 @@ def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
     assert len(said) == (0 if "worker.actor.dynamic_batching=false" in overrides else 1)
 
 
+def test_an_easyr1_file_without_a_critic_section_gives_gae_easyr1s_critic_learning_rate(caplog):
+    """EasyR1's critic shares the actor's OptimConfig (lr 1e-6); rlstack's own critic default is 1e-5."""
+    cfg, notes = _load(
+        [f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS, "algorithm.adv_estimator=gae"], caplog
+    )
+    assert cfg.worker.critic.optim.lr == 1e-6
+    assert any("worker.critic.optim.lr=1e-06" in n for n in notes)
+    assert load_config(["algorithm.adv_estimator=gae"]).worker.critic.optim.lr == 1e-5
+
+
 def test_dynamic_batching_outside_an_easyr1_file_keeps_rlstacks_budgets():
     cfg = load_config(
         ["worker.actor.dynamic_batching=true", "worker.actor.micro_batch_size_per_device_for_update=1"]

@@ -263,6 +263,7 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "worker.critic.global_batch_size": 256,
     "worker.critic.micro_batch_size_per_device_for_update": 4,
     "worker.critic.micro_batch_size_per_device_for_experience": 16,
+    "worker.critic.optim.lr": 1e-6,
     "worker.rollout.n": 1,
     "algorithm.kl_coef": 1e-3,
     "algorithm.kl_penalty": "kl",
