@@ -7,8 +7,9 @@ optimizer step of `--micro-batch`-row passes) for two steps: the first update wa
 under `torch.profiler`. The second step's batch is kept, and its rows go through the plain loop of
 `bench_trl.py`'s torch side on a fresh copy of the same model (peft's LoRA where rlstack has LoRA): each
 micro-batch of whole rows forward with `logits_to_keep` over the response columns, log-softmax, the clipped
-loss, backward; gradient clipping and one AdamW step; once to warm up, once under the profiler. Both
-sides read the same tokens and advantages, so their times compare op by op.
+loss, backward; gradient clipping and one fused AdamW step (rlstack's optimizer on CPU); once to warm up,
+once under the profiler. Both sides read the same tokens and advantages at the same temperature; the plain
+loop computes no entropy (rlstack logs it, without a gradient) and none of rlstack's metrics.
 
 Written per side: the wall time of the profiled update, response and attended tokens per second, and the
 ops with the most self CPU time (and what share of the total each has), and the self CPU time by kind of op
@@ -109,7 +110,9 @@ def kind_of(key: str) -> str:
     """The kind of the op `key` (`aten::addmm`, `autograd::engine::evaluate_function: MmBackward0`, ...)."""
     if key.startswith("autograd::"):
         return "autograd engine"
-    name = key.split("::")[-1].strip("_")
+    if key.startswith("Optimizer."):
+        return "optimizer and gradient norm"
+    name = key.split("::")[-1].strip("_").lower()
     if "attention" in name:
         return "attention"
     if "softmax" in name:
@@ -126,7 +129,7 @@ def kind_of(key: str) -> str:
 def summary(prof, wall_s: float, tokens: dict[str, int], top: int) -> dict:
     """What a profiled update spent its time on: top ops by self CPU time, time by kind of op."""
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total_us = sum(e.self_cpu_time_total for e in events)
+    total_us = sum(e.self_cpu_time_total for e in events) or 1
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
     by_kind: dict[str, float] = {}
     for e in events:
@@ -187,6 +190,8 @@ def profile_rlstack(a: argparse.Namespace, model_dir: str, out: str):
     trainer.policy = Profiled(trainer.policy)
     torch.manual_seed(1)
     trainer.fit()
+    if "prof" not in kept:
+        raise SystemExit(f"rlstack's run made {kept.get('calls', 0)} update(s), not 2: nothing was profiled")
     return kept["prof"], kept["wall_s"], kept["batch"]
 
 
@@ -205,7 +210,8 @@ def profile_plain(a: argparse.Namespace, model_dir: str, batch: dict):
         model = get_peft_model(model, bench_trl.peft_lora(a.lora_rank))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), weight_decay=0.01)
+    # fused, as rlstack's own AdamW on CPU (the default there is the one-tensor-at-a-time loop)
+    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), weight_decay=0.01, fused=True)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as rlstack's policy computes them for a text model
     response_mask, advantages = batch["response_mask"], batch["advantages"]
@@ -224,7 +230,11 @@ def profile_plain(a: argparse.Namespace, model_dir: str, batch: dict):
                 position_ids=positions[sl],
                 logits_to_keep=ids.shape[1] - start + 1,
             ).logits[:, :-1]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, labels[sl, :, None]).squeeze(-1)
+            logp = (
+                torch.log_softmax(logits.float() / a.temperature, -1)
+                .gather(-1, labels[sl, :, None])
+                .squeeze(-1)
+            )
             ratio = torch.exp(logp - logp.detach())
             loss = -(torch.clamp(ratio, 0.8, 1.28) * row_advantage[sl, None] * scored[sl]).sum() / tokens
             loss.backward()

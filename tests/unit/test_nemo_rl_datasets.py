@@ -165,7 +165,9 @@ def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_i
     samples; the shipped 256 in one batch of 256 covers 16 rows x 16, which is said."""
     recipe = ["++grpo.max_val_samples=480", "++grpo.val_batch_size=32"]
     cfg, notes = _load([base, *AIME_16, *recipe], caplog)
-    assert (cfg.worker.rollout.val_n, cfg.data.val_max_samples, cfg.data.val_batch_size) == (16, 480, 32)
+    # NeMo RL's batches of 32 repeated rows are 2 prompts x 16 samples: the same 32 sequences a call
+    assert (cfg.worker.rollout.val_n, cfg.data.val_max_samples, cfg.data.val_batch_size) == (16, 480, 2)
+    assert any("read as data.val_batch_size=2 prompts of 16 samples each" in n for n in notes)
     (said,) = [n for n in notes if n.startswith("grpo.max_val_samples=480")]
     assert "validates the first 480 of them" in said and "the same samples where there are at most 30" in said
     caplog.clear()
@@ -207,8 +209,8 @@ def test_repeat_is_read_for_the_rows_of_an_aime_class_only(base, caplog):
                 "++data.train.repeat=4",
             ],
             "data.train.repeat=4 (command-line override 'data.train.repeat=4'): NeMo RL's AIME2024 class takes the "
-            "training rows 4 times over into one set, shuffled together, which rlstack has no key for: set "
-            "trainer.total_epochs",
+            "training rows 4 times over into one set, shuffled together, which rlstack has no key for: remove "
+            "data.train.repeat (or set it to 1) and set trainer.total_epochs",
         ),
         (
             [*DEEPSCALER, "++data.validation.dataset_name=AIME2024", "++data.validation.repeat=0"],

@@ -180,9 +180,16 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
 @pytest.mark.parametrize(
     ("overrides", "actor", "ref", "critic"),
     [
-        ([], (4096, 8192), 8192, (16384, 32768)),  # micro-batches of 1 and 2; the critic's batching is off
+        # micro-batches of 1 and 2; the critic's batching stays rlstack's, off (EasyR1's is on: the same gradient)
+        ([], (4096, 8192), 8192, (16384, 32768)),
         (["data.max_response_length=6144"], (8192, 16384), 16384, (16384, 32768)),
         (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (16384, 32768)),
+        (
+            ["worker.critic.dynamic_batching=true", "data.max_response_length=6144"],
+            (8192, 16384),
+            16384,
+            (4 * 8192, 16 * 8192),
+        ),  # EasyR1's critic micro-batches of 4 / 16 rows of 2048 + 6144
         (
             ["worker.critic.dynamic_batching=true"],
             (4096, 8192),

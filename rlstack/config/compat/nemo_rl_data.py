@@ -376,8 +376,9 @@ def _repeat(t: Translation, which: str, key: str, value: Any, entry: Dataset | N
     elif which == "train":
         t.problems.append(
             f"{key}={value}{t.at(key)}: {_class(entry)} takes the training rows {value} times over into one set, "
-            f"shuffled together, which rlstack has no key for: set trainer.total_epochs (each epoch one shuffled "
-            f"pass over the rows), or name a file holding the rows {value} times in data.train.data_path"
+            f"shuffled together, which rlstack has no key for: remove {key} (or set it to 1) and set "
+            f"trainer.total_epochs (each epoch one shuffled pass over the rows), or name a file holding the rows "
+            f"{value} times in data.train.data_path"
         )
     else:
         _validation_repeat(t, key, value, entry)
@@ -403,7 +404,17 @@ def _validation_repeat(t: Translation, key: str, repeat: int, entry: Dataset) ->
         f"read as {n_key}={n}, val/<source>/accuracy the mean over each prompt's {n} samples (rlstack's "
         "pass@k metrics are estimated over all of them, NeMo RL's pass_k over each copy's)"
     )
-    most, batch = t.get("grpo.max_val_samples"), t.get("grpo.val_batch_size")
+    most, batch_key = t.get("grpo.max_val_samples"), "grpo.val_batch_size"
+    batch = t.get(batch_key)
+    if tree.is_count(batch) and t.get("data.val_batch_size") is tree.MISSING:
+        t.take(batch_key)
+        prompts = max(1, batch // repeat)
+        tree.set(t.values, "data.val_batch_size", prompts)
+        t.notes.append(
+            f"{batch_key}={batch}{t.at(batch_key)}: NeMo RL's key, counting its repeated validation rows ({repeat} "
+            f"copies of each): read as data.val_batch_size={prompts} prompts of {n} samples each ({prompts * n} "
+            f"sequences a generation call, NeMo RL's {batch * per_copy})"
+        )
     if tree.is_count(most):
         rows = most // batch * batch if tree.is_count(batch) else most
         t.notes.append(
