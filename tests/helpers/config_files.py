@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +37,14 @@ def write_yaml(path: Path, text: str) -> Path:
     """`text` (dedented) written at `path`."""
     path.write_text(textwrap.dedent(text).lstrip())
     return path
+
+
+def load_with_notes(args: list[str], caplog: pytest.LogCaptureFixture) -> tuple[Any, list[str]]:
+    """The config of `args` (machine problems as warnings, as a seed system's file on this machine needs) and
+    the notes the seed systems' translations logged."""
+    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat"):
+        cfg = load_config(args, machine_checks="warn")
+    return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
 
 
 def problems_of(args: list[str]) -> list[str]:

@@ -5,12 +5,11 @@ grpo_math_1B.yaml as it ships, with NeMo RL's `++key=value` overrides."""
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
+from config_files import load_with_notes
 
 from rlstack.config import ConfigError, load_config
 
@@ -27,12 +26,6 @@ def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     shutil.copy(NEMO / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
     monkeypatch.chdir(tmp_path)
     return f"config={tmp_path / 'grpo_math_1B.yaml'}"
-
-
-def _load(args: list[str], caplog: pytest.LogCaptureFixture) -> tuple[Any, list[str]]:
-    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat"):
-        cfg = load_config(args, machine_checks="warn")
-    return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
 
 
 def _problems(args: list[str]) -> list[str]:
@@ -67,13 +60,13 @@ def _problems(args: list[str]) -> list[str]:
         ),  # AIME's class ignores it
     ],
 )
-def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classes_load(
+def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classesload_with_notes(
     base, caplog, overrides, files, val_split
 ):
     name = {"AI-MO": "NuminaMath-1.5", "open-r1": "OpenR1-Math-220k", "MathArena": "AIME2026"}[
         files.split("/")[0]
     ]
-    cfg, notes = _load([base, f"++data.train.dataset_name={name}", *overrides], caplog)
+    cfg, notes = load_with_notes([base, f"++data.train.dataset_name={name}", *overrides], caplog)
     d = cfg.data
     assert (d.train_files, d.prompt_key, d.answer_key) == (files, "problem", "answer")
     assert (d.val_files, d.val_split) == ("", val_split)
@@ -149,7 +142,7 @@ def test_a_repeated_aime_validation_set_is_as_many_samples_of_each_prompt(base, 
     """NeMo RL's AIME classes take their rows `repeat` times over, each copy sampled
     val_num_generations_per_prompt times, and validation's accuracy is the mean reward over all: rlstack's
     val_n samples of each prompt, val/<source>/accuracy their mean."""
-    cfg, notes = _load([base, *AIME_16, *overrides], caplog)
+    cfg, notes = load_with_notes([base, *AIME_16, *overrides], caplog)
     assert (cfg.data.val_files, cfg.worker.rollout.val_n) == ("HuggingFaceH4/aime_2024@train", val_n)
     (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
     if overrides[:1] == ["worker.rollout.val_n=4"]:
@@ -164,14 +157,16 @@ def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_i
     data.val_max_samples prompts: the recipe's 480 in batches of 32 is AIME 2024's 30 rows x 16, the same
     samples; the shipped 256 in one batch of 256 covers 16 rows x 16, which is said."""
     recipe = ["++grpo.max_val_samples=480", "++grpo.val_batch_size=32"]
-    cfg, notes = _load([base, *AIME_16, *recipe], caplog)
+    cfg, notes = load_with_notes([base, *AIME_16, *recipe], caplog)
     # NeMo RL's batches of 32 repeated rows are 2 prompts x 16 samples: the same 32 sequences a call
     assert (cfg.worker.rollout.val_n, cfg.data.val_max_samples, cfg.data.val_batch_size) == (16, 480, 2)
     assert any("read as data.val_batch_size=2 prompts of 16 samples each" in n for n in notes)
     (said,) = [n for n in notes if n.startswith("grpo.max_val_samples=480")]
     assert "validates the first 480 of them" in said and "the same samples where there are at most 30" in said
     caplog.clear()
-    _, notes = _load([base, *AIME_16, "++grpo.val_batch_size=100"], caplog)  # the shipped 256 prompts
+    _, notes = load_with_notes(
+        [base, *AIME_16, "++grpo.val_batch_size=100"], caplog
+    )  # the shipped 256 prompts
     (said,) = [n for n in notes if n.startswith("grpo.max_val_samples=256")]
     assert "validates the first 200 of them" in said and "at most 12 validation rows" in said
 
@@ -179,7 +174,7 @@ def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_i
 def test_repeat_is_read_for_the_rows_of_an_aime_class_only(base, caplog):
     """`data.default.repeat` reaches every dataset: the AIME validation rows read it, DeepScaler's class (like
     every class but AIME's) ignores it, as in NeMo RL, which is said."""
-    cfg, notes = _load(
+    cfg, notes = load_with_notes(
         [base, *DEEPSCALER, "++data.validation.dataset_name=AIME2024", "++data.default.repeat=8"], caplog
     )
     assert cfg.worker.rollout.val_n == 8
@@ -189,7 +184,7 @@ def test_repeat_is_read_for_the_rows_of_an_aime_class_only(base, caplog):
         for n in notes
     )
     caplog.clear()
-    cfg, notes = _load(
+    cfg, notes = load_with_notes(
         [base, *DEEPSCALER, "++data.validation.dataset_name=DAPOMathAIME2024", "++data.validation.repeat=16"],
         caplog,
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 import shutil
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from config_files import launch_arguments, write_yaml
+from config_files import launch_arguments, load_with_notes, write_yaml
 
 import rlstack.config.tree as tree
 from rlstack.config import ConfigError, load_config
@@ -61,12 +60,6 @@ def _get(obj: Any, key: str) -> Any:
     return obj
 
 
-def _load(args: list[str], caplog) -> tuple[Any, list[str]]:
-    with caplog.at_level(logging.WARNING, logger="rlstack.config.compat"):
-        cfg = load_config(args, machine_checks="warn")
-    return cfg, [r.getMessage().removeprefix("config: ") for r in caplog.records]
-
-
 def _every_key_kept(shipped: dict, cfg: Any, notes: list[str], paths: list[str], moved: dict) -> None:
     """Each upstream key of an EasyR1-layout file: replaced (a path), moved (to `moved`'s key and value, with a
     note), named in a note (inert here, or read by its own rule), or rlstack's key with the same value."""
@@ -92,8 +85,8 @@ def _every_key_kept(shipped: dict, cfg: Any, notes: list[str], paths: list[str],
 
 
 def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
-    shipped = yaml.safe_load((EASYR1 / "config.yaml").read_text())
-    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
+    shipped = yaml.safeload_with_notes((EASYR1 / "config.yaml").read_text())
+    cfg, notes = load_with_notes([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
     _every_key_kept(shipped, cfg, notes, EASYR1_PATHS, EASYR1_MOVED)
     # what the file means in EasyR1, spelled out
     a, alg = cfg.worker.actor, cfg.algorithm
@@ -140,7 +133,7 @@ def test_keys_an_easyr1_file_leaves_out_take_easyr1_defaults_not_the_demos(
     path = tmp_path / "config.yaml"
     path.write_text("\n".join(lines))
     args = [f"config={path}", *(a for a in EASYR1_PATHS if not a.startswith(key + "="))]
-    cfg, notes = _load(args, caplog)
+    cfg, notes = load_with_notes(args, caplog)
     assert _get(cfg, key) == easyr1_default
     assert any(f"{key}={easyr1_default!r}" in n for n in notes)
 
@@ -150,7 +143,7 @@ def test_an_easyr1_file_without_kl_keys_puts_easyr1s_kl_in_the_reward(tmp_path, 
     drop = ("disable_kl:", "use_kl_loss:", "kl_penalty:", "kl_coef:")
     path = tmp_path / "config.yaml"
     path.write_text("\n".join(line for line in text.splitlines() if not line.strip().startswith(drop)))
-    cfg, notes = _load([f"config={path}", *EASYR1_PATHS], caplog)
+    cfg, notes = load_with_notes([f"config={path}", *EASYR1_PATHS], caplog)
     alg = cfg.algorithm
     assert (alg.use_kl_in_reward, alg.use_kl_loss, alg.kl_coef, alg.kl_penalty) == (True, False, 1e-3, "kl")
     assert any("EasyR1's default" in n and "use_kl_in_reward=true" in n for n in notes)
@@ -169,7 +162,7 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
     at = lines.index("algorithm:") + 1
     path = tmp_path / "config.yaml"
     path.write_text("\n".join([*lines[:at], f"  {kl}", *lines[at:]]))
-    cfg, notes = _load([f"config={path}", *EASYR1_PATHS], caplog)
+    cfg, notes = load_with_notes([f"config={path}", *EASYR1_PATHS], caplog)
     alg = cfg.algorithm
     assert (alg.use_kl_loss, alg.use_kl_in_reward) == on
     assert (alg.kl_coef, alg.kl_penalty) == (1e-3, "kl")
@@ -205,7 +198,7 @@ def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
     """EasyR1 has no token budget key: with dynamic batching a pass holds up to the micro-batch size x the
     padded length (max_prompt_length + max_response_length) tokens, the reference's the actor's experience
     micro-batch. A budget set in rlstack's name stays."""
-    cfg, notes = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS, *overrides], caplog)
+    cfg, notes = load_with_notes([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS, *overrides], caplog)
     a, cr = cfg.worker.actor, cfg.worker.critic
     assert (a.max_token_len_per_device_for_update, a.max_token_len_per_device_for_experience) == actor
     assert cfg.worker.ref.max_token_len_per_device_for_experience == ref
@@ -216,7 +209,7 @@ def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
 
 def test_an_easyr1_file_without_a_critic_section_gives_gae_easyr1s_critic_learning_rate(caplog):
     """EasyR1's critic shares the actor's OptimConfig (lr 1e-6); rlstack's own critic default is 1e-5."""
-    cfg, notes = _load(
+    cfg, notes = load_with_notes(
         [f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS, "algorithm.adv_estimator=gae"], caplog
     )
     assert cfg.worker.critic.optim.lr == 1e-6
@@ -280,8 +273,8 @@ def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(vppo_chec
         f"data.val_files={rows}",
         "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
     ]
-    shipped = yaml.safe_load((VPPO / "config.yaml").read_text())
-    cfg, notes = _load([f"config={VPPO / 'config.yaml'}", *paths], caplog)
+    shipped = yaml.safeload_with_notes((VPPO / "config.yaml").read_text())
+    cfg, notes = load_with_notes([f"config={VPPO / 'config.yaml'}", *paths], caplog)
     moved = {
         "data.override_chat_template": ("worker.actor.model.chat_template", None),
         "worker.actor.model.freeze_vision_tower": ("worker.actor.freeze_vision_tower", False),
@@ -311,11 +304,13 @@ def test_an_easyr1_file_without_val_override_config_validates_as_its_rollout_sam
     assert len(kept) < len(lines) - 1
     path = tmp_path / "config.yaml"
     path.write_text("\n".join(kept))
-    cfg, notes = _load([f"config={path}", *EASYR1_PATHS, "worker.rollout.top_p=0.9"], caplog)
+    cfg, notes = load_with_notes([f"config={path}", *EASYR1_PATHS, "worker.rollout.top_p=0.9"], caplog)
     r = cfg.worker.rollout
     assert (r.val_temperature, r.val_top_p, r.val_top_k) == (1.0, 0.9, -1)  # not rlstack's greedy
     assert any("worker.rollout.val_temperature=1.0" in n and "greedy" in n for n in notes)
-    given, _ = _load([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)  # its own overrides
+    given, _ = load_with_notes(
+        [f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog
+    )  # its own overrides
     assert (given.worker.rollout.val_temperature, given.worker.rollout.val_top_p) == (0.6, 0.95)
 
 
@@ -323,12 +318,12 @@ def test_a_kl_coef_that_no_kl_uses_is_said(tmp_path, caplog):
     """A file in EasyR1's layout with none of EasyR1's own keys: kl_coef without use_kl_loss or
     use_kl_in_reward would do nothing here (EasyR1 would subtract it from the reward): said."""
     path = write_yaml(tmp_path / "c.yaml", "algorithm:\n  adv_estimator: grpo\n  kl_coef: 0.05\n")
-    cfg, notes = _load([f"config={path}"], caplog)
+    cfg, notes = load_with_notes([f"config={path}"], caplog)
     assert (cfg.algorithm.use_kl_loss, cfg.algorithm.use_kl_in_reward) == (False, False)
     (note,) = [n for n in notes if "algorithm.kl_coef=0.05" in n]
     assert "does nothing" in note and "c.yaml" in note and "use_kl_in_reward=true" in note
     caplog.clear()
-    _, notes = _load([f"config={path}", "algorithm.use_kl_loss=true"], caplog)
+    _, notes = load_with_notes([f"config={path}", "algorithm.use_kl_loss=true"], caplog)
     assert not [n for n in notes if "does nothing" in n]
 
 
@@ -363,7 +358,7 @@ def test_the_easyr1_guides_snippet_and_command_mean_what_they_mean_in_easyr1(cap
         f"worker.reward.reward_function={EASYR1 / 'reward_function' / 'math.py'}:compute_score",
     ]
     command = ["trainer.n_gpus_per_node=4", "worker.rollout.n=8"]
-    cfg, notes = _load([f"config={SEEDS / 'easyr1_guide.yaml'}", *paths, *command], caplog)
+    cfg, notes = load_with_notes([f"config={SEEDS / 'easyr1_guide.yaml'}", *paths, *command], caplog)
     a, d = cfg.algorithm, cfg.data
     assert (a.use_kl_in_reward, a.use_kl_loss, a.kl_coef, a.kl_penalty) == (True, False, 0.01, "kl")
     assert (d.max_prompt_length, d.max_response_length, d.rollout_batch_size, d.val_files) == (
@@ -396,13 +391,13 @@ def test_the_vppo_guides_training_command_loads(vppo_checkout, caplog):
         "algorithm.use_entropy_penalty=true",
         "algorithm.entropy_penalty_coef=0.06",
     ]
-    cfg, _ = _load(command, caplog)
+    cfg, _ = load_with_notes(command, caplog)
     a = cfg.algorithm
     assert (a.use_vppo_on_perception, a.top_p_perception_tokens, a.use_advantage_shaping) == (True, 0.4, True)
     assert (a.use_entropy_penalty, a.entropy_penalty_coef, cfg.worker.rollout.n) == (True, 0.06, 8)
     assert a.advantage_scaling_min == 0.8  # the command leaves it out: VPPO's default (its script sets 0.9)
     # the guide's other reward of the same file, named with its function
-    cfg, _ = _load(
+    cfg, _ = load_with_notes(
         [*command, "worker.reward.reward_function=examples/reward_function/math.py:compute_score_wo_format"],
         caplog,
     )
@@ -505,7 +500,7 @@ def test_every_easyr1_launch_script_is_listed():
 def test_easyr1s_launch_scripts_load_as_rlstack_train_arguments(easyr1_checkout, caplog, name):
     """`bash examples/X.sh` in EasyR1's checkout is `rlstack train` with the same arguments there; the model and
     the Hub rows replaced."""
-    cfg, _ = _load(_launch(EASYR1 / "examples" / name, easyr1_checkout), caplog)
+    cfg, _ = load_with_notes(_launch(EASYR1 / "examples" / name, easyr1_checkout), caplog)
     for key, want in EASYR1_SCRIPTS[name].items():
         assert _get(cfg, key) == want, (key, _get(cfg, key))
 
@@ -548,7 +543,7 @@ def test_vppos_launch_scripts_load_as_rlstack_train_arguments(vppo_checkout, cap
     config, format prompt and reward file (named with `:compute_score_wo_format`) where the script names
     them; the model and the Hub rows replaced."""
     script = VPPO / "scripts" / name
-    cfg, _ = _load(_launch(script, vppo_checkout, {"TOTAL_EPOCHES": "2"}), caplog)
+    cfg, _ = load_with_notes(_launch(script, vppo_checkout, {"TOTAL_EPOCHES": "2"}), caplog)
     a = cfg.algorithm
     assert (a.use_vppo_on_perception, a.use_advantage_shaping, a.use_entropy_penalty) == (True, True, True)
     assert (a.use_vppo_on_entropy, a.top_p_perception_tokens, a.advantage_scaling_min) == (False, 0.4, 0.9)
@@ -612,8 +607,8 @@ def _unnamed(shipped: dict, cfg: Any, notes: list[str]) -> list[str]:
 
 
 def test_nemo_rls_grpo_math_1b_as_shipped_loads_and_every_key_is_read_or_said(nemo_dir, caplog):
-    shipped = yaml.safe_load((nemo_dir / "grpo_math_1B.yaml").read_text())
-    cfg, notes = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}"], caplog)
+    shipped = yaml.safeload_with_notes((nemo_dir / "grpo_math_1B.yaml").read_text())
+    cfg, notes = load_with_notes([f"config={nemo_dir / 'grpo_math_1B.yaml'}"], caplog)
     assert _unnamed(shipped, cfg, notes) == []
     a, w, t = cfg.algorithm, cfg.worker, cfg.trainer
     assert cfg.data.val_split == 0.05  # OpenMathInstruct-2, 5% held out to validate
@@ -659,20 +654,20 @@ def test_nemo_rls_grpo_math_1b_as_shipped_loads_and_every_key_is_read_or_said(ne
     ],
 )
 def test_nemo_rls_switches_mean_what_they_mean_there(nemo_dir, caplog, override, key, want):
-    cfg, _ = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}", override], caplog)
+    cfg, _ = load_with_notes([f"config={nemo_dir / 'grpo_math_1B.yaml'}", override], caplog)
     assert _get(cfg, key) == want
 
 
 def test_nemo_rls_importance_sampling_keys_set_the_rollout_correction(nemo_dir, caplog):
     base = [f"config={nemo_dir / 'grpo_math_1B.yaml'}", "++loss_fn.use_importance_sampling_correction=true"]
-    actor = _load(base, caplog)[0].worker.actor  # NeMo RL's plain IS correction: weights not capped
+    actor = load_with_notes(base, caplog)[0].worker.actor  # NeMo RL's plain IS correction: weights not capped
     assert (actor.rollout_correction, actor.rollout_correction_high) == ("tis", float("inf"))
     icepop = [
         "++loss_fn.truncated_importance_sampling_type=icepop",
         "++loss_fn.truncated_importance_sampling_ratio=5.0",
         "++loss_fn.truncated_importance_sampling_ratio_min=0.5",
     ]
-    actor = _load([*base, *icepop], caplog)[0].worker.actor
+    actor = load_with_notes([*base, *icepop], caplog)[0].worker.actor
     assert (actor.rollout_correction, actor.rollout_correction_low, actor.rollout_correction_high) == (
         "icepop",
         0.5,
@@ -701,7 +696,7 @@ def test_nemo_rl_values_rlstack_cannot_mean_are_refused_by_name(nemo_dir, overri
 
 def _with_defaults(path: Path) -> dict:
     """A NeMo RL file's keys over those of the files its `defaults` names, as NeMo RL merges them."""
-    values = yaml.safe_load(path.read_text())
+    values = yaml.safeload_with_notes(path.read_text())
     parents = values.pop("defaults", None)
     merged: dict = {}
     for parent in [parents] if isinstance(parents, str) else parents or []:
@@ -716,7 +711,7 @@ def test_nemo_rl_files_over_the_shipped_base_read_or_say_every_key_of_both(nemo_
     data does not pick (env.math under the reward model, the code environment) is said, not dropped."""
     if not (nemo_dir / name).exists():
         shutil.copy(NEMO / name, nemo_dir / name)  # the research notes' code config, over the shipped base
-    cfg, notes = _load([f"config={nemo_dir / name}"], caplog)
+    cfg, notes = load_with_notes([f"config={nemo_dir / name}"], caplog)
     assert _unnamed(_with_defaults(nemo_dir / name), cfg, notes) == []
     assert any(n.startswith("env.math (") and "num_workers, math_verify_impl" in n for n in notes) == (
         name != "grpo_smoke.yaml"  # the smoke recipe keeps the base's math environment
@@ -724,7 +719,7 @@ def test_nemo_rl_files_over_the_shipped_base_read_or_say_every_key_of_both(nemo_
 
 
 def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, caplog):
-    cfg, notes = _load([f"config={nemo_dir / 'grpo_rm_1B.yaml'}"], caplog)
+    cfg, notes = load_with_notes([f"config={nemo_dir / 'grpo_rm_1B.yaml'}"], caplog)
     rw = cfg.worker.reward
     assert rw.reward_function == "builtin:reward_model"
     rm = rw.reward_model
@@ -761,7 +756,7 @@ def test_nemo_rls_grpo_rm_1b_as_shipped_scores_with_its_reward_model(nemo_dir, c
     ],
 )
 def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, caplog, overrides, placed):
-    cfg, _ = _load([f"config={nemo_dir / 'grpo_rm_1B.yaml'}", *overrides], caplog)
+    cfg, _ = load_with_notes([f"config={nemo_dir / 'grpo_rm_1B.yaml'}", *overrides], caplog)
     t, rw = cfg.trainer, cfg.worker.reward
     assert t.backend == "ray"
     assert (t.nnodes, t.n_gpus_per_node, rw.num_workers, rw.reward_model.num_gpus) == placed
@@ -797,7 +792,9 @@ def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, cap
         ),
     ],
 )
-def test_nemo_rls_reward_actors_beyond_the_reward_models_gpus_are_refused_at_load(nemo_dir, overrides, said):
+def test_nemo_rls_reward_actors_beyond_the_reward_models_gpus_are_refused_atload_with_notes(
+    nemo_dir, overrides, said
+):
     """More reward actors (or GPUs each) than NeMo RL gives the reward model: refused at load, naming the
     keys, the limit and the way out, not at start when Ray finds no GPU for them."""
     with pytest.raises(ConfigError) as e:
@@ -823,7 +820,7 @@ def test_nemo_rls_smoke_recipe_reads_gsm8k_as_nemo_rl_does(nemo_dir, caplog):
     from rlstack.data.dataset import PromptDataset
     from rlstack.models.tiny import build_char_tokenizer
 
-    cfg, notes = _load([f"config={nemo_dir / 'grpo_smoke.yaml'}"], caplog)
+    cfg, notes = load_with_notes([f"config={nemo_dir / 'grpo_smoke.yaml'}"], caplog)
     d = cfg.data
     assert (d.train_files, d.val_files, d.val_split, d.format) == ("openai/gsm8k:main@train", "", 0.0, "auto")
     assert (cfg.data.rollout_batch_size, cfg.worker.rollout.n, cfg.trainer.step_cap) == (2, 4, 10)
@@ -868,7 +865,7 @@ def test_nemo_rls_smoke_recipe_reads_gsm8k_as_nemo_rl_does(nemo_dir, caplog):
     ],
 )
 def test_nemo_rls_gsm8k_and_subset_name_the_hub_config(nemo_dir, caplog, overrides, files):
-    cfg, notes = _load([f"config={nemo_dir / 'grpo_math_1B.yaml'}", *overrides], caplog)
+    cfg, notes = load_with_notes([f"config={nemo_dir / 'grpo_math_1B.yaml'}", *overrides], caplog)
     assert cfg.data.train_files == files
     for key in ("subset", "extract_answer"):  # read, and said
         given = [o.lstrip("+").split("=")[0] for o in overrides if f".{key}=" in o]
@@ -903,6 +900,6 @@ def test_nemo_rls_k1_kl_without_clamps_is_rlstacks_kl(nemo_dir, caplog):
         "++loss_fn.kl_input_clamp_value=null",
         "++loss_fn.kl_output_clamp_value=null",
     ]
-    cfg, notes = _load(args, caplog)
+    cfg, notes = load_with_notes(args, caplog)
     assert (cfg.algorithm.kl_penalty, cfg.algorithm.kl_coef) == ("kl", 0.01)
     assert any("rlstack does not clamp k1 / k2 either" in n for n in notes)
