@@ -60,7 +60,7 @@ def _problems(args: list[str]) -> list[str]:
         ),  # AIME's class ignores it
     ],
 )
-def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classesload_with_notes(
+def test_nemo_rls_math_registry_names_are_the_hub_rows_their_classes_load(
     base, caplog, overrides, files, val_split
 ):
     name = {"AI-MO": "NuminaMath-1.5", "open-r1": "OpenR1-Math-220k", "MathArena": "AIME2026"}[

@@ -85,7 +85,7 @@ def _every_key_kept(shipped: dict, cfg: Any, notes: list[str], paths: list[str],
 
 
 def test_easyr1_config_as_shipped_loads_and_every_key_keeps_its_meaning(caplog):
-    shipped = yaml.safeload_with_notes((EASYR1 / "config.yaml").read_text())
+    shipped = yaml.safe_load((EASYR1 / "config.yaml").read_text())
     cfg, notes = load_with_notes([f"config={EASYR1 / 'config.yaml'}", *EASYR1_PATHS], caplog)
     _every_key_kept(shipped, cfg, notes, EASYR1_PATHS, EASYR1_MOVED)
     # what the file means in EasyR1, spelled out
@@ -273,7 +273,7 @@ def test_vppos_config_as_shipped_loads_and_every_key_keeps_its_meaning(vppo_chec
         f"data.val_files={rows}",
         "worker.actor.model.model_path=builtin:tiny-qwen2.5-vl",
     ]
-    shipped = yaml.safeload_with_notes((VPPO / "config.yaml").read_text())
+    shipped = yaml.safe_load((VPPO / "config.yaml").read_text())
     cfg, notes = load_with_notes([f"config={VPPO / 'config.yaml'}", *paths], caplog)
     moved = {
         "data.override_chat_template": ("worker.actor.model.chat_template", None),
@@ -607,7 +607,7 @@ def _unnamed(shipped: dict, cfg: Any, notes: list[str]) -> list[str]:
 
 
 def test_nemo_rls_grpo_math_1b_as_shipped_loads_and_every_key_is_read_or_said(nemo_dir, caplog):
-    shipped = yaml.safeload_with_notes((nemo_dir / "grpo_math_1B.yaml").read_text())
+    shipped = yaml.safe_load((nemo_dir / "grpo_math_1B.yaml").read_text())
     cfg, notes = load_with_notes([f"config={nemo_dir / 'grpo_math_1B.yaml'}"], caplog)
     assert _unnamed(shipped, cfg, notes) == []
     a, w, t = cfg.algorithm, cfg.worker, cfg.trainer
@@ -696,7 +696,7 @@ def test_nemo_rl_values_rlstack_cannot_mean_are_refused_by_name(nemo_dir, overri
 
 def _with_defaults(path: Path) -> dict:
     """A NeMo RL file's keys over those of the files its `defaults` names, as NeMo RL merges them."""
-    values = yaml.safeload_with_notes(path.read_text())
+    values = yaml.safe_load(path.read_text())
     parents = values.pop("defaults", None)
     merged: dict = {}
     for parent in [parents] if isinstance(parents, str) else parents or []:
@@ -792,9 +792,7 @@ def test_nemo_rls_reward_model_gpus_are_reward_actors_of_their_own(nemo_dir, cap
         ),
     ],
 )
-def test_nemo_rls_reward_actors_beyond_the_reward_models_gpus_are_refused_atload_with_notes(
-    nemo_dir, overrides, said
-):
+def test_nemo_rls_reward_actors_beyond_the_reward_models_gpus_are_refused_at_load(nemo_dir, overrides, said):
     """More reward actors (or GPUs each) than NeMo RL gives the reward model: refused at load, naming the
     keys, the limit and the way out, not at start when Ray finds no GPU for them."""
     with pytest.raises(ConfigError) as e:
