@@ -45,14 +45,11 @@ def test_demo_seed_threads_and_warm_start_cache(tmp_path, capsys):
     out = _demo(tmp_path, capsys, "--seed", "2", "--num-threads", "1")
     assert "reusing the warm start" in out and "supervised warm start" not in out
 
-    out = _demo(tmp_path, capsys, "--seed", "3", "--num-threads", "1")
-    assert "supervised warm start: 2 steps" in out and (tmp_path / "demo" / "grpo_seed3_threads1").is_dir()
-
     # The same run directory with a changed recipe: the cached warm start is not reused.
     out = _demo(
-        tmp_path, capsys, "--seed", "3", "--num-threads", "1", "--sft-override", "trainer.max_steps=3"
+        tmp_path, capsys, "--seed", "2", "--num-threads", "1", "--sft-override", "trainer.max_steps=3"
     )
-    assert "supervised warm start: 3 steps" in out
+    assert "supervised warm start: 3 steps" in out and "reusing the warm start" not in out
 
 
 def test_code_demo_end_to_end(tmp_path, capsys):

@@ -211,6 +211,7 @@ def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
     assert got == want
 
 
+@pytest.mark.long  # rollouts in their own actor: the async test below; weights reaching it: the in-flight test
 def test_rollout_workers_placed_apart_from_the_policy_give_the_local_metrics(
     ray_cluster, local_run, tiny_model_dir: Path, tmp_path: Path
 ):

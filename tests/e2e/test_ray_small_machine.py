@@ -59,6 +59,7 @@ def test_reward_actors_take_a_cpu_a_share_or_none(monkeypatch, free, workers, cp
     assert said in got_said and bool(said) == bool(got_said)
 
 
+@pytest.mark.long  # the driver's environment reaching actors: test_ray_nodes' judge address and key
 def test_every_actor_gets_the_runs_environment_variables(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
     import os
 
