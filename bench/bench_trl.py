@@ -463,25 +463,38 @@ def run_torch(a: argparse.Namespace) -> dict:
         ).view(-1)
         mask = torch.cat([prompt_mask, response_mask], dim=-1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        tokens = response_mask.sum()
         model.train()
-        for m in range(0, len(seq), a.micro_batch):
-            sl = slice(m, m + a.micro_batch)
-            logits = model(
-                input_ids=seq[sl],
-                attention_mask=mask[sl],
-                position_ids=positions[sl],
-                logits_to_keep=response.shape[1] + 1,
-            ).logits[:, :-1]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, response[sl, :, None]).squeeze(-1)
-            ratio = torch.exp(logp - logp.detach())
-            loss = -(torch.clamp(ratio, 0.8, 1.28) * advantages[sl, None] * response_mask[sl]).sum() / tokens
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        plain_update(
+            model, params, optimizer, seq, mask, positions, response, response_mask, advantages, a.micro_batch
+        )
     stamps.append(time.perf_counter())
     return side_result(a, stamps, setup_s, lengths, prompt_lengths, "generate", gen_s)
+
+
+def plain_update(
+    model, params, optimizer, ids, mask, positions, labels, scored, advantages, micro_batch, temperature=1.0
+) -> None:
+    """One optimizer step of the plain loop: per micro-batch of whole rows, a forward pass keeping the logits of
+    the last `labels.shape[1]` columns, the clipped policy-gradient loss over the `scored` tokens (their sum
+    over the batch's scored tokens), backward; then gradient clipping and the optimizer's step."""
+    import torch
+
+    tokens = scored.sum()
+    for m in range(0, len(ids), micro_batch):
+        sl = slice(m, m + micro_batch)
+        logits = model(
+            input_ids=ids[sl],
+            attention_mask=mask[sl],
+            position_ids=positions[sl],
+            logits_to_keep=labels.shape[1] + 1,
+        ).logits[:, :-1]
+        logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, labels[sl, :, None]).squeeze(-1)
+        ratio = torch.exp(logp - logp.detach())
+        loss = -(torch.clamp(ratio, 0.8, 1.28) * advantages[sl, None] * scored[sl]).sum() / tokens
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def side_result(

@@ -217,30 +217,23 @@ def profile_plain(a: argparse.Namespace, model_dir: str, batch: dict):
     response_mask, advantages = batch["response_mask"], batch["advantages"]
     start = first_scored_column(response_mask)
     labels, scored = ids[:, start:], response_mask[:, start:].float()
-    tokens = scored.sum()
     # one advantage per row: GRPO's is the same at every response token
     row_advantage = (advantages * response_mask).sum(-1) / response_mask.sum(-1).clamp(min=1)
 
     def update():
-        for m in range(0, len(ids), a.micro_batch):
-            sl = slice(m, m + a.micro_batch)
-            logits = model(
-                input_ids=ids[sl],
-                attention_mask=mask[sl],
-                position_ids=positions[sl],
-                logits_to_keep=ids.shape[1] - start + 1,
-            ).logits[:, :-1]
-            logp = (
-                torch.log_softmax(logits.float() / a.temperature, -1)
-                .gather(-1, labels[sl, :, None])
-                .squeeze(-1)
-            )
-            ratio = torch.exp(logp - logp.detach())
-            loss = -(torch.clamp(ratio, 0.8, 1.28) * row_advantage[sl, None] * scored[sl]).sum() / tokens
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        bench_trl.plain_update(
+            model,
+            params,
+            optimizer,
+            ids,
+            mask,
+            positions,
+            labels,
+            scored,
+            row_advantage,
+            a.micro_batch,
+            a.temperature,
+        )
 
     update()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
