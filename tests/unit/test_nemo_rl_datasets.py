@@ -152,6 +152,24 @@ def test_a_repeated_aime_validation_set_is_as_many_samples_of_each_prompt(base, 
         assert f"read as worker.rollout.val_n={val_n}" in said
 
 
+def test_a_repeated_validation_set_under_greedy_decoding_is_validated_once(base, caplog):
+    """With validation greedy (policy.generation.val_temperature 0), NeMo RL's copies of a row all get the same
+    answer and their mean is one copy's: rlstack validates each prompt once (val_n 16 at temperature 0 would be
+    refused as 16 identical answers), its batch and bound counting rows as NeMo RL's count the copies."""
+    greedy = [
+        "++policy.generation.val_temperature=0",
+        "++grpo.val_batch_size=32",
+        "++grpo.max_val_samples=30",
+    ]
+    cfg, notes = load_with_notes([base, *AIME_16, *greedy], caplog)
+    rollout = cfg.worker.rollout
+    assert (rollout.val_temperature, rollout.val_n, rollout.temperature) == (0, 1, 1.0)
+    assert (cfg.data.val_batch_size, cfg.data.val_max_samples) == (32, 30)
+    (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
+    assert "takes each validation row 16 times, but validation is greedy" in said
+    assert "worker.rollout.val_n=1" in said
+
+
 def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_it_differs(base, caplog):
     """NeMo RL's grpo.max_val_samples counts the repeated rows (in whole batches of val_batch_size), rlstack's
     data.val_max_samples prompts: the recipe's 480 in batches of 32 is AIME 2024's 30 rows x 16, the same
