@@ -42,10 +42,14 @@ demo-real-no-tool: $(STAMP)
 demo-real-code: $(STAMP)
 	$(BIN)/rlstack demo --task real-code $(if $(SEED),--seed $(SEED))
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (one a core on this project's 2-core machines), a
+# worker that runs out of tests taking the other's; each with one torch thread and its own TMPDIR
+# (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The long lane: variants of what `make test` covers (every example recipe; Ray runs of sequence
 # parallelism, SFT, one rank, the tool agent, apart validation and rollouts, actors' environment), kept out of

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import sys
+import tempfile
 
 # Nothing in the tests may reach a model or dataset hub; fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,12 +23,27 @@ from rlstack.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 KINDS = ("unit", "integration", "e2e")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""The pytest-xdist worker this process is (`make test` runs two), or None in a plain `pytest`."""
+if WORKER:
+    # One torch thread a worker (and in the processes its tests start), not two threads each contending
+    # for one of the two cores; a run's `trainer.num_threads` still sets its own.
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # A temp folder of its own, /tmp's mode: a test that checks what a run leaves in the temp folder (the
+    # sandbox's) sees its own worker's; and Ray keeps its session files under TMPDIR, so that a worker's
+    # `ray.init()` starts or joins that worker's own cluster, never one the other worker's test started.
+    WORKER_TMP = Path(tempfile.mkdtemp(prefix=f"rt-{WORKER}-"))
+    WORKER_TMP.chmod(0o1777)
+    os.environ["TMPDIR"] = str(WORKER_TMP)
+    tempfile.tempdir = None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Each test is marked with its folder's kind (`pytest -m unit`, `-m "not e2e"`)."""
-    for item in items:
-        kind = Path(str(item.fspath)).parent.name
-        if kind in KINDS:
-            item.add_marker(getattr(pytest.mark, kind))
+    kind = Path(str(item.fspath)).parent.name
+    if kind in KINDS:
+        item.add_marker(getattr(pytest.mark, kind))
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlstack"
@@ -66,10 +83,21 @@ def record_batch_columns():
     Batch.__setitem__ = real
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """Under pytest-xdist (`make test` runs two workers), each worker's columns join the controller's."""
+    for name, test in getattr(node, "workeroutput", {}).get("batch_columns_set", {}).items():
+        COLUMNS_SET.setdefault(name, test)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The session fails when rlstack's code set a column that `rlstack.batch.COLUMNS` does not declare."""
+    """The session fails when rlstack's code set a column that `rlstack.batch.COLUMNS` does not declare
+    (in a pytest-xdist worker: the columns go to the controller, which decides)."""
     from rlstack.batch import COLUMNS
 
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["batch_columns_set"] = dict(COLUMNS_SET)
+        return
     undeclared = {name: test for name, test in COLUMNS_SET.items() if name not in COLUMNS}
     if undeclared:
         lines = "".join(f"\n  {name!r} (first set in {test})" for name, test in sorted(undeclared.items()))
@@ -87,7 +115,12 @@ EXIT_WATCHDOG_S = 120
 def pytest_unconfigure(config: pytest.Config) -> None:
     """After the last test, the process has EXIT_WATCHDOG_S to exit: Python joins every thread a thread
     pool still runs, and one the code under test left blocked would hold the run (and CI) for ever; past
-    it, every thread's stack goes to stderr and the run ends with status 1."""
+    it, every thread's stack goes to stderr and the run ends with status 1. A pytest-xdist worker
+    unconfigures when its tests are done while the other still runs its own: the controller's watchdog,
+    set once every worker is down, covers them."""
+    if WORKER:
+        shutil.rmtree(WORKER_TMP, ignore_errors=True)
+        return
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=sys.__stderr__)
 
 
@@ -96,8 +129,12 @@ EOS_BIAS = 3.0  # P(EOS) ~ e^3 / (e^3 + 100) ~ 0.17 per step for the near-unifor
 
 @pytest.fixture(scope="session", autouse=True)
 def rlstack_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """RLSTACK_CACHE points into a temporary folder for the whole session (nothing goes to ~/.cache)."""
-    cache = tmp_path_factory.mktemp("rlstack_cache")
+    """RLSTACK_CACHE points into a temporary folder for the whole session (nothing goes to ~/.cache). The
+    pytest-xdist workers of one run share it (its models are written atomically, the warm start under a
+    lock), so that the built-in warm-start model is trained once a run, not once a worker."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if WORKER else base) / "rlstack_cache"  # xdist: <run's temp>/popen-gwN
+    cache.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLSTACK_CACHE", str(cache))
         yield cache

@@ -158,6 +158,7 @@ class KillRankOne(Trainer):
         return super().train_step()
 
 
+@pytest.mark.long  # test_ray_nodes kills a rank of a two-node run the same way, with the same checks
 @pytest.mark.timeout(240)
 def test_a_killed_rank_ends_the_run_with_its_name_within_60_seconds(ray_cluster, tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path, "killed", "trainer.backend=ray", "trainer.n_gpus_per_node=2")
@@ -241,6 +242,7 @@ def test_rollout_placed_apart_needs_ray(tiny_model_dir, tmp_path):
     assert _cfg(tiny_model_dir, tmp_path, "auto", "worker.rollout.colocated=false").trainer.backend == "ray"
 
 
+@pytest.mark.long  # the rollout actor: the in-flight test below; async GRPO's metrics: tests/e2e/test_async.py
 def test_async_grpo_with_rollouts_in_their_own_actor_gives_the_local_async_metrics(
     ray_cluster, tiny_model_dir: Path, tmp_path: Path
 ):
