@@ -52,8 +52,8 @@ test: $(STAMP)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The long lane: variants of what `make test` covers (every example recipe; Ray runs of sequence
-# parallelism, SFT, one rank, the tool agent, apart validation and rollouts, actors' environment), kept out of
-# it for its 15-minute budget.
+# parallelism, SFT, one rank, the tool agent, apart validation and rollouts, actors' environment, a killed rank
+# on one node), kept out of it for its 15-minute budget.
 test-long: $(STAMP)
 	$(BIN)/pytest -q -m long
 

@@ -30,12 +30,12 @@ if WORKER:
     # for one of the two cores; a run's `trainer.num_threads` still sets its own.
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
-    # A temp folder of its own, /tmp's mode: a test that checks what a run leaves in the temp folder (the
-    # sandbox's) sees its own worker's; and Ray keeps its session files under TMPDIR, so that a worker's
-    # `ray.init()` starts or joins that worker's own cluster, never one the other worker's test started.
+    # A temp folder of its own, /tmp's mode, for temp files and Ray's sessions: a worker's `ray.init()`
+    # starts or joins that worker's own cluster, never one the other worker's test started. (The sandbox
+    # makes its run roots in /tmp itself, shared: tests/integration/test_sandbox.py allows for it.)
     WORKER_TMP = Path(tempfile.mkdtemp(prefix=f"rt-{WORKER}-"))
     WORKER_TMP.chmod(0o1777)
-    os.environ["TMPDIR"] = str(WORKER_TMP)
+    os.environ["TMPDIR"] = os.environ["RAY_TMPDIR"] = str(WORKER_TMP)
     tempfile.tempdir = None
 
 
@@ -115,9 +115,9 @@ EXIT_WATCHDOG_S = 120
 def pytest_unconfigure(config: pytest.Config) -> None:
     """After the last test, the process has EXIT_WATCHDOG_S to exit: Python joins every thread a thread
     pool still runs, and one the code under test left blocked would hold the run (and CI) for ever; past
-    it, every thread's stack goes to stderr and the run ends with status 1. A pytest-xdist worker
-    unconfigures when its tests are done while the other still runs its own: the controller's watchdog,
-    set once every worker is down, covers them."""
+    it, every thread's stack goes to stderr and the run ends with status 1. Not in a pytest-xdist worker: its
+    process waits for the controller, which ends it (after pytest-xdist's own timeout, without stacks) once
+    every worker is done; a plain `pytest` run keeps the watchdog for the code under test."""
     if WORKER:
         shutil.rmtree(WORKER_TMP, ignore_errors=True)
         return

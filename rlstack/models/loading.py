@@ -17,7 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from rlstack.checkpoint import write_dir_atomically
+from rlstack.checkpoint import model_dir_once, write_dir_atomically
 from rlstack.config import (
     BUILTIN_DIRS,
     BUILTIN_VISION_MODEL,
@@ -71,9 +71,8 @@ def resolve_model_path(model_path: str, gguf_file: str | None = None) -> str:
                 f"{model_path} is built by the run that first needs it (rlstack train / sft / eval: "
                 f"rlstack.sft.build_warm_models), and {out} does not hold it yet"
             )
-        if not (out / "config.json").is_file():
-            write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL)
-        return str(out)
+        # under a lock: two processes on one machine (ranks, runs) build it once
+        return model_dir_once(out, lambda: write_model_dir(out, vision=model_path == BUILTIN_VISION_MODEL))
     name, _, revision = model_path.partition("@")
     if Path(os.path.expanduser(model_path)).exists() or local_reason(name) is not None:
         return os.path.expanduser(model_path)

@@ -242,7 +242,6 @@ def test_rollout_placed_apart_needs_ray(tiny_model_dir, tmp_path):
     assert _cfg(tiny_model_dir, tmp_path, "auto", "worker.rollout.colocated=false").trainer.backend == "ray"
 
 
-@pytest.mark.long  # the rollout actor: the in-flight test below; async GRPO's metrics: tests/e2e/test_async.py
 def test_async_grpo_with_rollouts_in_their_own_actor_gives_the_local_async_metrics(
     ray_cluster, tiny_model_dir: Path, tmp_path: Path
 ):

@@ -16,7 +16,6 @@ from rlstack.workers import ray_group
 ray = pytest.importorskip("ray")
 
 
-@pytest.mark.long  # two Ray ranks against one process: test_ray's two-rank test (on four CPUs)
 def test_two_cpu_ranks_on_two_cpus_run_with_the_default_reward_workers(
     tiny_model_dir: Path, tmp_path: Path, capsys
 ):

@@ -8,6 +8,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 from nobody import CAN_BECOME_NOBODY, NOBODY, as_nobody
@@ -56,7 +57,21 @@ def listener():
 
 
 def _tmp_entries() -> set[str]:
-    return set(os.listdir(tempfile.gettempdir())) | set(os.listdir("/dev/shm"))
+    """The entries of the temp folder, of /tmp (where the sandbox makes its run roots) and of /dev/shm."""
+    return {
+        os.path.join(d, name) for d in {tempfile.gettempdir(), "/tmp", "/dev/shm"} for name in os.listdir(d)
+    }
+
+
+def _left_behind(before: set[str], wait_s: float = 15.0) -> set[str]:
+    """The entries that appeared since `before` and are still there up to `wait_s` later: under pytest-xdist
+    the other worker's sandbox runs come and go in /tmp meanwhile; what a run left behind stays."""
+    left = _tmp_entries() - before
+    deadline = time.monotonic() + wait_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left &= _tmp_entries()
+    return left
 
 
 HOSTILE = {
@@ -124,7 +139,7 @@ def test_hostile_program_scores_zero_and_leaves_nothing(name, monkeypatch):
     if name == "kill_parent":
         assert "PermissionError" in out["reason"]  # and we are still here
     assert all(uid is not None and processes_of_uid(uid) == [] for uid in seen_uids)
-    assert _tmp_entries() <= before
+    assert not _left_behind(before)
     assert not os.path.exists("/rlstack-escape")
 
 

@@ -396,16 +396,17 @@ def _validation_repeat(t: Translation, key: str, repeat: int, entry: Dataset) ->
     per_copy = 1 if per_copy is tree.MISSING else per_copy
     if not tree.is_count(per_copy):
         return  # worker.rollout.val_n's own problem
-    temperature = t.get(
-        "worker.rollout.val_temperature"
-    )  # read by now from policy.generation.val_temperature
-    if temperature is tree.MISSING or temperature == 0:  # rlstack's default, or NeMo RL's own set to 0
+    # policy.generation.val_temperature, read by now (validation_sampling runs before the data rules)
+    temperature = t.get("worker.rollout.val_temperature")
+    if isinstance(temperature, (int, float)) and temperature == 0:  # the file's own greedy validation
         t.notes.append(
             f"{key}{t.at(key)}: NeMo RL's key: {_class(entry)} takes each validation row {repeat} times, but "
-            "validation is greedy (worker.rollout.val_temperature=0), so every copy gets the same answer and "
-            f"their mean reward is one copy's: each prompt validated as NeMo RL validates one copy "
-            f"(worker.rollout.val_n={per_copy}); grpo.max_val_samples and grpo.val_batch_size count rows as "
-            "rlstack's data.val_max_samples and data.val_batch_size do, where NeMo RL counts the copies"
+            "validation is greedy (policy.generation.val_temperature=0), so every copy gets the same answer and "
+            f"the mean over whole copies is one copy's: each prompt validated as NeMo RL validates one copy "
+            f"(worker.rollout.val_n={per_copy}); grpo.max_val_samples and grpo.val_batch_size are read as "
+            "rlstack's data.val_max_samples and data.val_batch_size, which count rows where NeMo RL counts the "
+            "copies (all the rows' first copies first): a bound past the rows validates some rows twice there, "
+            "once here"
         )
         return
     n = repeat * per_copy
