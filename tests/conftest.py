@@ -39,11 +39,12 @@ if WORKER:
     tempfile.tempdir = None
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test is marked with its folder's kind (`pytest -m unit`, `-m "not e2e"`)."""
-    kind = Path(str(item.fspath)).parent.name
-    if kind in KINDS:
-        item.add_marker(getattr(pytest.mark, kind))
+    for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in KINDS:
+            item.add_marker(getattr(pytest.mark, kind))
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlstack"
@@ -95,7 +96,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     (in a pytest-xdist worker: the columns go to the controller, which decides)."""
     from rlstack.batch import COLUMNS
 
-    if hasattr(session.config, "workeroutput"):
+    if WORKER:
         session.config.workeroutput["batch_columns_set"] = dict(COLUMNS_SET)
         return
     undeclared = {name: test for name, test in COLUMNS_SET.items() if name not in COLUMNS}
