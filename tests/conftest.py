@@ -25,7 +25,14 @@ KINDS = ("unit", "integration", "e2e")
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 """The pytest-xdist worker this process is (`make test` runs two), or None in a plain `pytest`."""
-if WORKER:
+if not WORKER:
+    # The folder of the workers' temp folders, made by the controller before it starts them (they inherit
+    # the variable) and removed by it after they have exited: a worker's own exit (multiprocessing's
+    # finalizers removing their `pymp-*` folders) must still find its temp folder there.
+    # A short path: Ray's socket paths under it have to fit in 107 characters.
+    os.environ["RLSTACK_TEST_WORKERS_TMP"] = tempfile.mkdtemp(prefix="rlt-")
+    Path(os.environ["RLSTACK_TEST_WORKERS_TMP"]).chmod(0o755)
+else:
     # One torch thread a worker (and in the processes its tests start), not two threads each contending
     # for one of the two cores; a run's `trainer.num_threads` still sets its own.
     torch.set_num_threads(1)
@@ -33,8 +40,9 @@ if WORKER:
     # A temp folder of its own, /tmp's mode, for temp files and Ray's sessions: a worker's `ray.init()`
     # starts or joins that worker's own cluster, never one the other worker's test started. (The sandbox
     # makes its run roots in /tmp itself, shared: tests/integration/test_sandbox.py allows for it.)
-    WORKER_TMP = Path(tempfile.mkdtemp(prefix=f"rt-{WORKER}-"))
-    WORKER_TMP.chmod(0o1777)
+    WORKER_TMP = Path(os.environ["RLSTACK_TEST_WORKERS_TMP"]) / WORKER
+    WORKER_TMP.mkdir(mode=0o1777, exist_ok=True)
+    WORKER_TMP.chmod(0o1777)  # mkdir's mode is masked by the umask
     os.environ["TMPDIR"] = os.environ["RAY_TMPDIR"] = str(WORKER_TMP)
     tempfile.tempdir = None
 
@@ -120,8 +128,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     process waits for the controller, which ends it (after pytest-xdist's own timeout, without stacks) once
     every worker is done; a plain `pytest` run keeps the watchdog for the code under test."""
     if WORKER:
-        shutil.rmtree(WORKER_TMP, ignore_errors=True)
         return
+    shutil.rmtree(os.environ["RLSTACK_TEST_WORKERS_TMP"], ignore_errors=True)
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=sys.__stderr__)
 
 
