@@ -72,21 +72,28 @@ def assert_metrics_close(got: dict, want: dict, only_got: set[str] = frozenset()
             assert math.isclose(got[step][key], value, **TOLERANCE), (step, key, got[step][key], value)
 
 
+TWO_RANKS = (
+    "trainer.backend=ray",
+    "trainer.n_gpus_per_node=2",
+    "worker.reward.num_workers=2",  # each reward actor scores half the rows
+    "worker.rollout.check_weight_sync=true",  # each rank's engine copy: the policy's log-probs
+    "worker.rollout.weight_sync_tolerance=1e-5",
+    "trainer.save_freq=2",  # checkpoints at steps 2 and 3 (the last)
+)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(ray_cluster, tiny_model_dir, tmp_path_factory):
+    """A 3-step run on two Ray ranks, uninterrupted: its config and last metrics (two tests read it; under
+    pytest-xdist a worker that runs only one of them makes the run for it)."""
+    cfg = _cfg(tiny_model_dir, tmp_path_factory.mktemp("two_ranks"), "ray2", *TWO_RANKS)
+    return cfg, Trainer(cfg).fit()
+
+
 def test_two_ray_ranks_give_the_local_metrics_shard_the_policy_and_keep_every_engine_in_sync(
-    ray_cluster, local_run, tiny_model_dir, tmp_path
+    two_ranks, local_run, tiny_model_dir, tmp_path
 ):
-    cfg = _cfg(
-        tiny_model_dir,
-        tmp_path,
-        "ray2",
-        "trainer.backend=ray",
-        "trainer.n_gpus_per_node=2",
-        "worker.reward.num_workers=2",  # each reward actor scores half the rows
-        "worker.rollout.check_weight_sync=true",  # each rank's engine copy: the policy's log-probs
-        "worker.rollout.weight_sync_tolerance=1e-5",
-        "trainer.save_freq=3",
-    )
-    last = Trainer(cfg).fit()
+    cfg, last = two_ranks
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["actor/grad_norm"] > 0 and r["rollout/weight_sync_max_diff"] <= 1e-5 for r in rows)
@@ -192,11 +199,9 @@ def test_two_ray_ranks_run_the_python_tool_agent_like_one_process(ray_cluster, t
 
 
 def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
-    ray_cluster, tiny_model_dir, tmp_path
+    two_ranks, tiny_model_dir, tmp_path
 ):
-    ranks = ["trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.max_steps=3", "trainer.save_freq=2"]
-    whole = _cfg(tiny_model_dir, tmp_path, "whole", *ranks)
-    Trainer(whole).fit()
+    whole, _ = two_ranks  # the same run uninterrupted
 
     class StopAfterStep2(Trainer):
         def train_step(self):
@@ -204,7 +209,7 @@ def test_kill_and_resume_from_a_sharded_checkpoint_matches_an_uninterrupted_run(
                 raise KeyboardInterrupt
             return super().train_step()
 
-    parts = _cfg(tiny_model_dir, tmp_path, "parts", *ranks)
+    parts = _cfg(tiny_model_dir, tmp_path, "parts", *TWO_RANKS)
     with pytest.raises(KeyboardInterrupt):
         StopAfterStep2(parts).fit()
     Trainer(parts).fit()  # finds global_step_2 and goes on
