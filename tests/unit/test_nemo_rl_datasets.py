@@ -170,6 +170,22 @@ def test_a_repeated_validation_set_under_greedy_decoding_is_validated_once(base,
     assert "worker.rollout.val_n=1" in said
 
 
+def test_a_repeated_validation_set_of_a_file_without_val_temperature_is_sampled_at_the_training_values(
+    tmp_path, caplog, monkeypatch
+):
+    """The seed's trimmed grpo_math_1B.yaml has no policy.generation.val_temperature: NeMo RL validates at the
+    training temperature (1.0), so its 16 copies of each AIME row are 16 samples, not greedy ones."""
+    shutil.copy(NEMO / "grpo_math_1B.yaml", tmp_path / "grpo_math_1B.yaml")
+    (tmp_path / "examples" / "prompts").mkdir(parents=True)
+    shutil.copy(NEMO / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
+    monkeypatch.chdir(tmp_path)
+    cfg, notes = load_with_notes([f"config={tmp_path / 'grpo_math_1B.yaml'}", *AIME_16], caplog)
+    rollout = cfg.worker.rollout
+    assert (rollout.val_temperature, rollout.val_n) == (1.0, 16)
+    (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
+    assert "read as worker.rollout.val_n=16" in said
+
+
 def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_it_differs(base, caplog):
     """NeMo RL's grpo.max_val_samples counts the repeated rows (in whole batches of val_batch_size), rlstack's
     data.val_max_samples prompts: the recipe's 480 in batches of 32 is AIME 2024's 30 rows x 16, the same

@@ -396,7 +396,8 @@ def _validation_repeat(t: Translation, key: str, repeat: int, entry: Dataset) ->
     per_copy = 1 if per_copy is tree.MISSING else per_copy
     if not tree.is_count(per_copy):
         return  # worker.rollout.val_n's own problem
-    # policy.generation.val_temperature, read by now (validation_sampling runs before the data rules)
+    # policy.generation.val_temperature, or the training temperature where the file leaves it out, read by now
+    # (validation_sampling runs before the data rules): only a greedy validation makes the copies one
     temperature = t.get("worker.rollout.val_temperature")
     if isinstance(temperature, (int, float)) and temperature == 0:  # the file's own greedy validation
         t.notes.append(
