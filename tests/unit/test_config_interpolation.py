@@ -338,6 +338,58 @@ def test_a_misspelt_easyr1_only_key_in_an_easyr1_file_is_a_problem_naming_easyr1
     )
 
 
+EASYR1_SPELLINGS = """
+algorithm:
+  adv_estimator: reinforce_plus_plus
+  disable_kl: true  # a key only EasyR1 has: this is EasyR1's file
+trainer:
+  experiment_name: mp_${worker.actor.fsdp.mp_param_dtype}_${worker.actor.loss_type}_${worker.actor.model.lora.target_modules}
+"""
+
+
+def test_a_reference_in_an_easyr1_file_reads_easyr1s_spelling_and_the_run_rlstacks(tmp_path: Path):
+    """EasyR1 spells some values otherwise (`bf16`, loss_type `default`, LoRA's modules as one string): a
+    reference in an EasyR1 file gives EasyR1's spelling, at EasyR1's default where the file leaves the key out,
+    as EasyR1 would; the run reads the same settings in rlstack's spelling."""
+    path = write_yaml(tmp_path / "easyr1.yaml", EASYR1_SPELLINGS)
+    cfg = load_config([f"config={path}", *EASYR1_NAMES])
+    assert cfg.trainer.experiment_name == "mp_bf16_default_all-linear"
+    a = cfg.worker.actor
+    assert (a.fsdp.mp_param_dtype, a.loss_type, a.model.lora.target_modules) == (
+        "bfloat16",
+        "vanilla",
+        ["all-linear"],
+    )
+    # the file's own values, in EasyR1's spelling, are what a reference gives too
+    path = write_yaml(
+        tmp_path / "set.yaml",
+        EASYR1_SPELLINGS + "worker:\n  actor:\n    fsdp:\n      mp_param_dtype: fp16\n",
+    )
+    cfg = load_config([f"config={path}", *EASYR1_NAMES])
+    assert (cfg.trainer.experiment_name, cfg.worker.actor.fsdp.mp_param_dtype) == (
+        "mp_fp16_default_all-linear",
+        "float16",
+    )
+
+
+def test_a_reference_in_rlstacks_own_file_reads_rlstacks_spelling(tmp_path: Path):
+    path = write_yaml(
+        tmp_path / "run.yaml",
+        "worker:\n  actor:\n    fsdp:\n      mp_param_dtype: bfloat16\n"
+        "trainer:\n  experiment_name: mp_${worker.actor.fsdp.mp_param_dtype}_${worker.actor.loss_type}\n",
+    )
+    assert load_config([f"config={path}"]).trainer.experiment_name == "mp_bfloat16_vanilla"
+
+
+def test_easyr1s_spellings_of_rlstacks_defaults_are_the_same_settings():
+    """What a reference in an EasyR1 file reads for rlstack's keys EasyR1 spells otherwise is rlstack's own
+    default, respelled (else the run and the reference would disagree)."""
+    ours = dataclasses.asdict(Config())
+    assert {k: easyr1.rlstack_spelling(k, v) for k, v in easyr1.EASYR1_SPELLED.items()} == {
+        k: tree.get(ours, k) for k in easyr1.EASYR1_SPELLED
+    }
+
+
 def test_every_easyr1_key_rlstack_reads_has_easyr1s_default_and_none_is_rlstacks_own():
     """The table a reference in an EasyR1 file reads: every EasyR1 key rlstack moves, accepts or reads by its
     own rule is in it; none of rlstack's keys is (rlstack's value, or EASYR1_DEFAULTS', is what the run

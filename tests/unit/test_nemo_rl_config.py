@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from config_files import load_with_notes
 
 import rlstack.config.schema as schema
 from rlstack.config import Config, ConfigError, load_config
@@ -84,6 +85,8 @@ def test_the_seeds_1_2_and_8_gpu_configs_load_with_nothing_but_paths_replaced(
         ["console", "file"],
     )
     assert (d.rollout_batch_size, w.rollout.n, w.actor.global_batch_size) == (32, 16, 32)
+    # validation samples at the training temperature, as NeMo RL's (the trimmed file has no val_* keys)
+    assert (w.rollout.val_temperature, w.rollout.val_top_p, w.rollout.val_top_k) == (1.0, 1.0, -1)
 
     # 2 GPUs: the research notes' code_grpo_test.yaml over it
     cfg = _load_on_the_gpu_node([f"config={configs / 'code_grpo_test.yaml'}"], monkeypatch)
@@ -93,6 +96,7 @@ def test_the_seeds_1_2_and_8_gpu_configs_load_with_nothing_but_paths_replaced(
     # train_global_batch_size 256 is more than the 16 x 8 trajectories of a step: one optimizer step per rollout
     assert (d.rollout_batch_size, w.rollout.n, w.actor.global_batch_size) == (16, 8, 16)
     assert (w.reward.reward_function, w.rollout.agent.tools, t.n_gpus_per_node) == ("builtin:code", [], 2)
+    assert (w.rollout.val_temperature, w.rollout.val_n) == (1.0, 1)  # the base's training temperature
 
     # 8 GPUs: code_grpo_production.yaml, its "/path/to/sft/checkpoint" replaced
     checkpoint = configs / "sft_checkpoint"
@@ -289,6 +293,30 @@ def test_what_rlstack_cannot_do_is_named_with_its_line(configs: Path, tmp_path: 
     assert any("defaults 'base.yaml' is not next to the file" in p and "line 1" in p for p in problems), (
         problems
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        (["++policy.generation.temperature=0.7", "++policy.generation.top_k=20"], (0.7, 1.0, 20)),
+        (["worker.rollout.temperature=0.6"], (0.6, 1.0, -1)),  # the training value the run takes
+        (["worker.rollout.val_temperature=0"], (0, 1.0, -1)),  # rlstack's own key on the command line wins
+    ],
+)
+def test_a_nemo_rl_file_without_validation_sampling_validates_at_its_training_values(
+    configs: Path, caplog: pytest.LogCaptureFixture, overrides: list[str], want: tuple
+):
+    """NeMo RL's validate() generates with greedy=False, which its vLLM worker samples at
+    policy.generation.temperature / top_p / top_k (newer versions' val_* keys follow those): the seed's
+    grpo_math_1B.yaml, which has no val_* keys, validates at its training values, not rlstack's greedy default,
+    and a note says so."""
+    cfg, notes = load_with_notes([f"config={configs / 'grpo_math_1B.yaml'}", *overrides], caplog)
+    r = cfg.worker.rollout
+    assert (r.val_temperature, r.val_top_p, r.val_top_k) == want
+    (said,) = [n for n in notes if "sets no val_temperature" in n]
+    assert said.startswith(f"policy.generation ({configs / 'grpo_math_1B.yaml'}, line ")
+    assert "NeMo RL validates by sampling at the training temperature, top_p and top_k" in said
+    assert ("worker.rollout.val_temperature=" in said) == (want[0] != 0)
 
 
 def test_rlstacks_key_on_the_command_line_wins_over_the_files_nemo_rl_key(configs: Path):

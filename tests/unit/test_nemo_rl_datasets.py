@@ -1,14 +1,16 @@
 """NeMo RL's registry datasets rlstack reads as Hub rows (NuminaMath-1.5, OpenR1-Math-220k, AIME2026), the one it
 cannot name exactly (AIME2025), and the keys only some of NeMo RL's dataset classes read: `repeat` (its AIME
-classes) and NuminaMath-1.5's row filters (`rlstack/config/compat/nemo_rl_data.py`). Each over NeMo RL's
+classes and NemoGymDataset) and NuminaMath-1.5's row filters (`rlstack/config/compat/nemo_rl_data.py`). Each over NeMo RL's
 grpo_math_1B.yaml as it ships, with NeMo RL's `++key=value` overrides."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from config_files import load_with_notes
 
 from rlstack.config import ConfigError, load_config
@@ -170,6 +172,22 @@ def test_a_repeated_validation_set_under_greedy_decoding_is_validated_once(base,
     assert "worker.rollout.val_n=1" in said
 
 
+def test_a_repeated_validation_set_of_a_file_without_val_temperature_is_sampled_at_the_training_values(
+    tmp_path, caplog, monkeypatch
+):
+    """The seed's trimmed grpo_math_1B.yaml has no policy.generation.val_temperature: NeMo RL validates at the
+    training temperature (1.0), so its 16 copies of each AIME row are 16 samples, not greedy ones."""
+    shutil.copy(NEMO / "grpo_math_1B.yaml", tmp_path / "grpo_math_1B.yaml")
+    (tmp_path / "examples" / "prompts").mkdir(parents=True)
+    shutil.copy(NEMO / "cot.txt", tmp_path / "examples" / "prompts" / "cot.txt")
+    monkeypatch.chdir(tmp_path)
+    cfg, notes = load_with_notes([f"config={tmp_path / 'grpo_math_1B.yaml'}", *AIME_16], caplog)
+    rollout = cfg.worker.rollout
+    assert (rollout.val_temperature, rollout.val_n) == (1.0, 16)
+    (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
+    assert "read as worker.rollout.val_n=16" in said
+
+
 def test_a_repeated_validation_sets_row_bound_counts_the_copies_and_says_where_it_differs(base, caplog):
     """NeMo RL's grpo.max_val_samples counts the repeated rows (in whole batches of val_batch_size), rlstack's
     data.val_max_samples prompts: the recipe's 480 in batches of 32 is AIME 2024's 30 rows x 16, the same
@@ -210,6 +228,72 @@ def test_repeat_is_read_for_the_rows_of_an_aime_class_only(base, caplog):
     assert any(
         "not used for the validation rows: NeMo RL's DAPOMathAIME2024 class reads none" in n for n in notes
     )
+
+
+NEMO_GYM_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "Print the number you read."}]},
+    "verifier_metadata": {"unit_tests": {"inputs": ["1\n"], "outputs": ["1\n"]}},
+}
+"""A row of NeMo-Gym's competitive-coding data (rlstack's `nemotron_code` format)."""
+
+
+def _nemo_gym_layout(tmp_path: Path, train: dict, validation: dict) -> str:
+    """`config=` the shipped grpo_math_1B.yaml with the data section of NeMo RL's NeMo-Gym examples
+    (examples/nemo_gym/grpo_nanov3.yaml): rows by `data_path`, `dataset_name: NemoGymDataset` under
+    `data.default` (which NeMo RL lays under each dataset), and the sections' own keys `train` and
+    `validation`; the math environment, which rlstack has. The files hold a NeMo-Gym competitive-coding row."""
+    for name in ("train.jsonl", "validation.jsonl"):
+        (tmp_path / name).write_text(json.dumps(NEMO_GYM_ROW) + "\n")
+    config = yaml.safe_load((NEMO / "shipped" / "grpo_math_1B.yaml").read_text())
+    config["data"]["train"] = {"data_path": str(tmp_path / "train.jsonl"), **train}
+    config["data"]["validation"] = {"data_path": str(tmp_path / "validation.jsonl"), **validation}
+    config["data"]["default"] = {
+        "dataset_name": "NemoGymDataset",
+        "env_name": "math",
+        "prompt_file": None,
+        "processor": "nemo_gym_data_processor",
+    }
+    path = tmp_path / "grpo_nemo_gym.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return f"config={path}"
+
+
+@pytest.mark.parametrize(
+    ("validation", "val_n"),
+    [
+        ({"repeat": 4}, 4),  # the dataset's name from data.default, as in NeMo RL's NeMo-Gym examples
+        ({"dataset_name": "NemoGymDataset", "repeat": 4}, 4),
+        (
+            {"dataset_name": "NemoGymDataset", "repeat": 1},
+            1,
+        ),  # examples/nemo_gym/distillation_qwen3_0_6b.yaml
+    ],
+)
+def test_a_repeated_nemo_gym_validation_set_is_as_many_samples_of_each_prompt(
+    tmp_path, caplog, validation, val_n
+):
+    """NeMo RL's NemoGymDataset takes its data_path's rows `repeat` times over, as its AIME classes do
+    (nemo_rl/data/datasets/response_datasets/nemogym_dataset.py): validation rows read as val_n samples of each
+    prompt, not dropped."""
+    cfg, notes = load_with_notes([_nemo_gym_layout(tmp_path, {}, validation)], caplog)
+    assert (cfg.data.val_files, cfg.worker.rollout.val_n) == (str(tmp_path / "validation.jsonl"), val_n)
+    (said,) = [n for n in notes if n.startswith("data.validation.repeat")]
+    if val_n > 1:
+        assert "NeMo RL's NemoGymDataset class takes each validation row 4 times" in said
+        assert "read as worker.rollout.val_n=4" in said
+    else:
+        assert said.endswith("NeMo RL's key, 1: each validation row once, as rlstack reads them")
+
+
+def test_a_repeated_nemo_gym_training_set_is_refused_by_name_with_what_to_set(tmp_path):
+    (problem,) = _problems([_nemo_gym_layout(tmp_path, {"repeat": 2}, {})])
+    assert problem.startswith(f"data.train.repeat=2 ({tmp_path / 'grpo_nemo_gym.yaml'}, line "), problem
+    assert problem.endswith(
+        "NeMo RL's NemoGymDataset class takes the training rows 2 times over into one set, shuffled together, "
+        "which rlstack has no key for: remove data.train.repeat (or set it to 1) and set trainer.total_epochs "
+        "(each epoch one shuffled pass over the rows), or name a file holding the rows 2 times in "
+        "data.train.data_path"
+    ), problem
 
 
 @pytest.mark.parametrize(

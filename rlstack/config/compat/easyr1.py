@@ -211,7 +211,7 @@ def translate(values: dict, sources: dict[str, str], problems: list[str]) -> lis
         _easyr1_defaults(values, notes, problems)
     modules = tree.get(values, LORA_MODULES)
     if isinstance(modules, str):  # EasyR1: "all-linear" or "q_proj,v_proj"
-        tree.set(values, LORA_MODULES, [m.strip() for m in modules.split(",") if m.strip()])
+        tree.set(values, LORA_MODULES, rlstack_spelling(LORA_MODULES, modules))
         notes.append(f"{LORA_MODULES}={modules!r}{at(LORA_MODULES)}: EasyR1's spelling, read as a list")
     for note in notes:
         log.warning("config: %s", note)
@@ -234,11 +234,12 @@ def is_easyr1_file(values: dict, sources: dict[str, str]) -> bool:
 
 def dialect_defaults(values: dict, sources: dict[str, str]) -> dict[str, Any]:
     """The defaults the keys of the merged config `values` take where it leaves them out, where they are not
-    rlstack's: EasyR1's for an EasyR1 file (`EASYR1_DEFAULTS` for rlstack's keys, `EASYR1_FIELDS` for its
-    fields rlstack has no key for), else none. What an interpolation (`${worker.rollout.n}`,
-    `${algorithm.disable_kl}`) to such a key reads, as in EasyR1, which merges its defaults with the file and
-    then resolves."""
-    return {**EASYR1_FIELDS, **EASYR1_DEFAULTS} if is_easyr1_file(values, sources) else {}
+    rlstack's: EasyR1's for an EasyR1 file (`EASYR1_DEFAULTS` and `EASYR1_SPELLED` for rlstack's keys,
+    `EASYR1_FIELDS` for its fields rlstack has no key for), else none. What an interpolation
+    (`${worker.rollout.n}`, `${algorithm.disable_kl}`) to such a key reads, as in EasyR1, which merges its
+    defaults with the file and then resolves: each in EasyR1's spelling (`${worker.actor.fsdp.mp_param_dtype}`
+    is `bf16` there), as the file's own values are (interpolations resolve before `translate` respells them)."""
+    return {**EASYR1_FIELDS, **EASYR1_SPELLED, **EASYR1_DEFAULTS} if is_easyr1_file(values, sources) else {}
 
 
 EASYR1_DEFAULTS: dict[str, Any] = {
@@ -259,7 +260,7 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "worker.actor.clip_ratio_high": 0.3,
     "worker.actor.model.enable_gradient_checkpointing": True,
     "worker.actor.model.lora.alpha": 64,
-    "worker.actor.fsdp.mp_param_dtype": "bfloat16",
+    "worker.actor.fsdp.mp_param_dtype": "bf16",
     "worker.critic.global_batch_size": 256,
     "worker.critic.micro_batch_size_per_device_for_update": 4,
     "worker.critic.micro_batch_size_per_device_for_experience": 16,
@@ -271,7 +272,17 @@ EASYR1_DEFAULTS: dict[str, Any] = {
 """EasyR1's defaults (its DataConfig, AlgorithmConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig)
 where rlstack's are the tiny demo's or otherwise differ: what the keys an EasyR1 config file leaves out mean
 there (the KL's whether it is a loss or in the reward: EasyR1 copies the algorithm's to the actor's).
-Validation sampling follows the rollout's (`_easyr1_validation`)."""
+Validation sampling follows the rollout's (`_easyr1_validation`). Spelled as EasyR1 spells them, which is what
+an interpolation reads (`dialect_defaults`); the run takes rlstack's spelling (`VALUE_ALIASES`: `bf16` is
+`bfloat16`)."""
+EASYR1_SPELLED: dict[str, Any] = {
+    "worker.actor.loss_type": "default",
+    "worker.actor.model.lora.target_modules": "all-linear",
+}
+"""EasyR1's defaults of rlstack's keys where rlstack's default means the same but is spelled otherwise (its
+ActorConfig.loss_type and LoraConfig.target_modules, verl/workers/actor/config.py lines 27 and 115 at EasyR1
+b44b311): only what an interpolation in an EasyR1 file reads (`${worker.actor.loss_type}` is `default` there);
+the run keeps rlstack's default (`vanilla`, `[all-linear]`), which is the same setting."""
 EASYR1_ROLLOUT = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 """EasyR1's sampling defaults (its RolloutConfig), which its validation uses where val_override_config does not
 say otherwise."""
@@ -282,7 +293,9 @@ EASYR1_REQUIRED = ("data.train_files", "worker.actor.model.model_path", "worker.
 def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> None:
     """An EasyR1 config file: the keys it leaves out take EasyR1's defaults, not the demo's; those EasyR1
     has none for must be set."""
-    unset = {k: v for k, v in EASYR1_DEFAULTS.items() if tree.get(values, k) is tree.MISSING}
+    unset = {
+        k: rlstack_spelling(k, v) for k, v in EASYR1_DEFAULTS.items() if tree.get(values, k) is tree.MISSING
+    }
     for k, v in unset.items():
         tree.set(values, k, v)
     if unset:
@@ -310,6 +323,15 @@ def _easyr1_defaults(values: dict, notes: list[str], problems: list[str]) -> Non
                 f"{k} is not set in this EasyR1 config, and EasyR1 has no default for it (rlstack's is its "
                 f"tiny demo's): set {k}"
             )
+
+
+def rlstack_spelling(key: str, value: Any) -> Any:
+    """`value` of rlstack's key `key` as rlstack spells it, where EasyR1 spells it otherwise (`VALUE_ALIASES`:
+    EasyR1's `bf16` is `bfloat16`, its LoRA modules' `q_proj,v_proj` a list)."""
+    if key == LORA_MODULES and isinstance(value, str):
+        return [m.strip() for m in value.split(",") if m.strip()]
+    spellings = VALUE_ALIASES.get(key, {})
+    return spellings.get(value, value) if isinstance(value, str) else value
 
 
 def _easyr1_validation(values: dict, notes: list[str]) -> None:

@@ -5,13 +5,17 @@ a value rlstack cannot mean is a problem naming the key and what to use instead.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import rlstack.config.tree as tree
 from rlstack.config.compat.nemo_rl_translation import Translation
+from rlstack.config.rollout import RolloutConfig
 
 MISSING = tree.MISSING
+ROLLOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+"""rlstack's rollout defaults: the training sampling of a NeMo RL file that leaves policy.generation's out."""
 
 
 def _taken(t: Translation, prefix: str, *names: str) -> dict[str, Any]:
@@ -312,16 +316,35 @@ def lora(t: Translation) -> None:
 
 
 def validation_sampling(t: Translation) -> None:
-    """`policy.generation.val_temperature` / `val_top_p` / `val_top_k` (NeMo RL's follow the training values
-    unless set) and `grpo.val_num_generations_per_prompt` as rlstack's `worker.rollout.val_*`."""
+    """`policy.generation.val_temperature` / `val_top_p` / `val_top_k` and `grpo.val_num_generations_per_prompt`
+    as rlstack's `worker.rollout.val_*`. NeMo RL validates by sampling at the training values: its `validate()`
+    generates with `greedy=False` (nemo_rl/algorithms/grpo.py), which its vLLM worker samples at
+    policy.generation.temperature / top_p / top_k (`_build_sampling_params` in
+    nemo_rl/models/generation/vllm/vllm_worker.py). The val_* keys came later (NeMo RL #3401) and follow the
+    training values too (`${.temperature}` in its example files; its setup refuses other values but on the
+    NeMo-Gym path), so a file that leaves them out validates at its training values here as well, not at
+    rlstack's greedy default."""
+    followed = []
     for name, to in (("temperature", "val_temperature"), ("top_p", "val_top_p"), ("top_k", "val_top_k")):
         key = f"policy.generation.val_{name}"
         value = t.take(key)
         if value is MISSING:
+            if t.get(f"worker.rollout.{to}") is MISSING:  # else the command line's own
+                value = _training_sampling(t, name)
+                if value is not MISSING:
+                    tree.set(t.values, f"worker.rollout.{to}", value)
+                    followed.append(f"worker.rollout.{to}={value}")
             continue
         if name == "top_k" and value is None:
             value = -1
         t.move(key, f"worker.rollout.{to}", value)
+    if followed:
+        section = "policy.generation"
+        t.notes.append(
+            f"{section}{t.at(section)} sets no val_temperature / val_top_p / val_top_k: NeMo RL validates by "
+            f"sampling at the training temperature, top_p and top_k, read as {', '.join(followed)} (rlstack's own "
+            f"default is greedy; set {section}.val_temperature=0 for greedy validation)"
+        )
     key = "grpo.val_num_generations_per_prompt"
     n = t.take(key)
     if n is not MISSING:
@@ -361,6 +384,20 @@ def importance_sampling(t: Translation) -> None:
         )
     elif kind != "tis":
         t.move(key, "worker.actor.rollout_correction_low", 0.0 if low is None else low)
+
+
+def _training_sampling(t: Translation, name: str) -> Any:
+    """The sampling setting `name` (temperature, top_p, top_k) the run trains with: rlstack's key where the
+    command line sets it, else NeMo RL's `policy.generation.<name>` (top_k's null: all tokens), else rlstack's
+    default; `MISSING` where the value is not a number (its own problem, said once)."""
+    value = t.get(f"worker.rollout.{name}")
+    if value is MISSING:
+        value = t.get(f"policy.generation.{name}")
+    if value is MISSING:
+        value = ROLLOUT_DEFAULTS[name]
+    if name == "top_k" and value is None:
+        value = -1
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else MISSING
 
 
 def validation_end(t: Translation) -> None:

@@ -20,7 +20,8 @@ class Dataset:
 
     files: str
     """data.train_files (or data.val_files, where it is named for validation): `org/name@split`, or
-    `org/name:config@split` for a class that loads a Hub config (NeMo RL's `subset` replaces it)."""
+    `org/name:config@split` for a class that loads a Hub config (NeMo RL's `subset` replaces it); empty for a
+    class of `FILE_DATASETS`, whose rows are its `data_path`'s."""
     answer_key: str = "answer"
     """data.answer_key: the row field NeMo RL's class reads the ground truth from."""
     prompt_key: str = "problem"
@@ -81,6 +82,12 @@ DATASETS = {
 RL's class loads, the fields its problem and answer are in, and the validation rows it brings. The others
 (the SFT, preference and VLM sets, and `WITHOUT_HUB_FORM`'s) are a problem saying what to set."""
 
+FILE_DATASETS = {"NemoGymDataset": Dataset("", repeats=True)}
+"""NeMo RL's registry classes that read their rows from `data_path` alone (no Hub form), by the keys only some
+classes read: NemoGymDataset (nemo_rl/data/datasets/response_datasets/nemogym_dataset.py) takes a JSONL file of
+NeMo-Gym rows `repeat` times over, as the AIME classes take theirs, and holds out none. rlstack reads the file as
+any other (data.format: NeMo-Gym's competitive-coding rows are its `nemotron_code` rows)."""
+
 WITHOUT_HUB_FORM = {
     "AIME2025": (
         "NeMo RL's AIME2025 class joins the rows of two Hub configs of opencompass/AIME2025, AIME2025-I and "
@@ -116,7 +123,7 @@ def _hub_form(name: Any, split: Any, subset: str | None) -> tuple[str, Dataset |
 
 def _name(entry: Dataset) -> str:
     """The registry name of `entry` (the first, where several name it)."""
-    return next(name for name, e in DATASETS.items() if e is entry)
+    return next(name for name, e in (*DATASETS.items(), *FILE_DATASETS.items()) if e is entry)
 
 
 def _takes_subset(entry: Dataset | None) -> bool:
@@ -151,13 +158,19 @@ _ROWS = {"train": "training", "validation": "validation"}
 def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None, str]:
     """`data.train` or `data.validation` (`which`) rows as rlstack's `to` (data.train_files, data.val_files):
     a `data_path` (or the older `data.train_data_path` / `data.val_data_path`), else a `dataset_name` with a
-    Hub form; `subset` is the Hub config (`name:config@split`). Returns whether NeMo RL's keys name the rows,
+    Hub form; `subset` is the Hub config (`name:config@split`). The validation rows' dataset name is
+    `data.default.dataset_name` where `data.validation` names none, as NeMo RL lays data.default under each
+    dataset (nemo_rl/data/utils.py, `update_single_dataset_config`). Returns whether NeMo RL's keys name the rows,
     the registry entry they named, and the key of the dataset's name (`data.train.dataset_name`, or the
     older layout's `data.dataset_name`)."""
     if which == "train":
         key, name = setting(t, "dataset_name")
     else:
         key, name = f"data.{which}.dataset_name", t.take(f"data.{which}.dataset_name")
+        default = "data.default.dataset_name"  # NeMo RL lays data.default under data.validation too
+        given = tree.get(t.original, default)
+        if name is tree.MISSING and isinstance(t.get(f"data.{which}"), dict) and given is not tree.MISSING:
+            key, name = default, given
     split = t.take(f"data.{which}.split")
     at_split = f"@{split}" if isinstance(split, str) and split else ""
     subset_key, subset = _subset(t, which)
@@ -165,7 +178,13 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None, st
         path = t.take(path_key)
         if path in (tree.MISSING, None):
             continue
-        if name not in (tree.MISSING, None):
+        entry = FILE_DATASETS.get(name) if isinstance(name, str) else None
+        if entry is not None:
+            t.notes.append(
+                f"{key}={name!r}{t.at(key)}: NeMo RL's class for {path_key}'s rows, read by rlstack as the file it "
+                "is (data.format); the class's repeat as NeMo RL's"
+            )
+        elif name not in (tree.MISSING, None):
             t.notes.append(f"{key}{t.at(key)}: NeMo RL's loader of {path_key}'s rows, not used")
         if subset and (str(path).endswith(LOCAL_SUFFIXES) or str(path).startswith("builtin:")):
             t.problems.append(
@@ -178,7 +197,7 @@ def _rows(t: Translation, which: str, to: str) -> tuple[bool, Dataset | None, st
             t.notes.append(
                 f"{subset_key}={subset!r}{t.at(subset_key)}: NeMo RL's key, the Hub config of {path_key}"
             )
-        return True, None, key
+        return True, entry, key
     form = _hub_form(name, split, subset)
     if form is not None:
         files, entry = form
@@ -295,7 +314,7 @@ def datasets_rule(t: Translation) -> None:
     val, val_entry, val_key = _rows(t, "validation", "data.val_files")
     key = "data.validation.extract_answer"
     _extract_answer(t, key, t.take(key), val_entry)
-    _fields(t, [e for e in (entry, val_entry) if e is not None])
+    _fields(t, [e for e in (entry, val_entry) if e is not None and e.files])  # a file's rows: data.format's
     _class_keys(t, {"train": (entry, name_key, True), "validation": (val_entry, val_key, val)})
     key = "data.train.split_validation_size"
     held_out = t.get(key)
@@ -357,8 +376,9 @@ def _class(entry: Dataset | None) -> str:
 
 
 def _repeat(t: Translation, which: str, key: str, value: Any, entry: Dataset | None) -> None:
-    """NeMo RL's `repeat` (`key`: its AIME classes take their rows `value` times over): validation rows as
-    several samples of each prompt (`worker.rollout.val_n`); training rows a problem saying what to set."""
+    """NeMo RL's `repeat` (`key`: its AIME classes and NemoGymDataset take their rows `value` times over):
+    validation rows as several samples of each prompt (`worker.rollout.val_n`); training rows a problem saying
+    what to set."""
     if value is tree.MISSING:
         return
     rows = _ROWS[which]
@@ -396,7 +416,8 @@ def _validation_repeat(t: Translation, key: str, repeat: int, entry: Dataset) ->
     per_copy = 1 if per_copy is tree.MISSING else per_copy
     if not tree.is_count(per_copy):
         return  # worker.rollout.val_n's own problem
-    # policy.generation.val_temperature, read by now (validation_sampling runs before the data rules)
+    # policy.generation.val_temperature, or the training temperature where the file leaves it out, read by now
+    # (validation_sampling runs before the data rules): only a greedy validation makes the copies one
     temperature = t.get("worker.rollout.val_temperature")
     if isinstance(temperature, (int, float)) and temperature == 0:  # the file's own greedy validation
         t.notes.append(
