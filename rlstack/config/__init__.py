@@ -33,6 +33,7 @@ from rlstack.config.paths import (
 from rlstack.config.reward import (
     AgentRewardConfig,
     CodeRewardConfig,
+    CodevRewardConfig,
     JudgeConfig,
     MathRewardConfig,
     RewardConfig,
@@ -65,6 +66,7 @@ __all__ = [
     "AlgorithmConfig",
     "AsyncGRPOConfig",
     "CodeRewardConfig",
+    "CodevRewardConfig",
     "Config",
     "ConfigError",
     "CriticConfig",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
 import ipaddress
 import os
 import socket
@@ -92,11 +93,15 @@ def judge_rules(judge: JudgeConfig, p: list[str]) -> None:
         p.append(problem)
 
 
+ALWAYS_JUDGED = ("builtin:judge", "builtin:pyvision", "builtin:codev")
+"""The built-ins that ask the judge about every response."""
+
+
 def judge_in_use(rw: RewardConfig) -> str | None:
     """What asks the judge, as the config says it (a user's function that takes `judge` is known only once
-    loaded): `builtin:judge`, or a built-in's judge_fallback key; None: nothing."""
-    if "builtin:judge" in functions_in_use(rw):
-        return "builtin:judge"
+    loaded): a built-in of `ALWAYS_JUDGED`, or a built-in's judge_fallback key; None: nothing."""
+    if asker := next((f for f in ALWAYS_JUDGED if f in functions_in_use(rw)), None):
+        return asker
     keys = (
         ("math.judge_fallback", rw.math.judge_fallback),
         ("agent.judge_fallback", rw.agent.judge_fallback),
@@ -174,7 +179,27 @@ class AgentRewardConfig:
     judge_fallback: bool = False
     """Ask the judge (`worker.reward.judge`) about answers the rule cannot decide."""
     judge_always: bool = False
-    """Ask the judge about every answer, the rule not consulted (the vl_agent reward of DeepEyes, CodeV and PyVision)."""
+    """Ask the judge about every answer, the rule not consulted (as DeepEyes' vl_agent reward does; CodeV's and PyVision's own rewards are `builtin:codev` and `builtin:pyvision`)."""
+
+
+CODEV_RUBRICS = ("search", "calculation", "counting")
+"""The tool-use rubrics of `builtin:codev` (`rewards.codev.RUBRICS`)."""
+
+
+@dataclass
+class CodevRewardConfig:
+    rubric_by_source: dict[str, str] = field(default_factory=dict)
+    """`builtin:codev`: the rubric the judge grades a data source's tool use by (`search`: a crop shows what the question asks about; `counting`: systematic counting code; `calculation`: reasoning and computation), by data_source name or glob pattern (exact names first, then patterns in order), before CodeV's own (vstar, chart, high_res: search; IconQA: counting; any other: calculation)."""
+
+
+def codev_rules(rw: RewardConfig, p: list[str]) -> None:
+    """Each rubric that `codev.rubric_by_source` names is one of `CODEV_RUBRICS`."""
+    for source, rubric in rw.codev.rubric_by_source.items():
+        if rubric not in CODEV_RUBRICS:
+            p.append(
+                f"worker.reward.codev.rubric_by_source.{source}={rubric!r}: must be one of "
+                f"{', '.join(CODEV_RUBRICS)} (CodeV's tool-use rubrics)"
+            )
 
 
 @dataclass
@@ -200,7 +225,7 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     reward_function: str = "builtin:exact_match"
-    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `judge`, `reward_model`). A `path/to/file.py` without `:fn` means its `main`, as in EasyR1, or else its `compute_score` (the name EasyR1's and VPPO's reward files define, which EasyR1 itself would not find); the config check stops when the file defines neither."""
+    """`path/to/file.py:fn`, `package.module:fn`, or a built-in (`builtin:exact_match`, `math`, `code`, `agent`, `pyvision`, `codev`, `judge`, `reward_model`). A `path/to/file.py` without `:fn` means its `main`, as in EasyR1, or else its `compute_score` (the name EasyR1's and VPPO's reward files define, which EasyR1 itself would not find); the config check stops when the file defines neither."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the reward function (over a built-in's settings from its section)."""
     reward_function_by_source: dict[str, str] = field(default_factory=dict)
@@ -227,6 +252,8 @@ class RewardConfig:
     """Settings of `builtin:code`."""
     agent: AgentRewardConfig = field(default_factory=AgentRewardConfig)
     """Settings of `builtin:agent`."""
+    codev: CodevRewardConfig = field(default_factory=CodevRewardConfig)
+    """Settings of `builtin:codev`."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The LLM judge: `builtin:judge`, the built-ins' judge_fallback, and reward functions that take a `judge` parameter."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
@@ -296,6 +323,14 @@ def default_function_problem(key: str, ref: str) -> str | None:
     return no_default_function(key, ref, [n for n in functions if not n.startswith("_")])
 
 
+def route_of(source: str, patterns: list[str]) -> int | None:
+    """The index of the pattern that takes data source `source` (the keys of `reward_function_by_source`,
+    `codev.rubric_by_source`): an exact name first, then the first glob pattern that matches; None: none does."""
+    if source in patterns:
+        return patterns.index(source)
+    return next((k for k, p in enumerate(patterns) if fnmatch.fnmatchcase(source, p)), None)
+
+
 def functions_in_use(rw: RewardConfig) -> list[str]:
     """Every reward function the run may call: the main one, the extra ones, those per data source."""
     return [rw.reward_function, *rw.extra_reward_functions, *rw.reward_function_by_source.values()]
@@ -341,6 +376,7 @@ def reward_rules(cfg: Config, p: list[str]) -> None:
             "environment variable) to an OpenAI-compatible URL such as http://host:18901/v1"
         )
     judge_rules(rw.judge, p)
+    codev_rules(rw, p)
     for key, fn in (
         [("worker.reward.reward_function", rw.reward_function)]
         + [(f"worker.reward.extra_reward_functions[{i}]", f) for i, f in enumerate(rw.extra_reward_functions)]

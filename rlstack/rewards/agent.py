@@ -1,11 +1,12 @@
-"""The composite reward of tool-using agents (DeepEyes / CodeV style), EasyR1's batch interface.
+"""The composite reward of tool-using agents (DeepEyes style), EasyR1's batch interface.
 
     overall = accuracy_weight * accuracy + format_weight * format + tool_bonus * tool
 
 - accuracy: the answer in the last `<answer>...</answer>` against the ground truth, by
   math-verify's equivalence, else by normalized text match; an optional `judge` callable decides
-  the cases the rule cannot (e.g. free-text answers), or every answer with `judge_always` (the
-  vl_agent reward of DeepEyes, CodeV and PyVision asks its LLM judge about each one).
+  the cases the rule cannot (e.g. free-text answers), or every answer with `judge_always` (DeepEyes'
+  vl_agent reward asks its LLM judge about each one; CodeV's and PyVision's own rewards are `codev.py`
+  and `pyvision.py`).
 - format: the tool-call tags are balanced (`<tool_call>`/`</tool_call>` and `<code>`/`</code>`),
   there is exactly one answer, and it is at most `max_answer_chars` long.
 - tool: 1 only when the answer is correct AND at least one tool call succeeded

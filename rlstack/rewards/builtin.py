@@ -16,8 +16,9 @@ from rlstack.config.reward import RewardConfig
 
 REWARD_TYPE = "batch"
 
-AskJudge = Callable[[list[tuple]], list[float]]
-"""The run's judge (`RewardManager.ask_judge`): (question, reference, response[, images]) -> score, in order."""
+AskJudge = Callable[..., list[float]]
+"""The run's judge (`RewardManager.ask_judge`): (question, reference, response[, images]) -> score, in order;
+with the configured template unless given one (`template=`, `send_images=`)."""
 
 
 def exact_match(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -109,32 +110,51 @@ def agent_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
     }
 
 
+def pyvision(reward_inputs: list[dict[str, Any]], judge=None) -> list[dict[str, Any]]:
+    """PyVision's reward as its RL fork scores (`rlstack.rewards.pyvision`): the judge's verdict on the boxed
+    answer, plus 0.1 per code cell run where it is right.
+
+    `judge`: `RewardManager.ask_judge`, asked with PyVision's own prompt.
+    """
+    from rlstack.rewards import pyvision as pyvision_reward
+
+    return pyvision_reward.compute_score(reward_inputs, judge=judge)
+
+
+def codev(reward_inputs: list[dict[str, Any]], judge=None, **settings: Any) -> list[dict[str, Any]]:
+    """CodeV's TAPO reward (`rlstack.rewards.codev`): accuracy (math-verify, else the judge) + 0.3 format + 0.5
+    tool use graded by the judge against a rubric.
+
+    `settings`: `rubric_by_source` (from `worker.reward.codev`); `judge`: `RewardManager.ask_judge`, asked with
+    CodeV's own prompts.
+    """
+    from rlstack.rewards import codev as codev_reward
+
+    return codev_reward.compute_score(reward_inputs, judge=judge, **settings)
+
+
+def codev_settings(cfg: RewardConfig, judge: AskJudge | None) -> dict[str, Any]:
+    """`codev`'s keyword arguments from `worker.reward.codev`."""
+    return {"rubric_by_source": dict(cfg.codev.rubric_by_source)}
+
+
 def judge(reward_inputs: list[dict[str, Any]], judge=None) -> list[dict[str, float]]:
     """Every response scored by the LLM judge (`worker.reward.judge`): overall = judge = its score.
 
     `judge`: `RewardManager.ask_judge`, sent (question, reference, response, images) per row: the question is
     the row's `question` field, else the text of its last user message before the chat template, else the
-    prompt; the reference is the ground truth; the images go where `judge.send_images` is set.
+    prompt (`inputs.question_of`); the reference is the ground truth; the images go where `judge.send_images`
+    is set.
     """
+    from rlstack.rewards.inputs import question_of
+
     if judge is None:
         raise ValueError("builtin:judge is called with the judge of worker.reward.judge")
     queries = [
-        (_question(x), str(x["ground_truth"]), str(x["response"]), x.get("images") or ())
+        (question_of(x), str(x["ground_truth"]), str(x["response"]), x.get("images") or ())
         for x in reward_inputs
     ]
     return [{"overall": s, "judge": s} for s in judge(queries)]
-
-
-def _question(x: dict[str, Any]) -> str:
-    if x.get("question") is not None:
-        return str(x["question"])
-    users = [m for m in x.get("prompt_messages") or () if m.get("role") == "user"]
-    if users:
-        content = users[-1]["content"]
-        if isinstance(content, str):
-            return content
-        return "\n".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(x.get("prompt", ""))
 
 
 def reward_model(reward_inputs: list[dict[str, Any]], model=None) -> list[dict[str, float]]:
@@ -173,6 +193,8 @@ BUILTINS: dict[str, Builtin] = {
     "math": Builtin(math, math_settings, lambda cfg: cfg.math.judge_fallback),
     "code": Builtin(code, code_settings),
     "agent": Builtin(agent, agent_settings, lambda cfg: cfg.agent.judge_fallback or cfg.agent.judge_always),
+    "pyvision": Builtin(pyvision),
+    "codev": Builtin(codev, codev_settings),
     "judge": Builtin(judge),
     "reward_model": Builtin(reward_model, reward_model_settings),
 }

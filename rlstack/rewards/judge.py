@@ -9,7 +9,8 @@ Three built-in prompt templates, chosen per item from `TEMPLATES`:
   - `rubric`: the judge grades the response against a rubric (passed as `answer`) with a score in [0, 1].
 A user's template is a Jinja file rendered with `question`, `reference` and `response` as the user message
 (`file_prompt`); the judge's reply is read by a named parser (`PARSERS`) or the user's `path/to/file.py:fn`
-(`load_template`).
+(`load_template`). A reward may send its own `Template` with each item: `builtin:pyvision` and
+`builtin:codev` ask with their systems' prompts and read the replies as those systems do.
 
 Every call is retried (exponential backoff with jitter) on connection errors, timeouts, HTTP 429/5xx,
 malformed bodies and unparseable verdicts. A (template, question, answer, response) is sent once per client:
@@ -67,8 +68,9 @@ class JudgeItem:
     """Ground-truth answer (consistency, verifier) or the rubric (rubric)."""
     response: str
     """The policy's answer being judged."""
-    template: str = "consistency"
-    """A built-in template's name, or the client's own (`worker.reward.judge.template`, a file's path too)."""
+    template: str | Template = "consistency"
+    """A built-in template's name, the client's own (`worker.reward.judge.template`, a file's path too), or a
+    reward's own `Template` (the prompts of `builtin:pyvision` and `builtin:codev`)."""
     images: tuple[bytes, ...] = ()
     """The question's images, PNG-encoded (`png_images`), sent before the prompt's text for a
     vision-language judge; part of the cache key (by digest) like the texts."""
@@ -250,13 +252,16 @@ PARSERS: dict[str, Parse] = {
 @dataclass(frozen=True)
 class Template:
     prompt: Callable[[str, str, str], Messages]
+    """(question, answer, response) -> the chat messages sent."""
     parse: Parse
+    name: str = ""
+    """How errors name it; a built-in's is its key in `TEMPLATES`."""
 
 
 TEMPLATES: dict[str, Template] = {
-    "consistency": Template(consistency_prompt, parse_consistency),
-    "verifier": Template(verifier_prompt, parse_verifier),
-    "rubric": Template(rubric_prompt, parse_rubric),
+    "consistency": Template(consistency_prompt, parse_consistency, "consistency"),
+    "verifier": Template(verifier_prompt, parse_verifier, "verifier"),
+    "rubric": Template(rubric_prompt, parse_rubric, "rubric"),
 }
 """The built-in templates (`config.reward.JUDGE_TEMPLATES`), each with its own parser."""
 
@@ -273,7 +278,7 @@ def load_template(template: str, parser: str) -> Template:
     prompt = TEMPLATES[template].prompt if template in TEMPLATES else file_prompt(template)
     if not parser:
         return TEMPLATES[template]
-    return Template(prompt, PARSERS[parser] if parser in PARSERS else user_parser(parser))
+    return Template(prompt, PARSERS[parser] if parser in PARSERS else user_parser(parser), template)
 
 
 def file_prompt(path: str) -> Callable[[str, str, str], Messages]:
@@ -383,6 +388,8 @@ class JudgeClient:
     def judge_batch(self, items: list[JudgeItem]) -> list[JudgeResult]:
         """One result per item, in order; JudgeUnavailable (on_error=raise) names the failing sample."""
         for item in items:
+            if isinstance(item.template, Template):
+                continue
             if item.template not in TEMPLATES and item.template != self.config.template:
                 raise JudgeError(
                     f"judge template {item.template!r}: must be one of {sorted(TEMPLATES)} or the configured "
@@ -485,7 +492,10 @@ class JudgeClient:
                 self._forget(item, future)
 
     def _judge_one(self, item: JudgeItem) -> JudgeResult:
-        template = self.template if item.template == self.config.template else TEMPLATES[item.template]
+        if isinstance(item.template, Template):
+            template = item.template
+        else:
+            template = self.template if item.template == self.config.template else TEMPLATES[item.template]
         messages = with_images(template.prompt(item.question, item.answer, item.response), item.images)
         (verdict, score), attempts = self._attempts(lambda: template.parse(self._complete(messages)))
         return JudgeResult(verdict, score, False, attempts)
@@ -580,4 +590,5 @@ def _short(text: str, limit: int = 200) -> str:
 def _describe(item: JudgeItem) -> str:
     question, response = _short(item.question, 80), _short(item.response, 80)
     images = f", {len(item.images)} image(s)" if item.images else ""
-    return f"template={item.template}, question={question!r}, response={response!r}{images}"
+    template = item.template.name if isinstance(item.template, Template) else item.template
+    return f"template={template}, question={question!r}, response={response!r}{images}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import numbers
 import sys
@@ -15,13 +14,15 @@ import torch
 from rlstack.algos.filters import overlong_penalty
 from rlstack.batch import Batch, columns_read_by
 from rlstack.config import RewardConfig
+from rlstack.config.reward import route_of
 from rlstack.errors import RLStackError
 from rlstack.extensions import user_error
 from rlstack.rewards.builtin import BUILTINS
+from rlstack.rewards.inputs import reward_inputs
 from rlstack.rewards.loader import RewardFunction, load_reward_function
 
 if TYPE_CHECKING:
-    from rlstack.rewards.judge import JudgeClient
+    from rlstack.rewards.judge import JudgeClient, Template
 
 
 class RewardError(RLStackError, RuntimeError):
@@ -190,16 +191,21 @@ class RewardManager:
             rows.setdefault(-1 if k is None else k, []).append(i)
         return [(default if k < 0 else self.routes[k][1], rows[k]) for k in sorted(rows)]
 
-    def ask_judge(self, queries: list[tuple]) -> list[float]:
+    def ask_judge(
+        self, queries: list[tuple], template: Template | None = None, send_images: bool | None = None
+    ) -> list[float]:
         """(question, reference, response[, images]) -> the judge's scores, in order: the `judge` that
         `builtin:judge`, the built-ins' `judge_fallback` and reward functions with a `judge` parameter are
-        given. Sent together (up to `judge.max_concurrency` at once), with the configured template and parser;
-        the images (PIL images or PNG/JPEG bytes) go with a request where `worker.reward.judge.send_images`
+        given. Sent together (up to `judge.max_concurrency` at once), with the configured template and parser
+        unless a built-in passes its own `template` (`builtin:pyvision`, `builtin:codev`); the images (PIL
+        images or PNG/JPEG bytes) go with a request where `send_images`, else `worker.reward.judge.send_images`,
         is set. A failed judgement follows `judge.on_error`."""
         from rlstack.rewards.judge import JudgeItem, png_images
 
         assert self.judge is not None
-        template, send = self.judge.config.template, self.judge.config.send_images
+        config = self.judge.config
+        send = config.send_images if send_images is None else send_images
+        asked: str | Template = config.template if template is None else template
         encoded: dict[tuple[int, ...], tuple[bytes, ...]] = {}  # the n samples of a prompt share its images
 
         def images(rest: list) -> tuple[bytes, ...]:
@@ -210,7 +216,7 @@ class RewardManager:
                 encoded[key] = png_images(rest[0])
             return encoded[key]
 
-        items = [JudgeItem(q, g, r, template, images(rest)) for q, g, r, *rest in queries]
+        items = [JudgeItem(q, g, r, asked, images(rest)) for q, g, r, *rest in queries]
         results = self.judge.judge_batch(items)
         with self._judge_lock:
             self._judge_calls += len(queries)
@@ -427,56 +433,11 @@ REWARD_COLUMNS = columns_read_by("reward")
 """The columns scoring reads (what a remote reward worker is sent)."""
 
 
-def route_of(source: str, patterns: list[str]) -> int | None:
-    """The index of the pattern that takes data source `source`: an exact name first, then the first glob
-    pattern that matches; None: none does."""
-    if source in patterns:
-        return patterns.index(source)
-    return next((k for k, p in enumerate(patterns) if fnmatch.fnmatchcase(source, p)), None)
-
-
 def reward_function_for(cfg: RewardConfig, source: str) -> str:
     """The reward function (as configured) that scores the rows of data source `source`."""
     routes = cfg.reward_function_by_source
     k = route_of(source, list(routes))
     return cfg.reward_function if k is None else list(routes.values())[k]
-
-
-def reward_inputs(batch: Batch) -> list[dict[str, Any]]:
-    """One dict per row for the reward function: the response and its length, the ground truth, prompt and
-    data source, the row's other dataset fields both under `extra` and at the top level (as EasyR1 passes
-    them; never over a key above), the row's chat messages before the policy's template (`prompt_messages`), its
-    images (PIL images, for vision-language datasets) and, from the agent loop, its tool-call counts, its
-    `turns` (each model turn with its parsed call, each tool reply with `ok` and the indices of its images
-    into `tool_images`) and `tool_images` (the images the tools returned): what a tool-aware reward reads."""
-    lengths = batch["response_mask"].sum(-1).tolist()
-    return [
-        {
-            **(batch["extra"][i] if isinstance(batch["extra"][i], dict) else {}),
-            "response": batch["response_text"][i],
-            "response_length": int(lengths[i]),
-            "ground_truth": batch["ground_truth"][i],
-            "prompt": batch["prompt"][i],
-            "data_source": batch["data_source"][i],
-            "extra": batch["extra"][i],
-            **({"prompt_messages": batch["prompt_messages"][i]} if "prompt_messages" in batch else {}),
-            **({"images": batch["images"][i]} if "images" in batch else {}),
-            **(
-                {
-                    "num_tool_calls": int(batch["tool_calls"][i]),
-                    "num_tool_errors": int(batch["tool_errors"][i]),
-                }
-                if "tool_calls" in batch
-                else {}
-            ),
-            **(
-                {"turns": batch["turns"][i], "tool_images": batch["tool_images"][i]}
-                if "turns" in batch
-                else {}
-            ),
-        }
-        for i in range(len(batch))
-    ]
 
 
 def _describe(batch: Batch, i: int) -> str:

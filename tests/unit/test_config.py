@@ -1106,6 +1106,63 @@ def test_each_recipe_at_scale_loads_here_with_only_machine_problems_as_warnings(
         assert warned == []
 
 
+@pytest.mark.parametrize(
+    ("stem", "reward", "overall"),
+    [
+        # PyVision: the judge's 1 plus 0.1 for the one code cell the tool ran
+        ("pyvision_qwen2_5_vl_7b", "builtin:pyvision", 1.0 + 0.1),
+        # CodeV: accuracy 1 (the judge's TRUE) + 0.3 format + 0.5 x the grade 0.5, by the search rubric
+        ("codev_qwen2_5_vl_7b", "builtin:codev", 1.0 + 0.3 + 0.5 * 0.5),
+    ],
+)
+def test_the_codev_and_pyvision_recipes_score_with_their_systems_rewards(stem, reward, overall):
+    """examples/scale/codev_* and pyvision_* name CodeV's and PyVision's own rewards (not builtin:agent, which
+    is DeepEyes' composite), and the reward section they load scores with the judge they name."""
+    from judge_server import JudgeServer
+    from scored_batches import make_batch
+
+    from rlstack.rewards import codev
+    from rlstack.rewards.manager import RewardManager
+
+    def reply(body):
+        messages = body["messages"]
+        if "Judgement:" in messages[-1]["content"]:
+            return ("ok", "Judgement: 1")  # PyVision's judge
+        return (
+            ("ok", "0.5") if messages[0]["role"] == "system" else ("ok", "TRUE")
+        )  # CodeV's grader, verifier
+
+    server = JudgeServer(default=reply)
+    try:
+        recipe = Path(__file__).parents[2] / "examples" / "scale" / f"{stem}.yaml"
+        cfg = load_config(
+            [
+                f"config={recipe}",
+                f"worker.reward.judge.base_url={server.url}",
+                "worker.reward.judge.check_at_start=false",
+            ],
+            machine_checks="warn",
+        )
+        assert cfg.worker.reward.reward_function == reward and not cfg.worker.reward.agent.judge_always
+        batch = make_batch(["<think>look</think>\n<answer>\n\\boxed{left}\n</answer>"], ["left"])
+        batch["data_source"] = ["visual"]  # the built-in task the recipes train on
+        batch["turns"] = [
+            [{"role": "assistant", "text": "", "tool_call": {"name": "python", "arguments": {}}}]
+        ]
+        batch["tool_images"] = [[]]
+        manager = RewardManager.of(cfg.worker.reward, max_response_length=cfg.data.max_response_length)
+        try:
+            out = manager.score(batch)
+        finally:
+            manager.close()
+    finally:
+        server.stop()
+    assert out["scores"].tolist() == pytest.approx([overall])
+    if reward == "builtin:codev":  # the recipe grades the built-in visual task by the visual-search rubric
+        assert out["reward_info"][0]["rubric"] == "search"
+        assert server.chat_requests[-1]["messages"][0]["content"] == codev.RUBRICS["search"]
+
+
 def test_machine_checks_warn_only_goes_with_print_config(capsys):
     assert main(["train", "--machine-checks=warn"]) == 2
     assert "only checks a config (with --print-config)" in capsys.readouterr().err

@@ -276,7 +276,7 @@ def test_a_rows_images_reach_the_reward_function_and_a_vision_judge(tmp_path: Pa
 
 
 def test_judge_always_asks_about_every_answer_as_vl_agent_does(monkeypatch):
-    """CodeV's and PyVision's reward (DeepEyes' vl_agent) asks the judge about each answer: a rule-wrong answer
+    """DeepEyes' vl_agent reward asks the judge about each answer: a rule-wrong answer
     the judge accepts scores, a response without an answer is 0 and not asked."""
     from judge_server import JudgeServer
 
