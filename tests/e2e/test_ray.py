@@ -124,7 +124,7 @@ def test_two_ray_ranks_give_the_local_metrics_shard_the_policy_and_keep_every_en
     # optimizer state comes with them, and training goes on from step 3
     resumed = _cfg(
         tiny_model_dir,
-        tmp_path,
+        Path(cfg.trainer.output_dir),  # the run's reward file, as the checkpoint records it
         "resumed_on_one",
         f"trainer.load_checkpoint_path={ckpt}",
         "trainer.max_steps=4",
