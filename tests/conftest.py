@@ -40,6 +40,8 @@ else:
     # A temp folder of its own, /tmp's mode, for temp files and Ray's sessions: a worker's `ray.init()`
     # starts or joins that worker's own cluster, never one the other worker's test started. (The sandbox
     # makes its run roots in /tmp itself, shared: tests/integration/test_sandbox.py allows for it.)
+    if "RLSTACK_TEST_WORKERS_TMP" not in os.environ:  # a controller that did not load this conftest
+        os.environ["RLSTACK_TEST_WORKERS_TMP"] = tempfile.mkdtemp(prefix=f"rlt-{WORKER}-")
     WORKER_TMP = Path(os.environ["RLSTACK_TEST_WORKERS_TMP"]) / WORKER
     WORKER_TMP.mkdir(mode=0o1777, exist_ok=True)
     WORKER_TMP.chmod(0o1777)  # mkdir's mode is masked by the umask

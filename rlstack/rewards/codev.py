@@ -127,9 +127,15 @@ def rubric_of(source: str, rubric_by_source: dict[str, str]) -> str:
     """The rubric of a data source: `rubric_by_source` (names, then patterns), then CodeV's own, else
     `calculation`."""
     k = route_of(source, list(rubric_by_source))
-    if k is not None:
-        return list(rubric_by_source.values())[k]
-    return CODEV_SOURCES.get(source, "calculation")
+    if k is None:
+        return CODEV_SOURCES.get(source, "calculation")
+    rubric = list(rubric_by_source.values())[k]
+    if rubric not in RUBRICS:  # reward_function_kwargs pass by the config's own check of the key
+        raise ValueError(
+            f"rubric_by_source gives data source {source!r} the rubric {rubric!r}, which CodeV does not have: "
+            f"use one of {sorted(RUBRICS)} (worker.reward.codev.rubric_by_source)"
+        )
+    return rubric
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -271,7 +277,9 @@ def compute_score(
     then every row's tool use (`RUBRIC`, with images); `rubric_by_source`: `worker.reward.codev.rubric_by_source`.
     """
     if judge is None:
-        raise ValueError("builtin:codev is called with the judge of worker.reward.judge")
+        raise ValueError(
+            "builtin:codev needs the run's judge: set worker.reward.judge.base_url (or LLM_AS_A_JUDGE_BASE)"
+        )
     responses = [str(x["response"]) for x in reward_inputs]
     answers = [extract_answer(r) for r in responses]
     accuracy = [

@@ -123,7 +123,9 @@ def compute_score(reward_inputs: list[dict[str, Any]], judge=None) -> list[dict[
     and ground truth, all at once.
     """
     if judge is None:
-        raise ValueError("builtin:pyvision is called with the judge of worker.reward.judge")
+        raise ValueError(
+            "builtin:pyvision needs the run's judge: set worker.reward.judge.base_url (or LLM_AS_A_JUDGE_BASE)"
+        )
     answers = [extract_answer(str(x["response"])) for x in reward_inputs]
     asked = [i for i, a in enumerate(answers) if a is not None]
     queries = [

@@ -40,7 +40,8 @@ def example_accuracies(examples: str, model: str) -> list[float]:
 
 def assert_accuracies_are_the_examples(result: dict, examples: str, before: str) -> None:
     """With as many held-out problems as examples, the demo's accuracy before and after GRPO is the mean of
-    the examples' own (two ways of reading the same evaluation: its metrics and its generations)."""
+    the examples' own (two ways of reading the same evaluation: its metrics and its generations). The
+    examples print each accuracy rounded: these tasks' are 0 or 1."""
     for when, model in (("before", before), ("after", "after GRPO")):
         each = example_accuracies(examples, model)
         assert len(each) == result["held_out_problems"], (model, each)

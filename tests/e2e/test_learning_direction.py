@@ -69,7 +69,9 @@ def test_a_flipped_advantage_lowers_the_reward(tiny_model_dir, tmp_path, monkeyp
     rewards = scores(tiny_model_dir, tmp_path, "flipped")
     assert not learned(rewards)
     start, end = mean(rewards[:3]), mean(rewards[-3:])
-    assert end < start / 2, f"a flipped advantage did not lower the reward: {start:.3f} -> {end:.3f} ({rewards})"
+    assert end < start / 2, (
+        f"a flipped advantage did not lower the reward: {start:.3f} -> {end:.3f} ({rewards})"
+    )
 
 
 @pytest.mark.parametrize("fault", ["zero_learning_rate", "detached_loss"])

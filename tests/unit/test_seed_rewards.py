@@ -96,6 +96,7 @@ def test_pyvision_scores_as_its_rl_fork():
     assert [(name, send) for name, send, _ in judge.calls] == [("pyvision", False)]  # one batch, no images
     first = judge.calls[0][2][0]
     assert first == ("right, two cells (one raised)", "3", "3")  # (question, ground truth, the boxed answer)
+    assert ("the first boxed answer is the one judged", "3", "5") in judge.calls[0][2]
     long = out[[p[0] for p in PYVISION].index("a long answer judged right: only the tool reward")]
     assert (long["accuracy"], long["tool"]) == (0.0, pytest.approx(0.1))
 
@@ -297,3 +298,12 @@ def test_a_codev_rubric_must_be_one_of_codevs():
         "worker.reward.codev.rubric_by_source.visual='zoom': must be one of search, calculation, counting "
         "(CodeV's tool-use rubrics)"
     ]
+
+
+def test_a_rubric_codev_does_not_have_is_refused_by_name():
+    assert (
+        codev.rubric_of("vstar", {}) == "search"
+        and codev.rubric_of("mine", {"mi*": "counting"}) == "counting"
+    )
+    with pytest.raises(ValueError, match=r"'mine' the rubric 'zoom'.*worker.reward.codev.rubric_by_source"):
+        codev.rubric_of("mine", {"mine": "zoom"})  # as reward_function_kwargs would pass it, unchecked
