@@ -134,7 +134,13 @@ def test_reset_gives_the_next_trajectory_its_own_images(make_tool):
 
 def test_shown_images_come_back_resized(make_tool):
     max_pixels = 64 * 28 * 28
-    tool = make_tool([Image.new("RGB", (40, 30), (0, 200, 0))], max_pixels=max_pixels, max_images_per_call=3)
+    # matplotlib's first import takes seconds on a loaded 2-core machine: past SMALL's 3 s limit
+    tool = make_tool(
+        [Image.new("RGB", (40, 30), (0, 200, 0))],
+        max_pixels=max_pixels,
+        max_images_per_call=3,
+        timeout_s=20.0,
+    )
     code = (
         "import matplotlib.pyplot as plt\n"
         "plt.plot([1, 3, 2])\nplt.show()\n"
