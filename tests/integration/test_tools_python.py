@@ -461,7 +461,7 @@ def test_an_unreadable_environment_is_replaced_by_a_readable_copy(make_tool, mon
     monkeypatch.setattr(python_packages, "_not_world_readable", lambda path: f"{path} is blocked (test)")
     python_packages._packages.cache_clear()
     try:
-        tool = make_tool()
+        tool = make_tool(timeout_s=20.0)  # importing matplotlib from the copy: seconds on a loaded machine
         (copy,) = tool.package_dirs
         assert os.path.basename(copy).startswith("rlstack-sandbox-packages-") and python_packages._trusted(
             Path(copy)

