@@ -272,7 +272,9 @@ def test_builtin_codev_asks_the_verifier_and_the_grader_with_images():
     )
     assert out["reward_info"][0] == {"answer": "left", "rubric": "calculation"}
     verify, grade = server.chat_requests
-    assert isinstance(verify["messages"][-1]["content"], str) and "left" in verify["messages"][-1]["content"]
+    # the verifier's one text message: the ground truth and the extracted answer, each in its place
+    (message,) = verify["messages"]
+    assert message["content"].endswith("Reference answer:\nleft\n\nStudent answer:\nleft"), message
     assert grade["messages"][0]["content"] == codev.RUBRICS["calculation"]
     parts = [p["type"] for p in grade["messages"][-1]["content"]]
     assert parts == ["image_url", "image_url", "text"]  # the row's image, the tool's, then the text
