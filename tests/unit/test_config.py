@@ -823,10 +823,11 @@ def test_an_easyr1_config_loads_with_its_keys_read_as_rlstacks(tmp_path, caplog)
     )
     assert any("disable_kl" in n and f"over algorithm.use_kl_loss=true ({path}, line 12)" in n for n in notes)
     assert (
-        len(notes) == 31
+        len(notes) == 32
     )  # every EasyR1 key or spelling above, each said once (ulysses_size and optim.strategy are rlstack's own),
     # and the notes on what it leaves out: the keys that take EasyR1's defaults, validation's top_k (the
-    # rollout's), trust_remote_code (EasyR1's true is not taken)
+    # rollout's), trust_remote_code (EasyR1's true is not taken), the token budgets of its dynamic batching
+    assert (a.padding_free, a.dynamic_batching, cfg.worker.critic.dynamic_batching) == (True, True, True)
     assert any(
         n.startswith("config: keys this EasyR1 config leaves out take EasyR1's defaults") for n in notes
     )

@@ -173,23 +173,12 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
 @pytest.mark.parametrize(
     ("overrides", "actor", "ref", "critic"),
     [
-        # micro-batches of 1 and 2; the critic's batching stays rlstack's, off (EasyR1's is on: the same gradient)
-        ([], (4096, 8192), 8192, (16384, 32768)),
-        (["data.max_response_length=6144"], (8192, 16384), 16384, (16384, 32768)),
-        (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (16384, 32768)),
-        (
-            ["worker.critic.dynamic_batching=true", "data.max_response_length=6144"],
-            (8192, 16384),
-            16384,
-            (4 * 8192, 16 * 8192),
-        ),  # EasyR1's critic micro-batches of 4 / 16 rows of 2048 + 6144
-        (
-            ["worker.critic.dynamic_batching=true"],
-            (4096, 8192),
-            8192,
-            (4 * 4096, 16 * 4096),
-        ),  # EasyR1's 4 / 16
-        (["worker.actor.dynamic_batching=false"], (16384, 32768), 32768, (16384, 32768)),  # unused: rlstack's
+        # the actor's micro-batches of 1 and 2; the critic's, which the file leaves out, EasyR1's 4 / 16 rows
+        ([], (4096, 8192), 8192, (4 * 4096, 16 * 4096)),
+        (["data.max_response_length=6144"], (8192, 16384), 16384, (4 * 8192, 16 * 8192)),
+        (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (4 * 4096, 16 * 4096)),
+        (["worker.critic.dynamic_batching=false"], (4096, 8192), 8192, (16384, 32768)),  # unused: rlstack's
+        (["worker.actor.dynamic_batching=false"], (16384, 32768), 32768, (4 * 4096, 16 * 4096)),
     ],
 )
 def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
@@ -204,7 +193,24 @@ def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
     assert cfg.worker.ref.max_token_len_per_device_for_experience == ref
     assert (cr.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_experience) == critic
     said = [n for n in notes if n.startswith("EasyR1's dynamic batching packs each pass")]
-    assert len(said) == (0 if "worker.actor.dynamic_batching=false" in overrides else 1)
+    assert len(said) == 1  # one note, for the budgets of what batches by tokens
+
+
+def test_an_easyr1_file_without_its_layout_keys_packs_and_batches_by_tokens_as_easyr1(tmp_path, caplog):
+    """EasyR1's ActorConfig has padding_free and dynamic_batching on, its CriticConfig dynamic_batching on and
+    padding_free off: a file that leaves them out means those, not rlstack's padded row micro-batches."""
+    text = (EASYR1 / "config.yaml").read_text()
+    path = tmp_path / "config.yaml"
+    drop = ("padding_free:", "dynamic_batching:")
+    path.write_text("\n".join(line for line in text.splitlines() if not line.strip().startswith(drop)))
+    assert path.read_text() != text
+    cfg, notes = load_with_notes([f"config={path}", *EASYR1_PATHS], caplog)
+    a, cr = cfg.worker.actor, cfg.worker.critic
+    assert (a.padding_free, a.dynamic_batching, cr.padding_free, cr.dynamic_batching) == (True, True, False, True)
+    assert any("worker.actor.padding_free=True" in n and "worker.critic.dynamic_batching=True" in n for n in notes)
+    assert (a.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_update) == (4096, 4 * 4096)
+    plain = load_config(["worker.actor.micro_batch_size_per_device_for_update=1"]).worker
+    assert (plain.actor.padding_free, plain.actor.dynamic_batching, plain.critic.dynamic_batching) == (False,) * 3
 
 
 def test_an_easyr1_file_without_a_critic_section_gives_gae_easyr1s_critic_learning_rate(caplog):

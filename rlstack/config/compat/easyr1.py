@@ -261,17 +261,22 @@ EASYR1_DEFAULTS: dict[str, Any] = {
     "worker.actor.model.enable_gradient_checkpointing": True,
     "worker.actor.model.lora.alpha": 64,
     "worker.actor.fsdp.mp_param_dtype": "bf16",
+    "worker.actor.padding_free": True,
+    "worker.actor.dynamic_batching": True,
     "worker.critic.global_batch_size": 256,
     "worker.critic.micro_batch_size_per_device_for_update": 4,
     "worker.critic.micro_batch_size_per_device_for_experience": 16,
     "worker.critic.optim.lr": 1e-6,
+    "worker.critic.dynamic_batching": True,
     "worker.rollout.n": 1,
     "algorithm.kl_coef": 1e-3,
     "algorithm.kl_penalty": "kl",
 }
 """EasyR1's defaults (its DataConfig, AlgorithmConfig, TrainerConfig, ActorConfig, ModelConfig, RolloutConfig)
 where rlstack's are the tiny demo's or otherwise differ: what the keys an EasyR1 config file leaves out mean
-there (the KL's whether it is a loss or in the reward: EasyR1 copies the algorithm's to the actor's).
+there (the KL's whether it is a loss or in the reward: EasyR1 copies the algorithm's to the actor's; the actor's
+padding-free layout and dynamic batching, and the critic's dynamic batching, all on in EasyR1's ActorConfig and
+CriticConfig, off by default here, where the padded layout runs a prompt once for all its samples).
 Validation sampling follows the rollout's (`_easyr1_validation`). Spelled as EasyR1 spells them, which is what
 an interpolation reads (`dialect_defaults`); the run takes rlstack's spelling (`VALUE_ALIASES`: `bf16` is
 `bfloat16`)."""
