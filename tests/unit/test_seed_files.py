@@ -176,7 +176,12 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
         # the actor's micro-batches of 1 and 2; the critic's, which the file leaves out, EasyR1's 4 / 16 rows
         ([], (4096, 8192), 8192, (4 * 4096, 16 * 4096)),
         (["data.max_response_length=6144"], (8192, 16384), 16384, (4 * 8192, 16 * 8192)),
-        (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (4 * 4096, 16 * 4096)),
+        (
+            ["worker.actor.max_token_len_per_device_for_update=10000"],
+            (10000, 8192),
+            8192,
+            (4 * 4096, 16 * 4096),
+        ),
         (["worker.critic.dynamic_batching=false"], (4096, 8192), 8192, (16384, 32768)),  # unused: rlstack's
         (["worker.actor.dynamic_batching=false"], (16384, 32768), 32768, (4 * 4096, 16 * 4096)),
     ],
@@ -206,11 +211,20 @@ def test_an_easyr1_file_without_its_layout_keys_packs_and_batches_by_tokens_as_e
     assert path.read_text() != text
     cfg, notes = load_with_notes([f"config={path}", *EASYR1_PATHS], caplog)
     a, cr = cfg.worker.actor, cfg.worker.critic
-    assert (a.padding_free, a.dynamic_batching, cr.padding_free, cr.dynamic_batching) == (True, True, False, True)
-    assert any("worker.actor.padding_free=True" in n and "worker.critic.dynamic_batching=True" in n for n in notes)
+    assert (a.padding_free, a.dynamic_batching, cr.padding_free, cr.dynamic_batching) == (
+        True,
+        True,
+        False,
+        True,
+    )
+    assert any(
+        "worker.actor.padding_free=True" in n and "worker.critic.dynamic_batching=True" in n for n in notes
+    )
     assert (a.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_update) == (4096, 4 * 4096)
     plain = load_config(["worker.actor.micro_batch_size_per_device_for_update=1"]).worker
-    assert (plain.actor.padding_free, plain.actor.dynamic_batching, plain.critic.dynamic_batching) == (False,) * 3
+    assert (plain.actor.padding_free, plain.actor.dynamic_batching, plain.critic.dynamic_batching) == (
+        False,
+    ) * 3
 
 
 def test_an_easyr1_file_without_a_critic_section_gives_gae_easyr1s_critic_learning_rate(caplog):
