@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -75,3 +76,40 @@ def test_each_example_learns_as_shipped(warm_model: Path, tmp_path: Path, exampl
         )  # mixed groups found (a full batch, or it stops)
     if cfg.algorithm.adv_estimator == "gae":
         assert math.isfinite(last["critic/vf_loss"]) and last["critic/grad_norm"] > 0
+
+
+DEMO_GRPO = Path(__file__).parents[2] / "rlstack" / "configs" / "demo_grpo.yaml"
+HELD_OUT = 256
+GRPO_STEPS = 150
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grpo_from_the_warm_start_raises_held_out_accuracy(warm_model: Path, tmp_path: Path):
+    """The demo's GRPO recipe, shortened to 150 steps (its cosine schedule over them), from the demo's warm
+    start: greedy accuracy on 256 held-out problems it never trains on must rise by 4 points. Measured
+    (2026-11-29, one thread, data and sampling seeds 1-4): 41.8% -> 50.8%, 55.9%, 57.0%, 49.2% (+7.4 to +15.2).
+    Each of the faults of test_learning_direction.py fails it: a learning rate of 0 and a loss detached from
+    the log-probs end at 41.8%; flipped advantages make every group all-wrong within 10 steps, and the run
+    stops where online filtering finds no group to learn from."""
+    cfg = load_config(
+        [
+            f"config={DEMO_GRPO}",
+            f"worker.actor.model.model_path={warm_model}",
+            f"trainer.output_dir={tmp_path}",
+            f"trainer.max_steps={GRPO_STEPS}",
+            "trainer.val_before_train=true",
+            f"trainer.val_freq={GRPO_STEPS}",
+            f"data.val_max_samples={HELD_OUT}",
+            f"data.val_batch_size={HELD_OUT}",
+            "trainer.logger=[file]",
+            "trainer.save_freq=-1",
+            "trainer.save_model_only=true",
+            "trainer.num_threads=1",
+        ]
+    )
+    Trainer(cfg).fit()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    accuracy = {r["step"]: r["val/addition/accuracy"] for r in rows if "val/addition/accuracy" in r}
+    assert sorted(accuracy) == [0, GRPO_STEPS]
+    assert accuracy[GRPO_STEPS] >= accuracy[0] + 0.04, accuracy
