@@ -173,17 +173,30 @@ def test_an_easyr1_file_without_kl_coef_takes_easyr1s_whatever_its_kl(tmp_path, 
 @pytest.mark.parametrize(
     ("overrides", "actor", "ref", "critic"),
     [
-        # the actor's micro-batches of 1 and 2; the critic's, which the file leaves out, EasyR1's 4 / 16 rows
-        ([], (4096, 8192), 8192, (4 * 4096, 16 * 4096)),
-        (["data.max_response_length=6144"], (8192, 16384), 16384, (4 * 8192, 16 * 8192)),
+        # the actor's micro-batches of 1 and 2; GRPO builds no critic, whose budgets stay rlstack's, unsaid
+        ([], (4096, 8192), 8192, (16384, 32768)),
+        (["data.max_response_length=6144"], (8192, 16384), 16384, (16384, 32768)),
+        (["worker.actor.max_token_len_per_device_for_update=10000"], (10000, 8192), 8192, (16384, 32768)),
+        # with GAE, the critic, which the file leaves out, batches by EasyR1's 4 / 16 rows
+        (["algorithm.adv_estimator=gae"], (4096, 8192), 8192, (4 * 4096, 16 * 4096)),
         (
-            ["worker.actor.max_token_len_per_device_for_update=10000"],
-            (10000, 8192),
+            ["algorithm.adv_estimator=gae", "data.max_response_length=6144"],
+            (8192, 16384),
+            16384,
+            (4 * 8192, 16 * 8192),
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "worker.critic.dynamic_batching=false"],
+            (4096, 8192),
             8192,
+            (16384, 32768),
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "worker.actor.dynamic_batching=false"],
+            (16384, 32768),
+            32768,
             (4 * 4096, 16 * 4096),
         ),
-        (["worker.critic.dynamic_batching=false"], (4096, 8192), 8192, (16384, 32768)),  # unused: rlstack's
-        (["worker.actor.dynamic_batching=false"], (16384, 32768), 32768, (4 * 4096, 16 * 4096)),
     ],
 )
 def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
@@ -199,6 +212,8 @@ def test_an_easyr1_files_dynamic_batching_packs_each_pass_as_easyr1_does(
     assert (cr.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_experience) == critic
     said = [n for n in notes if n.startswith("EasyR1's dynamic batching packs each pass")]
     assert len(said) == 1  # one note, for the budgets of what batches by tokens
+    if "algorithm.adv_estimator=gae" not in overrides:
+        assert "worker.critic" not in said[0]
 
 
 def test_an_easyr1_file_without_its_layout_keys_packs_and_batches_by_tokens_as_easyr1(tmp_path, caplog):
@@ -220,7 +235,7 @@ def test_an_easyr1_file_without_its_layout_keys_packs_and_batches_by_tokens_as_e
     assert any(
         "worker.actor.padding_free=True" in n and "worker.critic.dynamic_batching=True" in n for n in notes
     )
-    assert (a.max_token_len_per_device_for_update, cr.max_token_len_per_device_for_update) == (4096, 4 * 4096)
+    assert a.max_token_len_per_device_for_update == 4096
     plain = load_config(["worker.actor.micro_batch_size_per_device_for_update=1"]).worker
     assert (plain.actor.padding_free, plain.actor.dynamic_batching, plain.critic.dynamic_batching) == (
         False,

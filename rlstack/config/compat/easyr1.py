@@ -394,7 +394,10 @@ def _easyr1_budgets(values: dict, notes: list[str]) -> None:
     if not all(tree.is_count(v) for v in lengths):
         return  # a problem of its own
     padded, said = sum(lengths), []
+    with_critic = tree.get(values, "algorithm.adv_estimator") == "gae"  # else the critic is not built
     for key, (switch, micro_key) in EASYR1_BUDGETS.items():
+        if key.startswith("worker.critic.") and not with_critic:
+            continue
         micro = tree.get(values, micro_key)
         if (
             tree.get(values, switch) is True
