@@ -91,8 +91,8 @@ def test_grpo_from_the_warm_start_raises_held_out_accuracy(warm_model: Path, tmp
     (2026-11-29, one thread, data and sampling seeds 1-4): 41.8% -> 50.8%, 55.9%, 57.0%, 49.2% (+7.4 to +15.2).
     Each of the faults of test_learning_direction.py fails it: a learning rate of 0 and a loss detached from
     the log-probs end at 41.8%; flipped advantages make every group all-wrong within 10 steps, and the run
-    stops where online filtering finds no group to learn from. 49 s here (one thread, alone), besides the
-    warm start the module builds anyway."""
+    stops where online filtering finds no group to learn from. 49 s here beside a demo run, 59 s in a clean
+    clone's `make test`, besides the warm start the module builds anyway."""
     cfg = load_config(
         [
             f"config={DEMO_GRPO}",
