@@ -15,8 +15,13 @@ through the lean step (`rlstack.models.decoding.Projection`) against the module'
 every LoRA policy used before); the two round differently, so the share of rows sampled alike is
 reported rather than asserted.
 
+`--compare merged-lora` (`bench/results/merged_lora_decoding.json`): the same LoRA policy through the lean
+step with its float32 adapters merged into one weight per layer (`decoding.MERGE_ADAPTERS`, the default)
+against computed apart as peft does; also rounding differently.
+
     .venv/bin/python bench/bench_decoding.py --compare ended-rows   # about 10 min
     .venv/bin/python bench/bench_decoding.py --compare lora         # about 12 min
+    .venv/bin/python bench/bench_decoding.py --compare merged-lora  # about 6 min
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import torch
 from sides import write_result
 
+import rlstack.models.decoding as decoding
 import rlstack.rollout.hf_sampling as hf_sampling
 from rlstack.config import AgentConfig, load_config
 from rlstack.data.dataset import PromptDataset
@@ -48,9 +54,17 @@ COMPARISONS = {
         "lean": lambda: setattr(hf_sampling, "lean_decoder", LEAN),
         "forward": lambda: setattr(hf_sampling, "lean_decoder", lambda model, positions: None),
     },
+    "merged-lora": {
+        "merged": lambda: setattr(decoding, "MERGE_ADAPTERS", True),
+        "apart": lambda: setattr(decoding, "MERGE_ADAPTERS", False),
+    },
 }
 """Each comparison's two sides, first the new way: what each sets before its call."""
-RESULTS = {"ended-rows": "ended_rows.json", "lora": "lora_decoding.json"}
+RESULTS = {
+    "ended-rows": "ended_rows.json",
+    "lora": "lora_decoding.json",
+    "merged-lora": "merged_lora_decoding.json",
+}
 
 
 def lora_policy(model, cfg):
@@ -74,14 +88,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="ended-rows")
-    parser.add_argument("--out", help="default: bench/results/ended_rows.json or lora_decoding.json")
+    parser.add_argument("--out", help="default: bench/results/<comparison>.json (see above)")
     args = parser.parse_args()
     args.out = args.out or str(Path(__file__).parent / "results" / RESULTS[args.compare])
     SIDES = COMPARISONS[args.compare]
     cfg = load_config([f"config={CONFIGS / 'demo_real_grpo.yaml'}"])
     path = str(resolve_model_path(cfg.worker.actor.model.model_path))
     model = load_causal_lm(path).eval()
-    if args.compare == "lora":
+    if args.compare in ("lora", "merged-lora"):
         model = lora_policy(model, cfg)
     processor = VisionProcessor(load_tokenizer(path), None)
     dataset = PromptDataset.from_config(cfg.data.val_files, processor.tokenizer, cfg.data, -1)

@@ -240,6 +240,24 @@ class Batch:
                 out.columns[k] = pad_right(v, width, (pad_values or {}).get(k, 0))
         return out
 
+    def trimmed(self) -> Batch:
+        """The batch without its last columns where no row has a token (`attention_mask` 0 in every row),
+        cut from every token-level (2-D or more) tensor: a micro-batch of short rows cut from a batch whose
+        longest row is elsewhere computes only its own columns. The same batch where nothing is cut."""
+        mask = self.get("attention_mask")
+        if mask is None or mask.dim() != 2:
+            return self
+        width = mask.shape[-1]
+        used = mask.any(0).nonzero()
+        end = int(used[-1]) + 1 if len(used) else width
+        if end == width:
+            return self
+        cols = {
+            k: v[..., :end] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[-1] == width else v
+            for k, v in self.columns.items()
+        }
+        return Batch(cols, self.meta)
+
     def to(self, device: torch.device | str) -> Batch:
         cols = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.columns.items()}
         return Batch(cols, self.meta)

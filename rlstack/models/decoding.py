@@ -71,18 +71,39 @@ PROJECTIONS = (
 """A decoder layer's linear layers, by (submodule, name)."""
 
 
+MERGE_ADAPTERS = True
+"""Whether float32 LoRA adapters are merged into one weight per layer for the step (`Projection`); False
+computes them apart, as peft does (the benchmark's other side, `bench/bench_decoding.py --compare merged-lora`)."""
+
+
 class Projection:
     """One linear layer of the step: a plain `nn.Linear`, or peft's LoRA `Linear` around one, computed as
     peft computes it (the base layer's product plus `lora_B(lora_A(x)) * scaling` of each active adapter,
     the input cast to the adapters' dtype and the sum back to the base's) with fewer calls. It holds the
     modules, not their tensors: weights changed in place between steps are the weights it uses. Which
     adapters are active, merged or disabled, and their scaling, are read when it is made (a `LeanDecoder`
-    is made per `sample` call, and nothing switches adapters during one)."""
+    is made per `sample` call, and nothing switches adapters during one).
+
+    In float32, adapters without biases are merged: the step multiplies by one weight, the base's plus
+    each adapter's `scaling * B @ A`, made when the projection is first called and made again when any of
+    those weights has changed in place since (their version counters), instead of three products and two
+    passes over the output per adapter at every step (on a 2-core CPU, a decoding step of
+    SmolLM2-135M-Instruct with LoRA rank 32 over 64 rows: see docs/speed.md). The same function up to float
+    rounding; in other dtypes the adapters are computed as peft does (the merged weight would be rounded)."""
 
     def __init__(self, base: nn.Linear, adapters: tuple[tuple[nn.Linear, nn.Linear, float], ...] = ()):
         self.base = base
         self.adapters = adapters
         """(lora_A, lora_B, scaling) of each active adapter; empty for a plain layer or merged adapters."""
+        tensors = [base.weight] + [t for a, b, _ in adapters for t in (a.weight, b.weight)]
+        self.mergeable = (
+            bool(adapters)
+            and all(t.dtype == torch.float32 for t in tensors)
+            and all(a.bias is None and b.bias is None for a, b, _ in adapters)
+        )
+        self._tensors = tensors
+        self._merged: torch.Tensor | None = None
+        self._versions: tuple[int, ...] = ()
 
     @staticmethod
     def of(module: nn.Module) -> Projection | str:
@@ -108,16 +129,31 @@ class Projection:
             adapters.append((a, b, module.scaling[name]))
         return Projection(base, tuple(adapters))
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the step multiplies by: the base's, or merged with the adapters (`mergeable`)."""
+        if not self.mergeable:
+            return self.base.weight
+        versions = tuple(t._version for t in self._tensors)
+        if self._merged is None or versions != self._versions:
+            merged = self.base.weight.detach().clone()
+            for a, b, scaling in self.adapters:
+                merged.addmm_(b.weight.detach(), a.weight.detach(), alpha=scaling)
+            self._merged, self._versions = merged, versions
+        return self._merged
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.base.weight, self.base.bias)
-        return self._adapted(y, x) if self.adapters else y
+        if self.mergeable or not self.adapters:
+            return F.linear(x, self.weight, self.base.bias)
+        return self._adapted(F.linear(x, self.base.weight, self.base.bias), x)
 
     def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """`residual + self(x)`, in one matrix product where the layer is a plain one without a bias (with
-        adapters, in the module's order: the layer's output first, then the residual)."""
-        if self.base.bias is not None or self.adapters:
+        """`residual + self(x)`, in one matrix product where the layer is a plain or merged one without a
+        bias (with adapters computed apart, in the module's order: the layer's output first, then the
+        residual)."""
+        if self.base.bias is not None or (self.adapters and not self.mergeable):
             return residual + self(x)
-        return torch.addmm(residual, x, self.base.weight.t())
+        return torch.addmm(residual, x, self.weight.t())
 
     def _adapted(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         dtype = y.dtype

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from rlstack.models import ulysses
+from rlstack.models.prefix import SharedPrefix
 from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
 
 
@@ -321,10 +322,18 @@ def _shared_prompt_logits(
     columns are run once per distinct prompt into a KV cache, which is expanded to every row
     of its run (`index_select`, so gradients of all rows flow back into the one prompt pass),
     and the response columns are run against it with their own position ids and the full
-    `[B, T]` attention mask, exactly as a decoding step would. The logits of the last prompt
+    attention mask, exactly as a decoding step would. The logits of the last prompt
     column come from the prompt pass. With `n` samples per prompt this runs the prompt
-    tokens once instead of `n` times in both the forward and the backward pass. `always`: the two passes
-    even where no rows share a prompt (every rank of a sharded model makes the same passes).
+    tokens once instead of `n` times in both the forward and the backward pass.
+
+    Where the distinct prompts themselves start with the same tokens (a system prompt, a worked example:
+    `SharedPrefix`, at least `SHARED_PREFIX_MIN` of them), those run once for the whole batch, in a pass of
+    their own before the prompts' other tokens, in sampling's cache layout (the prefix first, each prompt's
+    rest right-aligned after it): the same logits and gradients up to float rounding. Not with a sliding
+    window shorter than the batch (it counts cache columns), nor on several ranks.
+
+    `always`: the two passes even where no rows share a prompt (every rank of a sharded model makes the
+    same passes).
     """
     B, T = input_ids.shape
     training = model.training and torch.is_grad_enabled()
@@ -337,10 +346,27 @@ def _shared_prompt_logits(
     rows = starts.nonzero().squeeze(-1)  # first row of each run
     run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index
     cache = DynamicCache(config=model.config)
+    ids, mask, pos = (c[rows] for c in prompt)
+    found = None if always else _shared_prefix(ids, mask, pos, cache, T)
+    begin = 0
+    if found is not None:
+        shared, distinct = found
+        ids, mask, pos = shared.layout(distinct, input_ids.device, width=start)
+        mask = mask.to(attention_mask.dtype)
+        model(
+            input_ids=ids[:1, : shared.length],
+            attention_mask=mask[:1, : shared.length],
+            position_ids=pos[:1, : shared.length],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.reorder_cache(torch.zeros(len(rows), dtype=torch.long, device=input_ids.device))
+        begin = shared.length
     out = model(
-        input_ids=prompt[0][rows],
-        attention_mask=prompt[1][rows],
-        position_ids=prompt[2][rows],
+        input_ids=ids[:, begin:],
+        attention_mask=mask,
+        position_ids=pos[:, begin:],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
@@ -354,9 +380,30 @@ def _shared_prompt_logits(
     # Column T-1 predicts nothing, so the response pass stops before it.
     out = model(
         input_ids=input_ids[:, start : T - 1],
-        attention_mask=attention_mask[:, : T - 1],
+        attention_mask=torch.cat([mask.index_select(0, run_of_row), attention_mask[:, start : T - 1]], dim=1),
         position_ids=position_ids[:, start : T - 1],
         past_key_values=cache,
         use_cache=True,
     )
     return torch.cat([first, out.logits], dim=1)
+
+
+def _shared_prefix(
+    ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache, width: int
+) -> tuple[SharedPrefix, list[list[int]]] | None:
+    """The prefix the distinct prompts `ids` ([R, start], left-padded by `mask`, at text `positions`) share,
+    where running it once gives the same result: each prompt one run of attended columns ending at column
+    `start - 1` with positions counting from 0, and no cache layer sliding a window shorter than `width`
+    columns; with the prompts' attended tokens."""
+    if len(ids) < 2:
+        return None
+    if any("Sliding" in type(layer).__name__ and layer.sliding_window < width for layer in cache.layers):
+        return None
+    attended = mask.bool()
+    left_padded = bool((attended[:, 1:] >= attended[:, :-1]).all() & attended[:, -1].all())
+    counted = attended.long().cumsum(-1) - 1
+    if not left_padded or not bool(((positions == counted) | ~attended).all()):
+        return None
+    distinct = [row[m].tolist() for row, m in zip(ids, attended)]
+    shared = SharedPrefix.of(distinct)
+    return None if shared is None else (shared, distinct)

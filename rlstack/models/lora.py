@@ -9,14 +9,23 @@ optimizer). What the rest of rlstack needs from it:
 - the reference model is the base with the adapters switched off (`peft_model.disable_adapter()`),
   not a second copy.
 - checkpoints hold the adapters only (`save_adapter` / `load_adapter`).
+
+Each adapted linear layer computes peft's `base(x) + lora_B(lora_A(dropout(x))) * scaling` as
+`base(x) + lora_B(lora_A(dropout(x)) * scaling)`, the sum inside the last matrix product (`_fused_forward`):
+the scaling multiplies the rank-r activations instead of the layer's output, and no pass adds two outputs.
+With a power-of-two scaling (alpha = 2 x rank, rlstack's default) the products are the same numbers; the
+sum rounds within the product.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from rlstack.config import LoraConfig
 from rlstack.errors import RLStackError
@@ -52,9 +61,42 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig, freeze_vision_tower: bool 
         task_type="CAUSAL_LM",
     )
     try:
-        return peft.get_peft_model(model, config)
+        model = peft.get_peft_model(model, config)
     except ValueError as e:
         raise RLStackError(f"worker.actor.model.lora.target_modules={list(targets)}: {e}") from e
+    from peft.tuners.lora import Linear
+
+    for module in model.modules():
+        if type(module) is Linear:
+            module.forward = types.MethodType(_fused_forward, module)
+    return model
+
+
+def _fused_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """peft's `lora.Linear.forward` with one active adapter of two plain linear layers without biases, all
+    in `x`'s dtype: `base(x) + lora_B(lora_A(dropout(x)) * scaling)`, the sum in the last product (see the
+    module's docstring); anything else (adapters off or merged, several, a LoRA variant, other dtypes,
+    extra arguments) goes to peft's own forward."""
+    base = self.base_layer
+    active = [name for name in self.active_adapters if name in self.lora_A]
+    plain = not (args or kwargs or self.disable_adapters or self.merged) and len(active) == 1
+    if plain:
+        name = active[0]
+        a, b = self.lora_A[name], self.lora_B[name]
+        plain = (
+            name not in self.lora_variant
+            and type(base) is nn.Linear
+            and type(a) is nn.Linear
+            and type(b) is nn.Linear
+            and a.bias is None
+            and b.bias is None
+            and x.dtype == base.weight.dtype == a.weight.dtype == b.weight.dtype
+        )
+    if not plain:
+        return type(self).forward(self, x, *args, **kwargs)
+    y = F.linear(x, base.weight, base.bias)
+    h = F.linear(self.lora_dropout[name](x), a.weight) * self.scaling[name]
+    return torch.addmm(y.reshape(-1, y.shape[-1]), h.reshape(-1, h.shape[-1]), b.weight.t()).view(y.shape)
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -20,7 +20,6 @@ they equal a separate forward pass.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from transformers.generation.logits_process import LogitsProcessorList, TopKLogi
 from rlstack.errors import TrainingDiverged
 from rlstack.models.decoding import lean_decoder
 from rlstack.models.logprobs import run_starts
+from rlstack.models.prefix import SharedPrefix
 from rlstack.models.vision import (
     as_model_positions,
     check_batch_image_tokens,
@@ -43,48 +43,6 @@ from rlstack.rollout.hf_cache import _preallocated, _PreallocatedLayer
 ENDED_SHARE_TO_LEAVE = 0.5
 """Share of the decoding batch's rows that have ended at which they leave it (lean step only; above 1:
 never, every row decodes to the end of the call)."""
-
-SHARED_PREFIX_MIN = 32
-"""Fewest tokens common to every prompt of a call for `sample` to prefill them once (a shorter prefix
-saves less than its extra forward pass costs)."""
-
-
-@dataclass(frozen=True)
-class _SharedPrefix:
-    """The tokens every prompt of a call starts with, prefilled once and copied to every row.
-
-    The cache then holds, for each row, the prefix in columns `0 .. length-1` and the rest of its prompt
-    right-aligned after it, with masked columns between them where a prompt is shorter than the longest:
-    positions come from the mask, as with left padding, so each row's keys and values, and its logits,
-    are those of its own prompt run alone (up to float rounding of the batched matrix products).
-    """
-
-    length: int
-
-    @staticmethod
-    def of(distinct: list[list[int]]) -> _SharedPrefix | None:
-        """The prefix of `distinct` (each prompt once), leaving every prompt at least one token of its
-        own; None when it is shorter than `SHARED_PREFIX_MIN` or there is one prompt."""
-        if len(distinct) < 2:
-            return None
-        length = min(len(os.path.commonprefix(distinct)), min(len(p) for p in distinct) - 1)
-        return _SharedPrefix(length) if length >= SHARED_PREFIX_MIN else None
-
-    def layout(
-        self, prompts: list[list[int]], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token ids, mask and positions [B, P] of the cache's layout (P: the longest prompt, as with
-        left padding)."""
-        L, width = self.length, max(len(p) for p in prompts)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        ids[:, :L] = torch.tensor(prompts[0][:L], dtype=torch.long)
-        mask[:, :L] = 1
-        for i, p in enumerate(prompts):
-            ids[i, width - (len(p) - L) :] = torch.tensor(p[L:], dtype=torch.long)
-            mask[i, width - (len(p) - L) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 @dataclass
@@ -260,8 +218,8 @@ def sample(
     updates land): its k-th call comes before the forward that gives token k.
 
     `share_prefix`: the tokens every prompt starts with (a system prompt, a worked example, a chat's
-    earlier turns), when there are at least `SHARED_PREFIX_MIN` of them, are prefilled once for the
-    whole batch (`_SharedPrefix`) instead of once per prompt (text-only models whose attention has no
+    earlier turns), when there are at least `rlstack.models.prefix.SHARED_PREFIX_MIN` of them, are prefilled once for the
+    whole batch (`SharedPrefix`) instead of once per prompt (text-only models whose attention has no
     sliding window shorter than the call's sequences).
 
     `kept` (one per prompt, or None): the KV cache an earlier call kept for a prompt that continues it
@@ -337,7 +295,7 @@ def sample(
         starts = torch.ones(B, dtype=torch.bool, device=device)
         rows, picked = torch.arange(B, device=device), list(range(B))
     share = share_prefix and lean and not multimodal and continued is None
-    shared = _SharedPrefix.of([prompts[r] for r in picked]) if share else None
+    shared = SharedPrefix.of([prompts[r] for r in picked]) if share else None
     if continued is not None:
         kv_ids, kv_mask, kv_pos = continued.layout(prompts, device)
     elif shared is not None:

@@ -16,7 +16,7 @@ from rlstack.algos.policy_loss import (
     LossNormalizers,
     token_mean,
 )
-from rlstack.batch import Batch, columns_read_by
+from rlstack.batch import Batch, columns_read_by, pad_right
 from rlstack.checkpoint import default_modes
 from rlstack.config import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig
 from rlstack.config.actor import heads_problem
@@ -501,6 +501,8 @@ def _batched_logprobs(
     `sequence_group` (sequence parallelism)."""
 
     def run(mb: Batch) -> torch.Tensor:
+        width = mb["input_ids"].shape[-1]
+        mb = mb.trimmed()  # its own columns only; the results padded back to the batch's
         lp, ent = forward_logprobs(
             model,
             **_model_inputs(model, mb, device),
@@ -509,7 +511,9 @@ def _batched_logprobs(
             padding_free=padding_free,
             sequence_group=sequence_group,
         )
-        return torch.stack([lp, ent] if with_entropy else [lp], dim=1).cpu()  # [rows, 1 or 2, T]
+        return pad_right(
+            torch.stack([lp, ent] if with_entropy else [lp], dim=1).cpu(), width
+        )  # [rows, 1|2, T]
 
     was_training = model.training
     model.eval()

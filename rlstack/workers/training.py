@@ -335,6 +335,7 @@ def optimizer_steps(
                 skipped.append(1 - float(totals.computed_tokens) / max(1, float(totals.tokens)))
             bad_loss = None
             for _, micro in micro_batching.split(mb):
+                micro = micro.trimmed()  # its own columns only: the mini-batch's longest row may be elsewhere
                 with micro_batching.out_of_memory_named(micro, f"{role} update", backward=True):
                     loss, stats = micro_loss(micro, totals)
                     if not torch.isfinite(loss) and bad_loss is None:

@@ -239,6 +239,30 @@ def test_lora_adapters_sample_through_the_step_as_through_the_module(arch, monke
     torch.testing.assert_close(merged["rollout_logprobs"], out["rollout_logprobs"], atol=1e-3, rtol=0)
 
 
+def test_float32_adapters_multiply_as_one_merged_weight_made_again_when_they_change():
+    """In float32 the step multiplies by the base weight plus the adapters' update, made once and again after
+    an in-place change of any of the weights; other dtypes compute the adapters apart."""
+    model = adapted("llama")
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    projection = LeanDecoder(model).projections[0]["q_proj"]
+    assert projection.mergeable
+    merged = projection.weight
+    assert projection.weight is merged  # kept while nothing changes
+    want = q.get_base_layer().weight + q.get_delta_weight("default")
+    torch.testing.assert_close(merged, want, atol=1e-6, rtol=0)
+    x = torch.randn(5, q.in_features)
+    torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        q.lora_A["default"].weight.mul_(2.0)
+    assert projection.weight is not merged
+    torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        q.get_base_layer().weight.add_(0.5)
+    torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+    halved = adapted(ARCHITECTURES["llama"]().to(torch.bfloat16))
+    assert not LeanDecoder(halved).projections[0]["q_proj"].mergeable
+
+
 def test_adapters_changed_between_steps_are_the_adapters_a_step_uses(monkeypatch):
     """The step reads the adapters' weights, never a copy: a change in place between two steps shows in
     the next step as it does through the module (rlstack's in-flight updates go to engines with merged

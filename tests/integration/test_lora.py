@@ -5,6 +5,7 @@ adapter model does."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rlstack.errors import RLStackError
 from rlstack.merge import merge_checkpoint
 from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
+from rlstack.models.lora import _fused_forward
 from rlstack.models.vision import position_ids
 from rlstack.workers.policy import PolicyWorker, RefWorker
 
@@ -62,6 +64,57 @@ def test_only_the_adapters_train(tiny_model_dir, tok):
     worker.update(batch, mini_batch_size=8)
     moved = {n for n, p in worker.model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and moved <= trainable
+
+
+@pytest.mark.parametrize("alpha,dropout", [(8, 0.0), (6, 0.3)])
+def test_adapted_layers_compute_what_peft_computes(tiny_model_dir, alpha, dropout):
+    """The adapted layers' own forward (`lora._fused_forward`: the scaling on the rank-r activations, the sum
+    inside the last product) gives peft's outputs and gradients, with dropout the same draws; switched off
+    or merged adapters take peft's path."""
+    from peft.tuners.lora import Linear
+
+    from rlstack.models.lora import add_lora
+
+    model = add_lora(load_causal_lm(str(tiny_model_dir)), LoraConfig(rank=4, alpha=alpha, dropout=dropout))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    layers = [m for m in model.modules() if type(m) is Linear]
+    assert layers and all("forward" in vars(m) for m in layers)
+    ids = torch.randint(3, model.config.vocab_size, (3, 9))
+
+    def run(peft_path: bool):
+        for m in layers:
+            vars(m)["forward"] = (
+                types.MethodType(Linear.forward, m) if peft_path else types.MethodType(_fused_forward, m)
+            )
+        model.train()
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        out = model(input_ids=ids).logits
+        out.square().mean().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    ours, ours_grads = run(False)
+    theirs, their_grads = run(True)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    for g, ref in zip(ours_grads, their_grads):
+        torch.testing.assert_close(g, ref, atol=1e-6, rtol=1e-4)
+    assert any(g.abs().max() > 0 for g in ours_grads)
+    run(False)
+    model.eval()
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+        plain = load_causal_lm(str(tiny_model_dir)).eval()(input_ids=ids).logits
+        model.merge_adapter()
+        merged = model(input_ids=ids).logits
+    torch.testing.assert_close(base, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=0)
+    assert (adapted - plain).abs().max() > 1e-3
 
 
 def test_the_reference_is_the_base_with_the_adapters_off(tiny_model_dir, tok):

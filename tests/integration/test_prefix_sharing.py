@@ -15,6 +15,7 @@ from prefix_batches import make_batch
 import rlstack.rollout.hf_sampling as hf_sampling
 from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs, run_starts
+from rlstack.models.prefix import SHARED_PREFIX_MIN
 from rlstack.rollout.hf import sample
 
 
@@ -126,6 +127,43 @@ def test_rows_differing_only_in_padding_are_not_merged(model):
         forward_logprobs(model, *batch)
     assert calls.shapes[0] == (2, 6)
     assert_same_as_plain(model, batch)
+
+
+def test_a_prefix_every_prompt_starts_with_runs_once(model):
+    """A system prompt or worked example every prompt starts with: one pass of it, one of each prompt's own
+    tokens (right-aligned after it), one of the responses; the same log-probs, entropies and gradients."""
+    groups = [(38, 3), (41, 2), (35, 4), (41, 1), (37, 2)]  # 34 shared tokens, then 1-7 of each prompt's own
+    batch = make_batch(model.config.vocab_size, groups, P=43, R=6, seed=5, prefix=34)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    # the longest prompt (41) leaves 2 padding columns: each prompt's own tokens right-aligned to column 42
+    assert calls.shapes == [(1, 34), (5, 43 - 34), (12, 5)]
+    assert_same_as_plain(model, batch)
+    shorter = make_batch(model.config.vocab_size, groups, P=43, R=6, seed=5, prefix=SHARED_PREFIX_MIN - 1)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *shorter)
+    assert calls.shapes == [(5, 43), (12, 5)]  # too short a prefix to pay for its pass
+
+
+def test_no_shared_prefix_where_a_prompt_is_not_one_run_from_position_0(model):
+    """Prompts with masked columns inside them, or positions not counted from their first token, are run
+    as they are (the prefix's cache layout would move their tokens)."""
+    input_ids, attention_mask, position_ids, response_mask = make_batch(
+        model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
+    )
+    attention_mask[:2, 10] = 0  # a hole in the first prompt
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    batch = (input_ids, attention_mask, position_ids, response_mask)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *batch)
+    assert calls.shapes[0] == (2, 40)
+    assert_same_as_plain(model, batch)
+    input_ids, attention_mask, position_ids, response_mask = make_batch(
+        model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
+    )
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, input_ids, attention_mask, position_ids + 3, response_mask)
+    assert calls.shapes[0] == (2, 40)
 
 
 def test_activation_checkpointing_falls_back_to_the_plain_pass(tiny_model_dir):
@@ -245,7 +283,7 @@ def test_shared_prefix_is_prefilled_once_and_samples_the_same(model, tok, temper
     model.eval()
     prompts = few_shot_prompts(tok, 3)
     prefix = len(tok(FEW_SHOT, add_special_tokens=False)["input_ids"])
-    assert prefix >= hf_sampling.SHARED_PREFIX_MIN
+    assert prefix >= SHARED_PREFIX_MIN
     longest = max(map(len, prompts))
     with ForwardCalls(model) as calls:
         out = draw(model, tok, prompts, temperature=temperature, seed=seed)

@@ -204,6 +204,32 @@ def test_pad_to_pads_only_token_level_tensors():
     assert out.pad_to(3)["input_ids"].shape == (2, 4)  # never narrows
 
 
+def test_trimmed_cuts_the_last_columns_no_row_attends_from_token_level_tensors():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 0]])
+    b = Batch(
+        {
+            "input_ids": torch.arange(10).view(2, 5),
+            "attention_mask": mask,
+            "pair": torch.ones(2, 2, 5),  # [B, 2, T]: cut too
+            "other": torch.ones(2, 3),  # not token-level (another width): kept whole
+            "scores": torch.tensor([0.5, 1.0]),
+            "uid": ["a", "b"],
+        }
+    )
+    out = b.trimmed()
+    assert out["input_ids"].tolist() == [
+        [0, 1, 2, 3],
+        [5, 6, 7, 8],
+    ]  # the first column is kept (row 0 has it)
+    assert out["attention_mask"].shape == (2, 4) and out["pair"].shape == (2, 2, 4)
+    assert (
+        out["other"].shape == (2, 3) and out["uid"] == ["a", "b"] and torch.equal(out["scores"], b["scores"])
+    )
+    assert b["input_ids"].shape == (2, 5)  # the original is unchanged
+    assert out.trimmed() is out  # nothing left to cut
+    assert Batch({"scores": torch.ones(2)}).trimmed()["scores"].shape == (2,)
+
+
 def test_pad_right_3d_and_same_width():
     t = torch.ones(2, 3, 2)
     assert pad_right(t, 4, -1).shape == (2, 3, 4)
