@@ -77,6 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--json-out", help="where a single side writes its result (internal)")
+    p.add_argument(
+        "--before",
+        help="the root of another checkout of rlstack (e.g. `git worktree add /tmp/before <commit>`): its rlstack "
+        "side runs too, as `rlstack_before` (list it in --sides to place it; it is added after rlstack otherwise)",
+    )
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--max-response-length", type=int, default=16, help="tokens per response at most")
@@ -101,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SIDES = ("rlstack", "trl", "torch")
+SIDES = ("rlstack", "rlstack_before", "trl", "torch")
+"""`rlstack_before`: rlstack's side run from another checkout (`--before`), the same workload: a change's
+before and after, side by side in one run."""
 TASKS = {
     # train files, rlstack's reward function (and its kwargs), data.max_prompt_length
     "addition": ("builtin:addition@train", "builtin:exact_match", {}, 512),
@@ -244,15 +251,29 @@ def run_rlstack(a: argparse.Namespace) -> dict:
         prompt_length_mean=_mean([r["prompt_length/mean"] for r in timed]),
         trajectories_per_step=a.prompts * a.n,
         reward_mean=_mean([r["critic/score/mean"] for r in timed]),
-        phases_s={
-            "generate": _mean([r["timing_s/gen"] for r in timed]),
-            "reward": _mean([r["timing_s/reward"] for r in timed]),
-            "advantages": _mean([r["timing_s/adv"] for r in timed]),
-            "update": _mean([r["timing_s/update_actor"] for r in timed]),
-            "in_loop_step": _mean([r["timing_s/step"] for r in timed]),
-        },
+        phases_s=rlstack_phases(timed, result["step_s_mean"]),
     )
     return result
+
+
+PHASE_NAMES = {"gen": "generate", "reward": "reward", "adv": "advantages", "update_actor": "update"}
+"""rlstack's `timing_s/<phase>` metrics under the names the other sides' phases have."""
+
+
+def rlstack_phases(timed: list[dict], step_s_mean: float) -> dict[str, float]:
+    """The mean seconds of every phase the step plan timed (`timing_s/<phase>`: generation, old log-probs
+    when they run, the reference, reward, advantages, the update, the weight sync, ...), the step's time in
+    the loop (`in_loop_step`), what the loop spends between its phases (`between_phases`), and between two
+    steps outside the loop (`outside_step`: the start-to-start step less the loop's)."""
+    keys = sorted({k for r in timed for k in r if k.startswith("timing_s/")} - {"timing_s/step"})
+    phases = {PHASE_NAMES.get(k[9:], k[9:]): _mean([r.get(k, 0.0) for r in timed]) for k in keys}
+    in_loop = _mean([r["timing_s/step"] for r in timed])
+    top_level = [v for k, v in phases.items() if not k.startswith("agent_")]  # agent_*: inside generation
+    return phases | {
+        "in_loop_step": in_loop,
+        "between_phases": in_loop - sum(top_level),
+        "outside_step": step_s_mean - in_loop,
+    }
 
 
 # -------------------------------------------------------------------------------------------- TRL
@@ -550,6 +571,18 @@ def versions() -> dict:
     return out
 
 
+def _git_head(root: Path) -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine() -> dict:
     cpu = platform.processor() or ""
     try:
@@ -603,6 +636,9 @@ def run_side(system: str, a: argparse.Namespace, model_dir: str, tmp: str, index
         str(a.threads),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    if system == "rlstack_before":  # the other checkout's package first on the path
+        cmd[cmd.index("--system") + 1] = "rlstack"
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(a.before).resolve()), env.get("PYTHONPATH", "")])
     env.pop("OMP_WAIT_POLICY", None)
     if a.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = a.omp_wait_policy
@@ -655,6 +691,10 @@ def main(argv: list[str] | None = None) -> None:
         Path(a.json_out).write_text(json.dumps(result))
         return
     sides_run = [s.strip() for s in a.sides.split(",") if s.strip()]
+    if a.before and "rlstack_before" not in sides_run:
+        sides_run.insert(sides_run.index("rlstack") + 1 if "rlstack" in sides_run else 0, "rlstack_before")
+    if "rlstack_before" in sides_run and not a.before:
+        raise SystemExit("--sides rlstack_before needs --before: the root of the other checkout")
     unknown = [s for s in sides_run if s not in SIDES]
     if unknown or not sides_run or len(set(sides_run)) != len(sides_run):
         raise SystemExit(f"--sides {a.sides!r}: give distinct sides of {', '.join(SIDES)}, comma-separated")
@@ -680,6 +720,14 @@ def main(argv: list[str] | None = None) -> None:
     ratios = {}
     if "rlstack" in sides and "trl" in sides:
         ratios["rlstack_over_trl_steps_per_s"] = sides["rlstack"]["steps_per_s"] / sides["trl"]["steps_per_s"]
+    if "rlstack" in sides and "rlstack_before" in sides:
+        ratios["rlstack_over_before_steps_per_s"] = (
+            sides["rlstack"]["steps_per_s"] / sides["rlstack_before"]["steps_per_s"]
+        )
+    if "rlstack_before" in sides and "trl" in sides:
+        ratios["before_over_trl_steps_per_s"] = (
+            sides["rlstack_before"]["steps_per_s"] / sides["trl"]["steps_per_s"]
+        )
     if "rlstack" in sides and "torch" in sides:
         # how much longer rlstack's step takes than the raw compute of the same tokens
         ratios["rlstack_step_over_torch_step"] = (
@@ -693,12 +741,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{a.rounds} run(s) x {a.steps} timed steps per side"
     )
     print(
-        f"{'side':<10}{'steps/s':>10}{'s/step':>10}{'min s':>8}{'max s':>8}{'resp len':>10}{'prompt len':>12}"
+        f"{'side':<16}{'steps/s':>10}{'s/step':>10}{'min s':>8}{'max s':>8}{'resp len':>10}{'prompt len':>12}"
         f"{'peak GB':>9}"
     )
     for name, s in sides.items():
         print(
-            f"{name:<10}{s['steps_per_s']:>10.3f}{s['step_s_median']:>10.3f}{s['step_s_min']:>8.3f}"
+            f"{name:<16}{s['steps_per_s']:>10.3f}{s['step_s_median']:>10.3f}{s['step_s_min']:>8.3f}"
             f"{s['step_s_max']:>8.3f}{s['response_length_mean']:>10.2f}{s['prompt_length_mean']:>12.2f}"
             f"{s['peak_rss_gb']:>9.2f}"
         )
@@ -706,6 +754,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ratio rlstack/TRL (steps/s, median step time): {ratios['rlstack_over_trl_steps_per_s']:.2f}x")
     if "rlstack_step_over_torch_step" in ratios:
         print(f"rlstack step / raw torch step (median): {ratios['rlstack_step_over_torch_step']:.2f}x")
+    if "rlstack_over_before_steps_per_s" in ratios:
+        print(f"ratio rlstack/rlstack_before (steps/s): {ratios['rlstack_over_before_steps_per_s']:.2f}x")
     for name, s in sides.items():
         print(f"{name} phases (s/step, mean): {_fmt(s['phases_s'])}")
     print(
@@ -750,6 +800,11 @@ def main(argv: list[str] | None = None) -> None:
         },
         "results": {name: _rounded(s) for name, s in sides.items()},
         "versions": versions(),
+        **(
+            {"before": {"root": str(Path(a.before).resolve()), "git": _git_head(Path(a.before))}}
+            if a.before
+            else {}
+        ),
         "machine": {**machine(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]},
     }
     out = Path(a.output)

@@ -20,7 +20,7 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
     out = tmp_path / "bench.json"
     args = ["--sides", "rlstack,torch", "--prompts", "2", "--n", "2", "--max-response-length", "6"]
     args += ["--micro-batch", "2", "--warmup", "1", "--steps", "1", "--rounds", "1", "--threads", "1"]
-    args += ["--lora-rank", "4", "--fixed-length", "--output", str(out)]
+    args += ["--lora-rank", "4", "--fixed-length", "--output", str(out), "--before", str(ROOT)]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_trl.py"), *args],
         capture_output=True,
@@ -41,3 +41,13 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
     assert "rlstack_over_trl_steps_per_s" not in result["ratios"]  # TRL did not run
     assert result["settings"]["lora_rank"] == 4 and result["settings"]["fixed_length"] is True
     assert "rlstack step / raw torch step (median)" in proc.stdout
+    # the other checkout's side (here this one), and every phase of rlstack's step with what lies between them
+    before = result["results"]["rlstack_before"]
+    assert before["response_length_mean"] == 6 and result["before"]["root"] == str(ROOT)
+    assert result["ratios"]["rlstack_over_before_steps_per_s"] > 0
+    phases = rlstack["phases_s"]
+    assert {"generate", "reward", "advantages", "update", "sync", "between_phases", "outside_step"} <= set(
+        phases
+    )
+    parts = sum(v for k, v in phases.items() if k not in ("in_loop_step", "between_phases", "outside_step"))
+    assert parts + phases["between_phases"] == pytest.approx(phases["in_loop_step"], rel=1e-6)
