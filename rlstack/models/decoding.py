@@ -72,8 +72,13 @@ PROJECTIONS = (
 
 
 MERGE_ADAPTERS = True
-"""Whether float32 LoRA adapters are merged into one weight per layer for the step (`Projection`); False
-computes them apart, as peft does (the benchmark's other side, `bench/bench_decoding.py --compare merged-lora`)."""
+"""Whether float32 LoRA adapters on CPU are merged into one weight per layer for the step (`Projection`);
+False computes them apart, as peft does (the benchmark's other side, `bench/bench_decoding.py --compare
+merged-lora`)."""
+
+MERGE_BUDGET_BYTES = 2 << 30
+"""Most memory the merged weights of one `LeanDecoder` may take (SmolLM2-135M-Instruct's: 425 MB); a larger
+model's adapters are computed apart."""
 
 
 class Projection:
@@ -84,24 +89,26 @@ class Projection:
     adapters are active, merged or disabled, and their scaling, are read when it is made (a `LeanDecoder`
     is made per `sample` call, and nothing switches adapters during one).
 
-    In float32, adapters without biases are merged: the step multiplies by one weight, the base's plus
-    each adapter's `scaling * B @ A`, made when the projection is first called and made again when any of
-    those weights has changed in place since (their version counters), instead of three products and two
-    passes over the output per adapter at every step (on a 2-core CPU, a decoding step of
-    SmolLM2-135M-Instruct with LoRA rank 32 over 64 rows: see docs/speed.md). The same function up to float
-    rounding; in other dtypes the adapters are computed as peft does (the merged weight would be rounded)."""
+    Float32 adapters without biases on CPU are merged (`mergeable`, which `LeanDecoder` keeps within
+    `MERGE_BUDGET_BYTES`): the step multiplies by one weight, the base's plus each adapter's
+    `scaling * B @ A`, made when first used and made again when any of those tensors has changed in place
+    since (their version counters), instead of three products and two passes over the output per adapter
+    at every step, which on a CPU cost more than the arithmetic (docs/speed.md). The same function up to
+    float rounding; in other dtypes the adapters are computed as peft does (a merged weight would be
+    rounded), and on a GPU, where the products are cheap and memory is not."""
 
     def __init__(self, base: nn.Linear, adapters: tuple[tuple[nn.Linear, nn.Linear, float], ...] = ()):
         self.base = base
         self.adapters = adapters
         """(lora_A, lora_B, scaling) of each active adapter; empty for a plain layer or merged adapters."""
         tensors = [base.weight] + [t for a, b, _ in adapters for t in (a.weight, b.weight)]
+        self._tensors = tensors + ([base.bias] if base.bias is not None else [])
         self.mergeable = (
-            bool(adapters)
-            and all(t.dtype == torch.float32 for t in tensors)
+            MERGE_ADAPTERS
+            and bool(adapters)
+            and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
             and all(a.bias is None and b.bias is None for a, b, _ in adapters)
         )
-        self._tensors = tensors
         self._merged: torch.Tensor | None = None
         self._versions: tuple[int, ...] = ()
 
@@ -129,17 +136,27 @@ class Projection:
             adapters.append((a, b, module.scaling[name]))
         return Projection(base, tuple(adapters))
 
+    def versions(self) -> tuple[int, ...]:
+        """The version counters of the tensors the merged weight is made of (each in-place change bumps one)."""
+        return tuple(t._version for t in self._tensors)
+
+    def merge_into(self, out: torch.Tensor) -> None:
+        """Write the merged weight (`[out_features, in_features]`) into `out`."""
+        out.copy_(self.base.weight.detach())
+        for a, b, scaling in self.adapters:
+            out.addmm_(b.weight.detach(), a.weight.detach(), alpha=scaling)
+
     @property
     def weight(self) -> torch.Tensor:
         """The weight the step multiplies by: the base's, or merged with the adapters (`mergeable`)."""
         if not self.mergeable:
             return self.base.weight
-        versions = tuple(t._version for t in self._tensors)
+        versions = self.versions()
         if self._merged is None or versions != self._versions:
-            merged = self.base.weight.detach().clone()
-            for a, b, scaling in self.adapters:
-                merged.addmm_(b.weight.detach(), a.weight.detach(), alpha=scaling)
-            self._merged, self._versions = merged, versions
+            if self._merged is None:
+                self._merged = torch.empty_like(self.base.weight, requires_grad=False)
+            self.merge_into(self._merged)
+            self._versions = versions
         return self._merged
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,6 +178,39 @@ class Projection:
             x = x.to(a.weight.dtype)
             y = y + F.linear(F.linear(x, a.weight, a.bias), b.weight, b.bias) * scaling
         return y.to(dtype)
+
+
+class Fused:
+    """Merged projections of the same input computed as one product (a layer's q, k and v; its gate and up):
+    their merged weights made into one tensor, one after the other (made again when any of their tensors
+    changed in place), and the output split back. Only over merged projections, whose weights are copies
+    already: it copies nothing more of the module's (the members keep no merged weight of their own)."""
+
+    def __init__(self, members: list[Projection]):
+        self.members = members
+        self.sizes = [p.base.out_features for p in members]
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+        self._versions: tuple[int, ...] = ()
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        versions = tuple(v for p in self.members for v in p.versions())
+        if self._weight is None or versions != self._versions:
+            first = self.members[0].base.weight
+            if self._weight is None:
+                self._weight = first.new_empty((sum(self.sizes), first.shape[1]), requires_grad=False)
+            for p, rows in zip(self.members, self._weight.split(self.sizes)):
+                p.merge_into(rows)
+            biases = [p.base.bias for p in self.members]
+            self._bias = (
+                None
+                if all(b is None for b in biases)
+                else torch.cat(
+                    [b.detach() if b is not None else first.new_zeros(n) for b, n in zip(biases, self.sizes)]
+                )
+            )
+            self._versions = versions
+        return F.linear(x, self._weight, self._bias).split(self.sizes, -1)
 
 
 def why_not_lean(model: nn.Module, positions: int) -> str | None:
@@ -227,6 +277,19 @@ class LeanDecoder:
             for layer in self.core.layers
         ]
         """Each layer's linear layers (`Projection`), by name."""
+        merged = [p for layer in self.projections for p in layer.values() if p.mergeable]
+        if sum(p.base.weight.numel() * 4 for p in merged) > MERGE_BUDGET_BYTES:
+            for p in merged:
+                p.mergeable = False
+        self.fused = [
+            {
+                group[0]: Fused([layer[n] for n in group])
+                for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+                if all(layer[n].mergeable for n in group)
+            }
+            for layer in self.projections
+        ]
+        """Per layer, the groups of merged projections of one input computed as one product, by first name."""
         self.mrope = self.core is not model.model
         """A vision-language model: positions go to its rotary module as M-RoPE's three (equal) rows."""
         attn = self.core.layers[0].self_attn
@@ -255,16 +318,21 @@ class LeanDecoder:
         cos, sin = cos[:, 0], sin[:, 0]  # [B, D]: unsqueezed to [B, 1, D] against [B, heads, D]
         L = column + 1
         mask = blocked[:, None, None, None, :L]  # [B, KV, g, Q=1, L]
-        for layer, proj, k_cache, v_cache in zip(self.core.layers, self.projections, keys, values):
+        for layer, proj, fused, k_cache, v_cache in zip(
+            self.core.layers, self.projections, self.fused, keys, values
+        ):
             attn, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm)
-            q = proj["q_proj"](h).view(B, -1, D)
-            k = proj["k_proj"](h).view(B, -1, D)
+            if "q_proj" in fused:
+                q, k, v = fused["q_proj"](h)
+            else:
+                q, k, v = proj["q_proj"](h), proj["k_proj"](h), proj["v_proj"](h)
+            q, k = q.reshape(B, -1, D), k.reshape(B, -1, D)
             if self.qk_norm:
                 q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
             q, k = self.rope(q, k, cos, sin, unsqueeze_dim=1)
             k_cache[:, :, column] = k
-            v_cache[:, :, column] = proj["v_proj"](h).view(B, -1, D)
+            v_cache[:, :, column] = v.view(B, -1, D) if v.is_contiguous() else v.reshape(B, -1, D)
             grouped = q.view(
                 B, k_cache.shape[1], g, 1, D
             )  # query heads kv*g .. kv*g+g-1 read key/value head kv
@@ -272,5 +340,8 @@ class LeanDecoder:
             out = out.view(B, -1)  # [B, H * D]
             x = proj["o_proj"].add(x, out)
             h = _rms_norm(x, layer.post_attention_layernorm)
-            x = proj["down_proj"].add(x, mlp.act_fn(proj["gate_proj"](h)) * proj["up_proj"](h))
+            gate, up = (
+                fused["gate_proj"](h) if "gate_proj" in fused else (proj["gate_proj"](h), proj["up_proj"](h))
+            )
+            x = proj["down_proj"].add(x, mlp.act_fn(gate) * up)
         return self.model.lm_head(_rms_norm(x, self.core.norm))

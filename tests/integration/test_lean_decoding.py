@@ -240,27 +240,48 @@ def test_lora_adapters_sample_through_the_step_as_through_the_module(arch, monke
 
 
 def test_float32_adapters_multiply_as_one_merged_weight_made_again_when_they_change():
-    """In float32 the step multiplies by the base weight plus the adapters' update, made once and again after
-    an in-place change of any of the weights; other dtypes compute the adapters apart."""
+    """In float32 on CPU the step multiplies by the base weight plus the adapters' update, made once and again
+    after an in-place change of any of its tensors, q, k and v (gate and up) as one product; other dtypes,
+    and models over the merge budget, compute the adapters apart."""
     model = adapted("llama")
-    q = model.base_model.model.model.layers[0].self_attn.q_proj
-    projection = LeanDecoder(model).projections[0]["q_proj"]
-    assert projection.mergeable
+    layer = model.base_model.model.model.layers[0]
+    q, k, up = layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj
+    decoder = LeanDecoder(model)
+    projection = decoder.projections[0]["q_proj"]
+    assert projection.mergeable and set(decoder.fused[0]) == {"q_proj", "gate_proj"}
     merged = projection.weight
     assert projection.weight is merged  # kept while nothing changes
-    want = q.get_base_layer().weight + q.get_delta_weight("default")
-    torch.testing.assert_close(merged, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        merged, q.get_base_layer().weight + q.get_delta_weight("default"), atol=1e-6, rtol=0
+    )
     x = torch.randn(5, q.in_features)
     torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+
+    def fused_match():
+        fq, fk, _ = decoder.fused[0]["q_proj"](x)
+        torch.testing.assert_close(fq, q(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(fk, k(x), atol=1e-5, rtol=0)
+        torch.testing.assert_close(decoder.fused[0]["gate_proj"](x)[1], up(x), atol=1e-5, rtol=0)
+
+    fused_match()
     with torch.no_grad():
         q.lora_A["default"].weight.mul_(2.0)
-    assert projection.weight is not merged
+        k.get_base_layer().weight.add_(0.5)
+        up.lora_B["default"].weight.mul_(-1.0)
     torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
-    with torch.no_grad():
-        q.get_base_layer().weight.add_(0.5)
-    torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+    fused_match()
     halved = adapted(ARCHITECTURES["llama"]().to(torch.bfloat16))
     assert not LeanDecoder(halved).projections[0]["q_proj"].mergeable
+    import rlstack.models.decoding as decoding
+
+    budget = decoding.MERGE_BUDGET_BYTES
+    try:
+        decoding.MERGE_BUDGET_BYTES = 1000
+        small = LeanDecoder(model)
+        assert not any(p.mergeable for layer in small.projections for p in layer.values())
+        assert small.fused == [{}, {}]
+    finally:
+        decoding.MERGE_BUDGET_BYTES = budget
 
 
 def test_adapters_changed_between_steps_are_the_adapters_a_step_uses(monkeypatch):
