@@ -220,6 +220,7 @@ def rlstack_overrides(a: argparse.Namespace, model_dir: str, steps: int, out: st
 def run_rlstack(a: argparse.Namespace) -> dict:
     import torch
 
+    import rlstack
     from rlstack.config import load_config
     from rlstack.trainer import Trainer
 
@@ -245,6 +246,7 @@ def run_rlstack(a: argparse.Namespace) -> dict:
     timed = [r for r in rows if a.warmup < r["step"] <= a.warmup + a.steps]
     result = summarize(stamps, a.warmup, a.steps)
     result.update(
+        rlstack_path=str(Path(rlstack.__file__).parent),  # which checkout ran (`--before`)
         setup_s=setup_s,
         peak_rss_gb=peak_rss_gb(),
         response_length_mean=_mean([r["response_length/mean"] for r in timed]),

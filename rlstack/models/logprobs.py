@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rlstack.models import ulysses
 from rlstack.models.prefix import SharedPrefix
@@ -316,7 +317,8 @@ def _shared_prompt_logits(
     always: bool = False,
 ) -> torch.Tensor | None:
     """Logits at columns start-1 .. T-2 ([B, T-start, V]) computed with one prompt pass per run of
-    rows with identical columns `:start`; None when no two neighbouring rows share them.
+    rows with identical columns `:start`; None when no two neighbouring rows share them, nor the prompts
+    a prefix.
 
     A causal LM's keys/values at a column depend only on the columns up to it, so the prompt
     columns are run once per distinct prompt into a KV cache, which is expanded to every row
@@ -329,8 +331,9 @@ def _shared_prompt_logits(
     Where the distinct prompts themselves start with the same tokens (a system prompt, a worked example:
     `SharedPrefix`, at least `SHARED_PREFIX_MIN` of them), those run once for the whole batch, in a pass of
     their own before the prompts' other tokens, in sampling's cache layout (the prefix first, each prompt's
-    rest right-aligned after it): the same logits and gradients up to float rounding. Not with a sliding
-    window shorter than the batch (it counts cache columns), nor on several ranks.
+    rest right-aligned after it): the same logits and gradients up to float rounding. Only where every
+    layer attends to the whole sequence (a sliding window counts cache columns, gap included; a linear
+    attention or state-space layer would read the gap), and not on several ranks.
 
     `always`: the two passes even where no rows share a prompt (every rank of a sharded model makes the
     same passes).
@@ -341,13 +344,13 @@ def _shared_prompt_logits(
         return None  # activation-checkpointed layers drop the cache in training
     prompt = (input_ids[:, :start], attention_mask[:, :start], position_ids[:, :start])
     starts = run_starts(*prompt)
-    if bool(starts.all()) and not always:
-        return None
     rows = starts.nonzero().squeeze(-1)  # first row of each run
     run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index
     cache = DynamicCache(config=model.config)
     ids, mask, pos = (c[rows] for c in prompt)
     found = None if always else _shared_prefix(ids, mask, pos, cache, T)
+    if bool(starts.all()) and found is None and not always:
+        return None
     begin = 0
     if found is not None:
         shared, distinct = found
@@ -393,12 +396,17 @@ def _shared_prefix(
 ) -> tuple[SharedPrefix, list[list[int]]] | None:
     """The prefix the distinct prompts `ids` ([R, start], left-padded by `mask`, at text `positions`) share,
     where running it once gives the same result: each prompt one run of attended columns ending at column
-    `start - 1` with positions counting from 0, and no cache layer sliding a window shorter than `width`
-    columns; with the prompts' attended tokens."""
+    `start - 1` with positions counting from 0, and every cache layer one of full attention (or of a sliding
+    window no shorter than `width` columns): a masked gap is left padding to attention only; with the
+    prompts' attended tokens."""
     if len(ids) < 2:
         return None
-    if any("Sliding" in type(layer).__name__ and layer.sliding_window < width for layer in cache.layers):
-        return None
+    if not all(
+        type(layer) is DynamicLayer
+        or (type(layer) is DynamicSlidingWindowLayer and layer.sliding_window >= width)
+        for layer in cache.layers
+    ):
+        return None  # a window that slides, or a layer of another kind (linear attention, a state space)
     attended = mask.bool()
     left_padded = bool((attended[:, 1:] >= attended[:, :-1]).all() & attended[:, -1].all())
     counted = attended.long().cumsum(-1) - 1

@@ -10,16 +10,18 @@ optimizer). What the rest of rlstack needs from it:
   not a second copy.
 - checkpoints hold the adapters only (`save_adapter` / `load_adapter`).
 
-Each adapted linear layer computes peft's `base(x) + lora_B(lora_A(dropout(x))) * scaling` as
-`base(x) + lora_B(lora_A(dropout(x)) * scaling)`, the sum inside the last matrix product (`_fused_forward`):
-the scaling multiplies the rank-r activations instead of the layer's output, and no pass adds two outputs.
-With a power-of-two scaling (alpha = 2 x rank, rlstack's default) the products are the same numbers; the
-sum rounds within the product.
+Each adapted linear layer (peft's `lora.Linear`, its class swapped for `FusedLoraLinear`) computes peft's
+`base(x) + lora_B(lora_A(dropout(x))) * scaling` as `base(x) + lora_B(lora_A(dropout(x)) * scaling)`, the
+sum inside the last matrix product (`_fused_forward`): the scaling multiplies the rank-r activations
+instead of the layer's output, and no pass adds two outputs. With a power-of-two scaling (alpha = 2 x rank,
+rlstack's default) the products are the same numbers; the sum rounds within the product. Where the input
+and the adapters differ in dtype (peft keeps adapters in float32 on a bfloat16 model), peft's own forward
+runs.
 """
 
 from __future__ import annotations
 
-import types
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,15 +70,16 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig, freeze_vision_tower: bool 
 
     for module in model.modules():
         if type(module) is Linear:
-            module.forward = types.MethodType(_fused_forward, module)
+            module.__class__ = _fused_class()  # peft's layer with `_fused_forward` (picklable by name)
     return model
 
 
 def _fused_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """peft's `lora.Linear.forward` with one active adapter of two plain linear layers without biases, all
     in `x`'s dtype: `base(x) + lora_B(lora_A(dropout(x)) * scaling)`, the sum in the last product (see the
-    module's docstring); anything else (adapters off or merged, several, a LoRA variant, other dtypes,
-    extra arguments) goes to peft's own forward."""
+    module's docstring); anything else (adapters off or merged, several, a LoRA variant, adapters in another
+    dtype than the input, as peft keeps them in float32 on a bfloat16 model, extra arguments) goes to
+    peft's own forward."""
     base = self.base_layer
     active = [name for name in self.active_adapters if name in self.lora_A]
     plain = not (args or kwargs or self.disable_adapters or self.merged) and len(active) == 1
@@ -93,10 +96,24 @@ def _fused_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             and x.dtype == base.weight.dtype == a.weight.dtype == b.weight.dtype
         )
     if not plain:
-        return type(self).forward(self, x, *args, **kwargs)
+        return _fused_class().__bases__[0].forward(self, x, *args, **kwargs)
     y = F.linear(x, base.weight, base.bias)
     h = F.linear(self.lora_dropout[name](x), a.weight) * self.scaling[name]
     return torch.addmm(y.reshape(-1, y.shape[-1]), h.reshape(-1, h.shape[-1]), b.weight.t()).view(y.shape)
+
+
+@functools.cache
+def _fused_class() -> type:
+    """peft's `lora.Linear` with `_fused_forward`, made once (peft is imported only with LoRA)."""
+    from peft.tuners.lora import Linear
+
+    return type("FusedLoraLinear", (Linear,), {"forward": _fused_forward, "__module__": __name__})
+
+
+def __getattr__(name: str):
+    if name == "FusedLoraLinear":  # where pickle finds the class of a policy's adapted layers
+        return _fused_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -20,7 +20,10 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
     out = tmp_path / "bench.json"
     args = ["--sides", "rlstack,torch", "--prompts", "2", "--n", "2", "--max-response-length", "6"]
     args += ["--micro-batch", "2", "--warmup", "1", "--steps", "1", "--rounds", "1", "--threads", "1"]
-    args += ["--lora-rank", "4", "--fixed-length", "--output", str(out), "--before", str(ROOT)]
+    other = tmp_path / "other-checkout"  # another checkout: here this one's package under another root
+    other.mkdir()
+    (other / "rlstack").symlink_to(ROOT / "rlstack")
+    args += ["--lora-rank", "4", "--fixed-length", "--output", str(out), "--before", str(other)]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_trl.py"), *args],
         capture_output=True,
@@ -43,7 +46,9 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
     assert "rlstack step / raw torch step (median)" in proc.stdout
     # the other checkout's side (here this one), and every phase of rlstack's step with what lies between them
     before = result["results"]["rlstack_before"]
-    assert before["response_length_mean"] == 6 and result["before"]["root"] == str(ROOT)
+    assert before["response_length_mean"] == 6 and result["before"]["root"] == str(other)
+    assert before["runs"][0]["rlstack_path"] == str(other / "rlstack")  # the other checkout's package ran it
+    assert rlstack["runs"][0]["rlstack_path"] == str(ROOT / "rlstack")
     assert result["ratios"]["rlstack_over_before_steps_per_s"] > 0
     phases = rlstack["phases_s"]
     assert {"generate", "reward", "advantages", "update", "sync", "between_phases", "outside_step"} <= set(

@@ -270,6 +270,12 @@ def test_float32_adapters_multiply_as_one_merged_weight_made_again_when_they_cha
         up.lora_B["default"].weight.mul_(-1.0)
     torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
     fused_match()
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in adapters:
+        p.grad = torch.randn_like(p)
+    torch.optim.AdamW(adapters, lr=0.05).step()  # an optimizer's in-place step bumps the versions too
+    torch.testing.assert_close(projection(x), q(x), atol=1e-5, rtol=0)
+    fused_match()
     halved = adapted(ARCHITECTURES["llama"]().to(torch.bfloat16))
     assert not LeanDecoder(halved).projections[0]["q_proj"].mergeable
     import rlstack.models.decoding as decoding

@@ -4,6 +4,7 @@ adapter model does."""
 
 from __future__ import annotations
 
+import io
 import json
 import types
 from pathlib import Path
@@ -18,7 +19,6 @@ from rlstack.errors import RLStackError
 from rlstack.merge import merge_checkpoint
 from rlstack.models.loading import load_causal_lm
 from rlstack.models.logprobs import forward_logprobs
-from rlstack.models.lora import _fused_forward
 from rlstack.models.vision import position_ids
 from rlstack.workers.policy import PolicyWorker, RefWorker
 
@@ -81,15 +81,16 @@ def test_adapted_layers_compute_what_peft_computes(tiny_model_dir, alpha, dropou
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1)
-    layers = [m for m in model.modules() if type(m) is Linear]
-    assert layers and all("forward" in vars(m) for m in layers)
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert layers and all(type(m).__name__ == "FusedLoraLinear" for m in layers)
     ids = torch.randint(3, model.config.vocab_size, (3, 9))
 
     def run(peft_path: bool):
-        for m in layers:
-            vars(m)["forward"] = (
-                types.MethodType(Linear.forward, m) if peft_path else types.MethodType(_fused_forward, m)
-            )
+        for m in layers:  # peft's own forward on the instance, or the class's (the fused one)
+            if peft_path:
+                vars(m)["forward"] = types.MethodType(Linear.forward, m)
+            else:
+                vars(m).pop("forward", None)
         model.train()
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
@@ -115,6 +116,12 @@ def test_adapted_layers_compute_what_peft_computes(tiny_model_dir, alpha, dropou
     torch.testing.assert_close(base, plain, atol=1e-5, rtol=0)
     torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=0)
     assert (adapted - plain).abs().max() > 1e-3
+    buffer = io.BytesIO()  # a whole model saved with torch.save loads back (the class is found by name)
+    torch.save(model, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids).logits, merged, atol=1e-5, rtol=0)
 
 
 def test_the_reference_is_the_base_with_the_adapters_off(tiny_model_dir, tok):

@@ -143,6 +143,34 @@ def test_a_prefix_every_prompt_starts_with_runs_once(model):
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *shorter)
     assert calls.shapes == [(5, 43), (12, 5)]  # too short a prefix to pay for its pass
+    # one sample per prompt (or shuffled rows): no two neighbours share a prompt, the prefix still runs once
+    single = make_batch(model.config.vocab_size, [(38, 1), (41, 1), (35, 1)], P=41, R=5, seed=7, prefix=34)
+    with ForwardCalls(model) as calls:
+        forward_logprobs(model, *single)
+    assert calls.shapes == [(1, 34), (3, 41 - 34), (3, 4)]
+    assert_same_as_plain(model, single)
+
+
+def test_no_prefix_pass_in_the_update_under_a_sliding_window(model):
+    """The update's prefix layout has a masked gap, which a sliding window would count: prompts run whole."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        **{
+            **model.config.to_dict(),
+            "use_sliding_window": True,
+            "sliding_window": 16,
+            "max_window_layers": 0,
+            "layer_types": ["sliding_attention"] * model.config.num_hidden_layers,
+        }
+    )
+    torch.manual_seed(0)
+    windowed = Qwen2ForCausalLM(config)
+    batch = make_batch(model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=8, prefix=34)
+    with ForwardCalls(windowed) as calls:
+        forward_logprobs(windowed, *batch)
+    assert calls.shapes[0] == (2, 40)
+    assert_same_as_plain(windowed, batch)
 
 
 def test_no_shared_prefix_where_a_prompt_is_not_one_run_from_position_0(model):
