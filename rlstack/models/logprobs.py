@@ -356,15 +356,7 @@ def _shared_prompt_logits(
         shared, distinct = found
         ids, mask, pos = shared.layout(distinct, input_ids.device, width=start)
         mask = mask.to(attention_mask.dtype)
-        model(
-            input_ids=ids[:1, : shared.length],
-            attention_mask=mask[:1, : shared.length],
-            position_ids=pos[:1, : shared.length],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache.reorder_cache(torch.zeros(len(rows), dtype=torch.long, device=input_ids.device))
+        shared.prefill(model, cache, ids, mask, pos, len(rows))
         begin = shared.length
     out = model(
         input_ids=ids[:, begin:],

@@ -52,3 +52,24 @@ class SharedPrefix:
             mask[i, width - (len(p) - L) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def prefill(
+        self,
+        model: torch.nn.Module,
+        cache,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        rows: int,
+    ) -> None:
+        """Run the prefix (the first `length` columns of the layout's first row) into `cache` once, then copy
+        it to `rows` rows (`index_select`: with a gradient, every row's flows back into the one pass)."""
+        model(
+            input_ids=ids[:1, : self.length],
+            attention_mask=mask[:1, : self.length],
+            position_ids=positions[:1, : self.length],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.reorder_cache(torch.zeros(rows, dtype=torch.long, device=ids.device))

@@ -310,15 +310,7 @@ def sample(
         begin = continued.width
         reused = sum(continued.reused(i) for i in range(B))
     elif shared is not None:
-        model(
-            input_ids=kv_ids[:1, : shared.length],
-            attention_mask=kv_mask[:1, : shared.length],
-            position_ids=kv_pos[:1, : shared.length],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache.reorder_cache(torch.zeros(len(picked), dtype=torch.long, device=device))
+        shared.prefill(model, cache, kv_ids, kv_mask, kv_pos, len(picked))
         begin = shared.length
     out = model(
         input_ids=kv_ids[rows, begin:],

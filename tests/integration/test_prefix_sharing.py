@@ -151,8 +151,8 @@ def test_a_prefix_every_prompt_starts_with_runs_once(model):
     assert_same_as_plain(model, single)
 
 
-def test_no_prefix_pass_in_the_update_under_a_sliding_window(model):
-    """The update's prefix layout has a masked gap, which a sliding window would count: prompts run whole."""
+def windowed_model(model) -> torch.nn.Module:
+    """The tiny model's architecture with every layer attending through a 16-column sliding window (eval mode)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -161,11 +161,16 @@ def test_no_prefix_pass_in_the_update_under_a_sliding_window(model):
             "use_sliding_window": True,
             "sliding_window": 16,
             "max_window_layers": 0,
-            "layer_types": ["sliding_attention"] * model.config.num_hidden_layers,
+            "layer_types": ["sliding_attention"] * model.config.num_hidden_layers,  # every layer slides
         }
     )
     torch.manual_seed(0)
-    windowed = Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_no_prefix_pass_in_the_update_under_a_sliding_window(model):
+    """The update's prefix layout has a masked gap, which a sliding window would count: prompts run whole."""
+    windowed = windowed_model(model).train()
     batch = make_batch(model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=8, prefix=34)
     with ForwardCalls(windowed) as calls:
         forward_logprobs(windowed, *batch)
@@ -359,20 +364,7 @@ def test_shared_prefix_through_the_models_own_forward(model, tok, monkeypatch):
 def test_no_shared_prefix_under_a_sliding_window(model, tok):
     """A sliding window counts cache columns, so the masked gap would push the prefix out of it: prompts
     are prefilled whole, and sample what they would alone."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    layers = model.config.num_hidden_layers
-    config = Qwen2Config(
-        **{
-            **model.config.to_dict(),
-            "use_sliding_window": True,
-            "sliding_window": 16,
-            "max_window_layers": 0,
-            "layer_types": ["sliding_attention"] * layers,  # every layer slides
-        }
-    )
-    torch.manual_seed(0)
-    windowed = Qwen2ForCausalLM(config).eval()
+    windowed = windowed_model(model)
     prompts = few_shot_prompts(tok, 1)
     with ForwardCalls(windowed) as calls:
         out = draw(windowed, tok, prompts, temperature=0.0)
