@@ -55,4 +55,6 @@ def test_rlstack_and_raw_torch_sides_do_the_same_fixed_length_work(tmp_path: Pat
         phases
     )
     parts = sum(v for k, v in phases.items() if k not in ("in_loop_step", "between_phases", "outside_step"))
-    assert parts + phases["between_phases"] == pytest.approx(phases["in_loop_step"], rel=1e-6)
+    assert parts + phases["between_phases"] == pytest.approx(
+        phases["in_loop_step"], abs=1e-3
+    )  # rounded to 4 places
