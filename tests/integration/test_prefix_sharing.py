@@ -121,12 +121,18 @@ def test_rows_differing_only_in_padding_are_not_merged(model):
         model.config.vocab_size, [(4, 4)], P=6, R=4, seed=3
     )
     attention_mask[2:, 1] = 1  # rows 2-3 attend to one pad token more
+    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 6)
+
+
+def first_pass_with_mask(model, input_ids, attention_mask, response_mask) -> tuple[int, ...]:
+    """The shape of the first forward pass over a batch with this (edited) mask and positions counted from it,
+    after checking its log-probs, entropies and gradients against one plain pass."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     batch = (input_ids, attention_mask, position_ids, response_mask)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *batch)
-    assert calls.shapes[0] == (2, 6)
     assert_same_as_plain(model, batch)
+    return calls.shapes[0]
 
 
 def test_a_prefix_every_prompt_starts_with_runs_once(model):
@@ -185,12 +191,7 @@ def test_no_shared_prefix_where_a_prompt_is_not_one_run_from_position_0(model):
         model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
     )
     attention_mask[:2, 10] = 0  # a hole in the first prompt
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    batch = (input_ids, attention_mask, position_ids, response_mask)
-    with ForwardCalls(model) as calls:
-        forward_logprobs(model, *batch)
-    assert calls.shapes[0] == (2, 40)
-    assert_same_as_plain(model, batch)
+    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 40)
     input_ids, attention_mask, position_ids, response_mask = make_batch(
         model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
     )
