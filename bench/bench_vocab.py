@@ -1,9 +1,11 @@
-"""Log-probs and entropies over a 152k vocabulary in one pass against in blocks of positions
-(`rlstack.models.logprobs.VOCAB_BLOCK`): peak memory and time, side by side.
+"""Log-probs and entropies over a 152k vocabulary through autograd in one pass (`log_softmax` over every
+position) against rlstack's blocks of positions with a written-out backward (`rlstack.models.vocab`): peak
+memory and time, side by side.
 
 Each side runs in its own process (order A, B, B, A): bfloat16 logits of `--rows` x `--positions` x
 `--vocab` (as the policy's forward pass leaves them, requiring a gradient), then the update's use of them:
-`ResponseLogits.logprobs(with_entropy=True, entropy_grad=...)`, a loss over both, and its backward.
+log-probs of the labels and entropies (`ResponseLogits.logprobs(with_entropy=True, entropy_grad=...)` on the
+blocks side), a loss over both, and its backward.
 Reported: the process's peak resident memory above what it held with the logits made (on CPU every
 tensor lives there; on a GPU the same tensors take device memory), and the time of the pass and its
 backward (median of `--repeats`).
@@ -47,27 +49,38 @@ def peak_gb() -> float:
 
 def one_side(args: argparse.Namespace) -> dict:
     import torch
+    import torch.nn.functional as F
 
     from rlstack.models import logprobs as lp
+    from rlstack.models import vocab
 
     torch.set_num_threads(args.threads)
-    if args.side == "one_pass":
-        lp.VOCAB_BLOCK = 1 << 62
     g = torch.Generator().manual_seed(0)
     shape = (args.rows, args.positions)
     logits = torch.randn(*shape, args.vocab, generator=g, dtype=torch.bfloat16).requires_grad_()
     labels = torch.randint(0, args.vocab, shape, generator=g)
     scored = lp.ResponseLogits(logits, labels, 0, None, shape)
+
+    def one_pass():
+        ls = F.log_softmax(logits.float(), dim=-1)
+        kept = ls if args.entropy_grad else ls.detach()
+        return ls.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(kept.exp() * kept).sum(-1)
+
+    def blocks():
+        return scored.logprobs(with_entropy=True, entropy_grad=args.entropy_grad)
+
+    run = one_pass if args.side == "one_pass" else blocks
     base = peak_gb()
     times = []
     for _ in range(args.repeats):
         logits.grad = None
         start = time.perf_counter()
-        logp, ent = scored.logprobs(with_entropy=True, entropy_grad=args.entropy_grad)
+        logp, ent = run()
         (logp.mean() + 0.01 * ent.mean()).backward()
         times.append(time.perf_counter() - start)
+    positions = args.rows * args.positions
     return {
-        "blocks": len(lp._vocab_blocks(logits)),
+        "blocks": 1 if args.side == "one_pass" else -(-positions // vocab.block_rows(logits)),
         "logits_gb": logits.numel() * 2 / 2**30,
         "peak_above_logits_gb": peak_gb() - base,
         "seconds": statistics.median(times),

@@ -15,14 +15,14 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rlstack.models import ulysses
 from rlstack.models.prefix import SharedPrefix
 from rlstack.models.vision import as_model_positions, check_batch_image_tokens, multimodal_inputs
+from rlstack.models.vocab import token_logprobs
 
 
 def first_scored_column(response_mask: torch.Tensor) -> int:
@@ -94,11 +94,16 @@ class ResponseLogits:
     """Sequence parallelism: the group whose ranks hold the logits (each those of its slice of the packed
     sequence), and how many each holds; per-logit values are gathered from all of them."""
 
+    temperature: float = 1.0
+    """The sampling temperature the logits are divided by (in `logprobs`, and by `tempered`)."""
+
     def scaled(self, temperature: float) -> ResponseLogits:
-        """The logits divided by the sampling temperature."""
-        if temperature == 1.0:
-            return self
-        return replace(self, logits=self.logits / temperature)
+        """The logits divided by the sampling temperature (when they are read)."""
+        return replace(self, temperature=self.temperature * temperature)
+
+    def tempered(self) -> torch.Tensor:
+        """The logits divided by the temperature."""
+        return self.logits if self.temperature == 1.0 else self.logits / self.temperature
 
     def to_full(self, values: torch.Tensor) -> torch.Tensor:
         """Per-logit values (`labels`' shape) -> `[B, T]`, zeros where nothing is scored. With sequence
@@ -113,65 +118,10 @@ class ResponseLogits:
     def logprobs(
         self, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`).
-
-        Logits of more than `VOCAB_BLOCK` elements go through the vocabulary in blocks of positions, each
-        recomputed in the backward pass instead of keeping its float32 log-softmax (with a 152k vocabulary,
-        4 rows of 2048 response tokens would otherwise hold 5 GB of it per micro-batch, and as much again
-        for the entropy). The values and gradients are the same as in one pass."""
-        blocks = _vocab_blocks(self.logits)
-        if len(blocks) == 1:
-            logp, ent = _token_logprobs(self.logits, self.labels, with_entropy, entropy_grad)
-        else:
-            dim = self.logits.dim() - 2  # [N, V]: rows; [B, T, V]: columns
-            size = blocks[0].shape[dim]
-            recompute = torch.is_grad_enabled() and self.logits.requires_grad
-            parts = [
-                checkpoint(
-                    _token_logprobs,
-                    block,
-                    labels,
-                    with_entropy,
-                    entropy_grad,
-                    use_reentrant=False,
-                    preserve_rng_state=False,
-                )
-                if recompute
-                else _token_logprobs(block, labels, with_entropy, entropy_grad)
-                for block, labels in zip(blocks, self.labels.split(size, dim=dim))
-            ]
-            logp = torch.cat([p[0] for p in parts], dim=dim)
-            ent = torch.cat([p[1] for p in parts], dim=dim) if with_entropy else None
+        """`[B, T]` log-probs of the labels (and entropies, with a gradient only with `entropy_grad`), through
+        the vocabulary a block of positions at a time (`rlstack.models.vocab.token_logprobs`)."""
+        logp, ent = token_logprobs(self.logits, self.labels, self.temperature, with_entropy, entropy_grad)
         return self.to_full(logp), (self.to_full(ent) if with_entropy else None)
-
-
-VOCAB_BLOCK = 1 << 26
-"""Most logits (positions x vocabulary) one float32 pass over the vocabulary takes at a time (256 MB)."""
-
-
-def _vocab_blocks(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`logits` ([N, V] or [B, T, V]) split into views of at most `VOCAB_BLOCK` elements, along the rows of
-    [N, V] or the columns of [B, T, V] (a block holds at least one row / column); one `split`, whose
-    backward assembles the blocks' gradients in one tensor."""
-    if logits.numel() <= VOCAB_BLOCK:
-        return (logits,)
-    dim = logits.dim() - 2
-    per_position = logits.numel() // logits.shape[dim]
-    return logits.split(max(1, VOCAB_BLOCK // per_position), dim=dim)
-
-
-def _token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `labels` under `logits` (`[..., V]` -> `[...]`), and entropies."""
-    log_softmax = F.log_softmax(logits.float(), dim=-1)  # one pass over the vocabulary for both
-    logp = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ls = log_softmax if entropy_grad else log_softmax.detach()
-        ent = -(ls.exp() * ls).sum(-1)
-    return logp, ent
 
 
 def response_logits(
@@ -197,7 +147,7 @@ def response_logits(
     start = max(first_scored_column(response_mask), 1)
     logits = None
     images = _images(model, input_ids, pixel_values, image_grid_thw)
-    share = start < T and position_ids.dim() == 2 and not images
+    share = 1 < start < T and position_ids.dim() == 2 and not images  # a prompt of 2 columns or more
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if several:
         # FSDP2 runs collectives in every forward pass: all ranks must make as many passes, so they share
@@ -206,16 +156,16 @@ def response_logits(
     if share:
         logits = _shared_prompt_logits(model, input_ids, attention_mask, position_ids, start, always=several)
     if logits is None:
-        keep = T - start + 1  # logits at columns start-1 .. T-1 predict tokens start .. T
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=as_model_positions(position_ids),
             use_cache=False,
-            logits_to_keep=keep,
+            # the logits at columns start-1 .. T-2 predict tokens start .. T-1: [B, T-start, V], contiguous
+            logits_to_keep=torch.arange(start - 1, T - 1, device=input_ids.device),
             **images,
         )
-        logits = out.logits[:, :-1, :]  # [B, T-start, V]
+        logits = out.logits
     return ResponseLogits(logits, input_ids[:, start:], start, None, tuple(input_ids.shape))
 
 
@@ -316,24 +266,26 @@ def _shared_prompt_logits(
     start: int,
     always: bool = False,
 ) -> torch.Tensor | None:
-    """Logits at columns start-1 .. T-2 ([B, T-start, V]) computed with one prompt pass per run of
-    rows with identical columns `:start`; None when no two neighbouring rows share them, nor the prompts
-    a prefix.
+    """Logits at columns start-1 .. T-2 ([B, T-start, V], contiguous) computed with one prompt pass per
+    run of rows with identical columns `:start`; None when no two neighbouring rows share them, nor the
+    prompts a prefix.
 
     A causal LM's keys/values at a column depend only on the columns up to it, so the prompt
-    columns are run once per distinct prompt into a KV cache, which is expanded to every row
-    of its run (`index_select`, so gradients of all rows flow back into the one prompt pass),
-    and the response columns are run against it with their own position ids and the full
-    attention mask, exactly as a decoding step would. The logits of the last prompt
-    column come from the prompt pass. With `n` samples per prompt this runs the prompt
-    tokens once instead of `n` times in both the forward and the backward pass.
+    columns but the last are run once per distinct prompt into a KV cache, which is expanded to every
+    row of its run (`index_select`, so gradients of all rows flow back into the one prompt pass),
+    and the columns from the prompts' last one are run against it with their own position ids and the
+    full attention mask, exactly as decoding steps would: all the logits come from that one pass, in
+    one tensor. With `n` samples per prompt this runs the prompt tokens once instead of `n` times in both
+    the forward and the backward pass.
 
     Where the distinct prompts themselves start with the same tokens (a system prompt, a worked example:
     `SharedPrefix`, at least `SHARED_PREFIX_MIN` of them), those run once for the whole batch, in a pass of
     their own before the prompts' other tokens, in sampling's cache layout (the prefix first, each prompt's
     rest right-aligned after it): the same logits and gradients up to float rounding. Only where every
     layer attends to the whole sequence (a sliding window counts cache columns, gap included; a linear
-    attention or state-space layer would read the gap), and not on several ranks.
+    attention or state-space layer would read the gap), and not under FSDP2 (its ranks make the same passes, and
+    its backward needs the logits of every pass in the loss: there the prompt pass also runs the prompts'
+    last column, and its logits are joined to the others').
 
     `always`: the two passes even where no rows share a prompt (every rank of a sharded model makes the
     same passes).
@@ -348,7 +300,8 @@ def _shared_prompt_logits(
     run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index
     cache = DynamicCache(config=model.config)
     ids, mask, pos = (c[rows] for c in prompt)
-    found = None if always else _shared_prefix(ids, mask, pos, cache, T)
+    # (the prefix pass's logits are dropped: not under FSDP2, see below)
+    found = None if always or _fsdp(model) else _shared_prefix(ids, mask, pos, cache, T)
     if bool(starts.all()) and found is None and not always:
         return None
     begin = 0
@@ -358,29 +311,43 @@ def _shared_prompt_logits(
         mask = mask.to(attention_mask.dtype)
         shared.prefill(model, cache, ids, mask, pos, len(rows))
         begin = shared.length
-    out = model(
-        input_ids=ids[:, begin:],
-        attention_mask=mask,
-        position_ids=pos[:, begin:],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    if cache.get_seq_length() != start:
+    # FSDP2 gathers a layer's parameters for its backward when gradients reach the layer's output, and the last
+    # layer of a pass whose logits are dropped hands its keys and values to the cache only: there the prompt
+    # pass runs to the prompts' end and gives the first logits (the others joined to them, one copy).
+    sharded = _fsdp(model)
+    last = start if sharded else start - 1  # where the response pass starts
+    first = None
+    if last > begin:
+        out = model(
+            input_ids=ids[:, begin:last],
+            attention_mask=mask[:, :last],
+            position_ids=pos[:, begin:last],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first = out.logits.index_select(0, run_of_row) if sharded else None  # [B, 1, V]: predicts `start`
+    if cache.get_seq_length() != last:
         return None  # the model did not fill the cache as expected: use the plain pass
-    first = out.logits.index_select(0, run_of_row)  # [B, 1, V]: predicts column `start`
-    if start == T - 1:
+    if last == T - 1:
         return first
     cache.reorder_cache(run_of_row)  # index_select of every layer's keys/values: differentiable
-    # Column T-1 predicts nothing, so the response pass stops before it.
+    # Up to column T-2: column T-1 predicts nothing.
     out = model(
-        input_ids=input_ids[:, start : T - 1],
-        attention_mask=torch.cat([mask.index_select(0, run_of_row), attention_mask[:, start : T - 1]], dim=1),
-        position_ids=position_ids[:, start : T - 1],
+        input_ids=input_ids[:, last : T - 1],
+        attention_mask=torch.cat(
+            [mask[:, :last].index_select(0, run_of_row), attention_mask[:, last : T - 1]], dim=1
+        ),
+        position_ids=position_ids[:, last : T - 1],
         past_key_values=cache,
         use_cache=True,
     )
-    return torch.cat([first, out.logits], dim=1)
+    return out.logits if first is None else torch.cat([first, out.logits], dim=1)
+
+
+def _fsdp(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards any of `model`'s modules."""
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _shared_prefix(

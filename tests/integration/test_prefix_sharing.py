@@ -94,8 +94,9 @@ def test_shared_prompt_pass_equals_plain_pass_with_grouped_prompts(model):
     batch = make_batch(model.config.vocab_size, [(5, 3), (9, 1), (2, 4), (9, 2), (7, 2)], P=10, R=6)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *batch)
-    # one prompt pass over the 5 distinct prompts, one pass over the response columns but the last
-    assert calls.shapes == [(5, 10), (12, 5)]
+    # one pass over the 5 distinct prompts but their last column, one from that column to the last response
+    # column but one: every logit from the one pass, in one tensor
+    assert calls.shapes == [(5, 9), (12, 6)]
     assert_same_as_plain(model, batch)
 
 
@@ -111,7 +112,7 @@ def test_shared_prompt_pass_with_one_response_column(model):
     batch = make_batch(model.config.vocab_size, [(3, 3), (6, 2)], P=6, R=1, seed=2)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *batch)
-    assert calls.shapes == [(2, 6)]  # the prompt pass gives the only logits needed
+    assert calls.shapes == [(2, 5), (5, 1)]  # the prompts but their last column, then that column
     assert_same_as_plain(model, batch, temperature=1.0)
 
 
@@ -121,7 +122,7 @@ def test_rows_differing_only_in_padding_are_not_merged(model):
         model.config.vocab_size, [(4, 4)], P=6, R=4, seed=3
     )
     attention_mask[2:, 1] = 1  # rows 2-3 attend to one pad token more
-    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 6)
+    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 5)
 
 
 def first_pass_with_mask(model, input_ids, attention_mask, response_mask) -> tuple[int, ...]:
@@ -142,18 +143,19 @@ def test_a_prefix_every_prompt_starts_with_runs_once(model):
     batch = make_batch(model.config.vocab_size, groups, P=43, R=6, seed=5, prefix=34)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *batch)
-    # the longest prompt (41) leaves 2 padding columns: each prompt's own tokens right-aligned to column 42
-    assert calls.shapes == [(1, 34), (5, 43 - 34), (12, 5)]
+    # the longest prompt (41) leaves 2 padding columns: each prompt's own tokens right-aligned to column 42,
+    # the last one's pass that of the responses
+    assert calls.shapes == [(1, 34), (5, 43 - 34 - 1), (12, 6)]
     assert_same_as_plain(model, batch)
     shorter = make_batch(model.config.vocab_size, groups, P=43, R=6, seed=5, prefix=SHARED_PREFIX_MIN - 1)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *shorter)
-    assert calls.shapes == [(5, 43), (12, 5)]  # too short a prefix to pay for its pass
+    assert calls.shapes == [(5, 42), (12, 6)]  # too short a prefix to pay for its pass
     # one sample per prompt (or shuffled rows): no two neighbours share a prompt, the prefix still runs once
     single = make_batch(model.config.vocab_size, [(38, 1), (41, 1), (35, 1)], P=41, R=5, seed=7, prefix=34)
     with ForwardCalls(model) as calls:
         forward_logprobs(model, *single)
-    assert calls.shapes == [(1, 34), (3, 41 - 34), (3, 4)]
+    assert calls.shapes == [(1, 34), (3, 41 - 34 - 1), (3, 5)]
     assert_same_as_plain(model, single)
 
 
@@ -180,7 +182,7 @@ def test_no_prefix_pass_in_the_update_under_a_sliding_window(model):
     batch = make_batch(model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=8, prefix=34)
     with ForwardCalls(windowed) as calls:
         forward_logprobs(windowed, *batch)
-    assert calls.shapes[0] == (2, 40)
+    assert calls.shapes[0] == (2, 39)
     assert_same_as_plain(windowed, batch)
 
 
@@ -191,13 +193,13 @@ def test_no_shared_prefix_where_a_prompt_is_not_one_run_from_position_0(model):
         model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
     )
     attention_mask[:2, 10] = 0  # a hole in the first prompt
-    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 40)
+    assert first_pass_with_mask(model, input_ids, attention_mask, response_mask) == (2, 39)
     input_ids, attention_mask, position_ids, response_mask = make_batch(
         model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=6, prefix=34
     )
     with ForwardCalls(model) as calls:
         forward_logprobs(model, input_ids, attention_mask, position_ids + 3, response_mask)
-    assert calls.shapes[0] == (2, 40)
+    assert calls.shapes[0] == (2, 39)
 
 
 def test_activation_checkpointing_falls_back_to_the_plain_pass(tiny_model_dir):
@@ -378,3 +380,32 @@ def test_no_shared_prefix_under_a_sliding_window(model, tok):
             n > 0
             and out["input_ids"][i, P : P + n].tolist() == alone["input_ids"][0, len(p) : len(p) + n].tolist()
         )
+
+
+def test_under_fsdp2_every_pass_feeds_the_loss(model):
+    """FSDP2 gathers a layer's parameters for its backward when gradients reach the layer's output. A pass
+    whose logits are dropped (the prefix pass, a prompt pass that stops before the prompts' last column)
+    would leave its last layer's parameters freed for a backward that needs them (its keys and values):
+    under FSDP2 the prompts run whole in one pass that gives the first logits, and the gradients are those
+    of the plain model."""
+    import copy
+
+    from rlstack.workers import distributed
+
+    batch = make_batch(model.config.vocab_size, [(38, 2), (40, 2)], P=40, R=4, seed=8, prefix=34)
+    model.train()
+    want = plain_logprobs(model, *batch, temperature=1.0)[0]
+    want_grads = grads_of_token_mean(model, want, batch[3])
+    sharded = copy.deepcopy(model)
+    distributed.alone_group("cpu")
+    try:
+        distributed.shard_model(sharded, "cpu", offload=True)
+        with ForwardCalls(sharded) as calls:
+            logp, _ = forward_logprobs(sharded, *batch)
+        assert calls.shapes == [(2, 40), (4, 3)]  # no prefix pass; the prompts to their end, then the responses
+        got_grads = grads_of_token_mean(sharded, logp, batch[3])
+    finally:
+        distributed.close_alone_group()
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=0)
+    for g, ref in zip(got_grads, want_grads):
+        torch.testing.assert_close(distributed.local(g), ref, atol=1e-6, rtol=1e-4)
