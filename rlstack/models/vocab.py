@@ -87,10 +87,11 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         g_logp = grad_logp if grad_logp is not None else logits.new_zeros(N, dtype=torch.float32)
         with_ent = ent is not None and grad_ent is not None
+        in_place = grad.dtype == torch.float32  # each block's gradient computed where it goes
         for s in range(0, N, rows):
             z = _tempered(logits, s, rows, temperature)
             top, log_sum = shift[s : s + rows].split(1, dim=1)
-            ls = z - top
+            ls = torch.sub(z, top, out=grad[s : s + rows]) if in_place else z - top
             ls -= log_sum  # the forward's log-softmax
             g = g_logp[s : s + rows, None]
             # d log p_y / dz = onehot(y) - p;  d entropy / dz = -p * (log p + entropy)
@@ -101,5 +102,6 @@ class _TokenLogprobs(torch.autograd.Function):
             p.mul_(coef).scatter_add_(1, labels[s : s + rows, None], g)
             if temperature != 1.0:
                 p /= temperature
-            grad[s : s + rows] = p
+            if not in_place:
+                grad[s : s + rows] = p
         return grad, None, None, None, None

@@ -207,6 +207,30 @@ def test_seeded_draws_follow_the_distribution():
     assert not torch.equal(u, _uniform(torch.arange(100_000, dtype=torch.long) * 7919, index=4))
 
 
+def test_a_large_vocabulary_is_searched_in_blocks_with_the_same_draws():
+    """Over more than `CDF_BLOCK` tokens the draw goes through the blocks' sums, then one block: the tokens of
+    one float64 cumulative sum over the whole vocabulary, and never one of probability 0 (a cut-off top-k /
+    top-p tail, a last block shorter than the others, all the mass in one token, numbers close to 1)."""
+    from rlstack.rollout.hf_sampling import CDF_BLOCK
+
+    g = torch.Generator().manual_seed(0)
+    V = 3 * CDF_BLOCK + 77
+    probs = torch.softmax(torch.randn(64, V, generator=g) * 4, -1)
+    probs[:, ::3] = 0  # tokens a warper cut off
+    probs[:8] = 0
+    probs[:8, V - 5] = 1.0  # all the mass in one token of the short last block
+    u = torch.cat([torch.rand(64 * 50, generator=g, dtype=torch.float64), torch.full((64,), 1 - 2**-53)])
+    rows = probs.repeat(51, 1)
+    cdf = rows.double().cumsum(-1)
+    whole = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp(max=V - 1)
+    drawn = _inverse_cdf(rows, u)
+    # float32 block sums may move a draw at a boundary; at u = 1 - 2^-53 the whole sum's search runs off the
+    # end (to a token of probability 0 where the last one is), the blocks' keeps to the last drawable token
+    assert (drawn == whole)[:-64].float().mean() > 0.999
+    assert bool((rows.gather(1, drawn[:, None]) > 0).all())
+    assert set(drawn[:8].tolist()) == {V - 5}
+
+
 def test_draws_from_the_engine_generator_follow_the_distribution(model, tok):
     """Without seeds a row's token comes from the generator's uniform numbers: the frequencies of the first
     token over many rows are the model's next-token probabilities."""
