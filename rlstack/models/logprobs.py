@@ -98,7 +98,7 @@ class ResponseLogits:
     """The sampling temperature the logits are divided by (in `logprobs`, and by `tempered`)."""
 
     def scaled(self, temperature: float) -> ResponseLogits:
-        """The logits divided by the sampling temperature (when they are read)."""
+        """These logits at a sampling temperature: `logprobs` and `tempered` divide by it, `logits` stays raw."""
         return replace(self, temperature=self.temperature * temperature)
 
     def tempered(self) -> torch.Tensor:
@@ -283,9 +283,9 @@ def _shared_prompt_logits(
     their own before the prompts' other tokens, in sampling's cache layout (the prefix first, each prompt's
     rest right-aligned after it): the same logits and gradients up to float rounding. Only where every
     layer attends to the whole sequence (a sliding window counts cache columns, gap included; a linear
-    attention or state-space layer would read the gap), and not under FSDP2 (its ranks make the same passes, and
-    its backward needs the logits of every pass in the loss: there the prompt pass also runs the prompts'
-    last column, and its logits are joined to the others').
+    attention or state-space layer would read the gap), not with several ranks (`always`: they make the same
+    passes) and not under FSDP2 (its backward needs the logits of every pass in the loss: there the prompt
+    pass also runs the prompts' last column, and its logits are joined to the others').
 
     `always`: the two passes even where no rows share a prompt (every rank of a sharded model makes the
     same passes).

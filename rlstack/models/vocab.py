@@ -8,7 +8,7 @@ float32 log-softmax of every position kept for the backward (or, split into bloc
 recomputed there, a second pass); on a CPU those passes are memory-bound and took a tenth of the update
 (docs/speed.md). `token_logprobs` goes through the logits a block of positions at a time, each block small
 enough to stay in cache while every quantity is taken from it, and keeps for the backward only the logits
-(which autograd keeps anyway) and two numbers per position: the backward recomputes each block's
+and two numbers per position: the backward recomputes each block's
 probabilities from them. The values are those of `log_softmax` up to float rounding, and the gradients
 those autograd would give (tests/unit/test_vocab_blocks.py).
 """
@@ -40,7 +40,9 @@ def token_logprobs(
     """Float32 log-probs of `labels` under `logits / temperature` (`[...]`), and the entropies of those
     distributions when `with_entropy` (carrying a gradient only with `entropy_grad`)."""
     shape = labels.shape
-    flat = logits.reshape(-1, logits.shape[-1])  # a view of contiguous logits
+    flat = logits.reshape(
+        -1, logits.shape[-1]
+    )  # a view of contiguous logits (else a copy, kept for the backward)
     logp, ent = _TokenLogprobs.apply(flat, labels.reshape(-1), float(temperature), with_entropy, entropy_grad)
     return logp.view(shape), (ent.view(shape) if with_entropy else None)
 
@@ -72,13 +74,14 @@ class _TokenLogprobs(torch.autograd.Function):
                 logp[s : s + rows] = ls.gather(1, labels[s : s + rows, None]).squeeze(1)
                 if with_entropy:
                     ent[s : s + rows] = -(ls.exp().mul_(ls)).sum(-1)
-        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
+        ctx.temperature = temperature
         ctx.save_for_backward(logits, labels, shift, ent if entropy_grad else None)
         if with_entropy and not entropy_grad:
             ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, grad_ent):
         logits, labels, shift, ent = ctx.saved_tensors
         temperature = ctx.temperature

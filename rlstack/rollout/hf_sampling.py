@@ -343,7 +343,8 @@ def sample(
         blocked[:, :W] = kv_mask == 0
     for step in range(max_new_tokens):
         logits = next_logits.float()  # [rows in the decoding batch, V]
-        if not bool(logits.sum(-1).isfinite().all()):  # a NaN or an infinity makes its row's sum one
+        # A NaN or an infinity makes its row's sum one (as would finite logits near 1e33, a model diverged)
+        if not bool(logits.sum(-1).isfinite().all()):
             raise TrainingDiverged(
                 "the policy produced non-finite logits while sampling; its weights have diverged"
             )
@@ -353,7 +354,7 @@ def sample(
             if warpers or banned is not None:
                 warped = warpers(None, scaled)
                 if banned is not None:
-                    warped[:, banned] = float("-inf")
+                    warped = warped.index_fill(1, banned, float("-inf"))  # not in place: it may be the logits
                 probs = torch.softmax(warped, dim=-1)
             else:
                 probs = logp_all.exp()  # the same distribution, without a second softmax
@@ -510,7 +511,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if V <= CDF_BLOCK:
         cdf = probs.double().cumsum(-1)
         target = (u * cdf[:, -1])[:, None]
-        return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=V - 1)
+        return torch.minimum(torch.searchsorted(cdf, target, right=True).squeeze(-1), _last_nonzero(probs))
     whole = V // CDF_BLOCK * CDF_BLOCK
     sums = probs[:, :whole].reshape(B, -1, CDF_BLOCK).sum(-1)
     if whole < V:

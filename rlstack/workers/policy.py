@@ -342,7 +342,7 @@ class PolicyWorker:
                     ref = forward(ref_model, **_model_inputs(ref_model, micro, self.device)).scaled(
                         temperature
                     )
-                exact_kl = scored.to_full(kl_full(scored.logits, ref.logits))
+                exact_kl = scored.to_full(kl_full(scored.tempered(), ref.tempered()))
             return loss_fn(micro, totals, logp, ent, exact_kl)
 
         c = self.cfg
