@@ -402,7 +402,8 @@ def test_under_fsdp2_every_pass_feeds_the_loss(model):
         distributed.shard_model(sharded, "cpu", offload=True)
         with ForwardCalls(sharded) as calls:
             logp, _ = forward_logprobs(sharded, *batch)
-        assert calls.shapes == [(2, 40), (4, 3)]  # no prefix pass; the prompts to their end, then the responses
+        # no prefix pass; the prompts to their end, then the responses
+        assert calls.shapes == [(2, 40), (4, 3)]
         got_grads = grads_of_token_mean(sharded, logp, batch[3])
     finally:
         distributed.close_alone_group()
