@@ -300,8 +300,11 @@ def _shared_prompt_logits(
     run_of_row = starts.long().cumsum(0) - 1  # [B] -> run index
     cache = DynamicCache(config=model.config)
     ids, mask, pos = (c[rows] for c in prompt)
-    # (the prefix pass's logits are dropped: not under FSDP2, see below)
-    found = None if always or _fsdp(model) else _shared_prefix(ids, mask, pos, cache, T)
+    # FSDP2 gathers a layer's parameters for its backward when gradients reach the layer's output, and the last
+    # layer of a pass whose logits are dropped hands its keys and values to the cache only: under it no prefix
+    # pass, and the prompt pass runs to the prompts' end and gives the first logits (the others joined to them).
+    sharded = _fsdp(model)
+    found = None if always or sharded else _shared_prefix(ids, mask, pos, cache, T)
     if bool(starts.all()) and found is None and not always:
         return None
     begin = 0
@@ -311,10 +314,6 @@ def _shared_prompt_logits(
         mask = mask.to(attention_mask.dtype)
         shared.prefill(model, cache, ids, mask, pos, len(rows))
         begin = shared.length
-    # FSDP2 gathers a layer's parameters for its backward when gradients reach the layer's output, and the last
-    # layer of a pass whose logits are dropped hands its keys and values to the cache only: there the prompt
-    # pass runs to the prompts' end and gives the first logits (the others joined to them, one copy).
-    sharded = _fsdp(model)
     last = start if sharded else start - 1  # where the response pass starts
     first = None
     if last > begin:

@@ -40,9 +40,8 @@ def token_logprobs(
     """Float32 log-probs of `labels` under `logits / temperature` (`[...]`), and the entropies of those
     distributions when `with_entropy` (carrying a gradient only with `entropy_grad`)."""
     shape = labels.shape
-    flat = logits.reshape(
-        -1, logits.shape[-1]
-    )  # a view of contiguous logits (else a copy, kept for the backward)
+    # a view of contiguous logits (else a copy, kept for the backward)
+    flat = logits.reshape(-1, logits.shape[-1])
     logp, ent = _TokenLogprobs.apply(flat, labels.reshape(-1), float(temperature), with_entropy, entropy_grad)
     return logp.view(shape), (ent.view(shape) if with_entropy else None)
 
@@ -88,15 +87,14 @@ class _TokenLogprobs(torch.autograd.Function):
         N = logits.shape[0]
         rows = block_rows(logits)
         grad = torch.empty_like(logits)
-        g_logp = grad_logp if grad_logp is not None else logits.new_zeros(N, dtype=torch.float32)
-        with_ent = ent is not None and grad_ent is not None
+        with_ent = ent is not None  # saved only where the entropy carries a gradient
         in_place = grad.dtype == torch.float32  # each block's gradient computed where it goes
         for s in range(0, N, rows):
             z = _tempered(logits, s, rows, temperature)
             top, log_sum = shift[s : s + rows].split(1, dim=1)
             ls = torch.sub(z, top, out=grad[s : s + rows]) if in_place else z - top
             ls -= log_sum  # the forward's log-softmax
-            g = g_logp[s : s + rows, None]
+            g = grad_logp[s : s + rows, None]  # autograd passes zeros for an unused output
             # d log p_y / dz = onehot(y) - p;  d entropy / dz = -p * (log p + entropy)
             coef = -g
             if with_ent:

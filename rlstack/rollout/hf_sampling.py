@@ -510,31 +510,26 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     B, V = probs.shape
     if V <= CDF_BLOCK:
         cdf = probs.double().cumsum(-1)
-        target = (u * cdf[:, -1])[:, None]
-        return torch.minimum(torch.searchsorted(cdf, target, right=True).squeeze(-1), _last_nonzero(probs))
+        return _first_above(cdf, u * cdf[:, -1], probs)
     whole = V // CDF_BLOCK * CDF_BLOCK
     sums = probs[:, :whole].reshape(B, -1, CDF_BLOCK).sum(-1)
     if whole < V:
         sums = torch.cat([sums, probs[:, whole:].sum(-1, keepdim=True)], dim=1)
     ends = sums.double().cumsum(-1)  # [B, blocks]: the cumulative probability at each block's end
     target = u * ends[:, -1]
-    block = torch.minimum(
-        torch.searchsorted(ends, target[:, None], right=True).squeeze(-1), _last_nonzero(sums)
-    )
+    block = _first_above(ends, target, sums)
     before = torch.where(block > 0, ends.gather(1, (block - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
     index = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=probs.device)
     chosen = probs.gather(1, index.clamp(max=V - 1)).masked_fill_(index >= V, 0.0)  # [B, CDF_BLOCK]
-    cdf = chosen.double().cumsum(-1) + before[:, None]
-    # rounding may leave the block's end at or below the target: its last token of nonzero probability
-    within = torch.minimum(
-        torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1), _last_nonzero(chosen)
-    )
-    return block * CDF_BLOCK + within
+    return block * CDF_BLOCK + _first_above(chosen.double().cumsum(-1) + before[:, None], target, chosen)
 
 
-def _last_nonzero(x: torch.Tensor) -> torch.Tensor:
-    """[B, n] -> [B]: the index of each row's last element above 0 (0 where none is)."""
-    return ((x > 0) * torch.arange(1, x.shape[-1] + 1, device=x.device)).argmax(-1)
+def _first_above(cdf: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[B]: the first column of `cdf` [B, n] (the cumulative sum of `weights` [B, n]) above `target` [B]; where
+    rounding leaves none above it, the last column of nonzero weight (never one of weight 0)."""
+    found = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1)
+    last = ((weights > 0) * torch.arange(1, weights.shape[-1] + 1, device=weights.device)).argmax(-1)
+    return torch.minimum(found, last)
 
 
 def _vision_token_ids(model: torch.nn.Module, device: torch.device) -> torch.Tensor | None:
