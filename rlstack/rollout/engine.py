@@ -141,6 +141,9 @@ class EngineCapabilities:
     waiting for the generation, and the weights land between two of its decoding steps: the tokens after that are sampled,
     and their behaviour log-probs computed, with the new weights (the KV cache of the tokens before
     stays as the old weights made it, as in NeMo RL's in-flight updates without KV recomputation)."""
+    out_of_memory_fix: str = "lower {sizes} or data.max_response_length"
+    """What to change when generating runs out of device memory, said in the error; `{sizes}` stands for the
+    call's batch-size keys (the rollout's, or validation's)."""
 
 
 class Engine(Protocol):

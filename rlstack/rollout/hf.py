@@ -116,6 +116,11 @@ class HFEngine:
             multimodal=multimodal,
             prefix_caching=True,
             in_flight_updates=not shares_policy_weights,
+            out_of_memory_fix=(
+                "the HF engine samples every trajectory of a call at once, with a KV cache of rows x (prompt + "
+                "response) positions in every layer: lower {sizes} or data.max_response_length, or generate with "
+                "vLLM (worker.rollout.name=vllm), which pages its cache"
+            ),
         )
         self.weight_version = 0
         self._lock = threading.Lock()

@@ -314,6 +314,11 @@ class VLLMEngine:
             sleep=s.free_cache_engine,
             multimodal=s.multimodal,
             prefix_caching=s.enable_prefix_caching,
+            out_of_memory_fix=(
+                "the engine's weights and KV cache share the device with the policy: lower "
+                "worker.rollout.gpu_memory_utilization, or free the cache between rollouts "
+                "(worker.rollout.free_cache_engine=true)"
+            ),
         )
         self.weight_version = 0
         self.asleep = False

@@ -247,18 +247,7 @@ class RolloutWorker:
             )
         else:
             sizes = "data.rollout_batch_size, worker.rollout.n"
-        if engine == "hf":
-            fix = (
-                "the HF engine samples every trajectory of a call at once, with a KV cache of rows x (prompt + "
-                f"response) positions in every layer: lower {sizes} or data.max_response_length, or generate with "
-                "vLLM (worker.rollout.name=vllm), which pages its cache"
-            )
-        else:
-            fix = (
-                "the engine's weights and KV cache share the device with the policy: lower "
-                "worker.rollout.gpu_memory_utilization, or free the cache between rollouts "
-                "(worker.rollout.free_cache_engine=true)"
-            )
+        fix = self.engine.capabilities.out_of_memory_fix.format(sizes=sizes)
         return f"{where}: {fix}. The device said: {str(e).splitlines()[0]}"
 
     @remote(Dispatch.ALL)
