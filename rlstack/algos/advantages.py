@@ -79,23 +79,17 @@ then divides by ~eps; here s_i is exactly 0 whenever the other responses are all
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from typing import NamedTuple
 
 import torch
 
 from rlstack.algos.groups import group_stats
+from rlstack.config.algorithm import AdvEstimatorName
+from rlstack.config.fields import choice_enum
 
-
-class AdvEstimator(str, Enum):
-    GAE = "gae"
-    GRPO = "grpo"
-    RLOO = "rloo"
-    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
-    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
-    REMAX = "remax"
-    GRPO_PASSK = "grpo_passk"
-    LOO_STD = "loo_std"
+AdvEstimator = choice_enum("AdvEstimator", AdvEstimatorName, __name__)
+"""`algorithm.adv_estimator`'s choices: GAE, GRPO, RLOO, REINFORCE_PLUS_PLUS, REINFORCE_PLUS_PLUS_BASELINE,
+REMAX, GRPO_PASSK, LOO_STD."""
 
 
 class AdvantageInputs(NamedTuple):

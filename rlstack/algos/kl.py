@@ -34,22 +34,15 @@ The paper writes the gain as K_beta; n_steps / horizon is veRL's (and TRL's) for
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from typing import NamedTuple
 
 import torch
 
+from rlstack.config.algorithm import KLPenaltyName
+from rlstack.config.fields import choice_enum
 
-class KLPenalty(str, Enum):
-    KL = "kl"
-    ABS = "abs"
-    MSE = "mse"
-    LOW_VAR_KL = "low_var_kl"
-    FULL = "full"
-    KL_PLUS = "kl+"
-    ABS_PLUS = "abs+"
-    MSE_PLUS = "mse+"
-    LOW_VAR_KL_PLUS = "low_var_kl+"
+KLPenalty = choice_enum("KLPenalty", KLPenaltyName, __name__)
+"""`algorithm.kl_penalty`'s choices: KL, ABS, MSE, LOW_VAR_KL, FULL and the `+` forms KL_PLUS, ...."""
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

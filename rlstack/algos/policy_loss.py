@@ -85,10 +85,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from enum import Enum
 from typing import NamedTuple
 
 import torch
+
+from rlstack.config.actor import LossAggModeName, PolicyLossName, RolloutCorrectionName
+from rlstack.config.fields import choice_enum
 
 LOG_RATIO_BOUND = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
@@ -97,12 +99,8 @@ GSPO_LOG_RATIO_MAX = 10.0
 # ------------------------------------------------------------------------------------ policy losses
 
 
-class PolicyLoss(str, Enum):
-    VANILLA = "vanilla"
-    GSPO = "gspo"
-    GSPO_TOKEN = "gspo_token"
-    CISPO = "cispo"
-    SAPO = "sapo"
+PolicyLoss = choice_enum("PolicyLoss", PolicyLossName, __name__)
+"""`worker.actor.loss_type`'s choices: VANILLA, GSPO, GSPO_TOKEN, CISPO, SAPO."""
 
 
 class PolicyLossParams(NamedTuple):
@@ -306,11 +304,9 @@ def ppo_clip_loss(
 # -------------------------------------------------------------------------------------- aggregation
 
 
-class LossAggMode(str, Enum):
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+LossAggMode = choice_enum("LossAggMode", LossAggModeName, __name__)
+"""`worker.actor.loss_agg_mode`'s choices: TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN,
+SEQ_MEAN_TOKEN_SUM_NORM."""
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -394,10 +390,8 @@ def aggregate_loss(
 # ------------------------------------------------------------------------------- rollout correction
 
 
-class RolloutCorrection(str, Enum):
-    TIS = "tis"
-    ICEPOP = "icepop"
-    SEQ_MASK_TIS = "seq-mask-tis"
+RolloutCorrection = choice_enum("RolloutCorrection", RolloutCorrectionName, __name__)
+"""`worker.actor.rollout_correction`'s choices: TIS, ICEPOP, SEQ_MASK_TIS."""
 
 
 class RolloutCorrectionParams(NamedTuple):

@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from rlstack.config.critic import CriticConfig
     from rlstack.config.schema import Config
 
+PolicyLossName = Literal["vanilla", "gspo", "gspo_token", "cispo", "sapo"]
+"""The policy losses (`rlstack.algos.policy_loss.PolicyLoss` is made of these)."""
+LossAggModeName = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+"""The aggregations of token losses (`rlstack.algos.policy_loss.LossAggMode`)."""
+RolloutCorrectionName = Literal["tis", "icepop", "seq-mask-tis"]
+"""The rollout corrections (`rlstack.algos.policy_loss.RolloutCorrection`)."""
+
 # Losses defined with one aggregation (a length-normalised sequence ratio or veRL's fixed choice):
 # `worker.actor.loss_agg_mode` defaults to it and may not be set to another.
 DEFINED_AGG_MODES = {
@@ -77,11 +86,9 @@ class ActorConfig:
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = field(0.28, ge=0)
     """PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO's clip-higher)."""
-    loss_type: Literal["vanilla", "gspo", "gspo_token", "cispo", "sapo"] = "vanilla"
+    loss_type: PolicyLossName = "vanilla"
     """Policy loss: PPO clip (vanilla, with dual clip), GSPO, GSPO-token, CISPO or SAPO."""
-    loss_agg_mode: (
-        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
-    ) = None
+    loss_agg_mode: LossAggModeName | None = None
     """How token losses of a mini-batch become one number (seq-mean-token-sum-norm: Dr.GRPO, veRL's sum over sequences / max length); unset: the mode the loss is defined with, seq-mean-token-mean for gspo, gspo_token and sapo, token-mean otherwise."""
     clip_ratio_dual: float = field(
         3.0,
@@ -94,7 +101,7 @@ class ActorConfig:
     """Weight of the entropy bonus (subtracted from the loss)."""
     top_entropy_quantile: float = field(1.0, gt=0, le=1, why="1 trains on every token")
     """Train only on this fraction of highest-entropy response tokens of each micro-batch (0.2: the 80/20 rule; 1: all)."""
-    rollout_correction: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    rollout_correction: RolloutCorrectionName | None = None
     """Importance-sampling correction for rollout-vs-trainer numerics: truncated IS, IcePop, or sequence-masked TIS."""
     rollout_correction_low: float = 0.5
     """Lower bound of the kept IS-weight band (icepop, seq-mask-tis)."""

@@ -29,18 +29,24 @@ class AsyncGRPOConfig:
         return self.enabled and self.in_flight_weight_updates
 
 
+AdvEstimatorName = Literal[
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "grpo_passk",
+    "loo_std",
+]
+"""The advantage estimators (`rlstack.algos.advantages.AdvEstimator` is made of these)."""
+KLPenaltyName = Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+", "full"]
+"""The KL estimators (`rlstack.algos.kl.KLPenalty`)."""
+
+
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal[
-        "gae",
-        "grpo",
-        "rloo",
-        "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline",
-        "remax",
-        "grpo_passk",
-        "loo_std",
-    ] = "grpo"
+    adv_estimator: AdvEstimatorName = "grpo"
     """Advantage estimator (gae needs the critic section; the others use outcome scores)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group advantages by the group's standard deviation (false: Dr.GRPO)."""
@@ -52,9 +58,7 @@ class AlgorithmConfig:
     """Add a KL(policy || reference) term to the actor loss (builds a reference model)."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL per token from the reward before advantages (builds a reference model)."""
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+", "full"] = (
-        "low_var_kl"
-    )
+    kl_penalty: KLPenaltyName = "low_var_kl"
     """KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); `+`: that value with k2's gradient; full: exact KL over the vocabulary (KL loss only)."""
     kl_coef: float = field(1.0e-2, ge=0)
     """Weight of the KL term (the initial weight with the adaptive controller)."""

@@ -7,6 +7,7 @@ Choices need no metadata: a `Literal[...]` type is the list of them, checked whe
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import types
 import typing
@@ -127,6 +128,15 @@ def choices(tp: Any) -> tuple:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return tuple(c for arg in typing.get_args(tp) for c in choices(arg))
     return ()
+
+
+def choice_enum(name: str, literal: Any, module: str) -> type[enum.Enum]:
+    """A str Enum with one member per choice of the config's `literal` (`kl+` -> KL_PLUS, `token-mean` ->
+    TOKEN_MEAN), defined in `module` (it pickles by name, as a class would): the algorithms name the choices
+    the config declares, and a choice added to the config is a member at once. `module`: the caller's
+    `__name__`."""
+    members = {str(v).upper().replace("+", "_PLUS").replace("-", "_"): v for v in choices(literal)}
+    return enum.Enum(name, members, module=module, type=str)  # type: ignore[return-value]
 
 
 def type_name(tp: Any) -> str:

@@ -571,7 +571,8 @@ def test_every_default_is_reachable_from_config():
 
 
 def test_config_choices_match_the_algorithm_registries():
-    """rlstack.config cannot import algos/ (it sits below it), so its Literal choices are checked here."""
+    """Each set of choices is declared once, as the config's Literal; the algorithms' Enums are made of it
+    (`choice_enum`), and each dispatch table must have one entry per choice."""
     import typing
 
     from rlstack.algos.advantages import ADVANTAGE_ESTIMATORS, AdvEstimator
@@ -609,6 +610,24 @@ def test_config_choices_match_the_algorithm_registries():
         == {e.value for e in KLPenalty}
         == set(KL_ESTIMATORS) | {"full"}
     )
+
+
+def test_a_choice_enum_names_each_choice_and_pickles_by_name():
+    import pickle
+    from typing import Literal
+
+    from rlstack.algos.kl import KLPenalty
+    from rlstack.config.fields import choice_enum
+
+    made = choice_enum("Made", Literal["kl+", "token-mean", "grpo"], __name__)
+    assert [(m.name, m.value) for m in made] == [
+        ("KL_PLUS", "kl+"),
+        ("TOKEN_MEAN", "token-mean"),
+        ("GRPO", "grpo"),
+    ]
+    assert made("grpo") is made.GRPO and made.GRPO == "grpo" and isinstance(made.GRPO, str)
+    # the workers receive these in parameter records sent to Ray actors: a member comes back as itself
+    assert pickle.loads(pickle.dumps(KLPenalty.LOW_VAR_KL_PLUS)) is KLPenalty.LOW_VAR_KL_PLUS
 
 
 # ------------------------------------------------------------------------------------ devices, engines
