@@ -1,5 +1,7 @@
-"""Every named recipe has a config, and each example learns as shipped: it starts from the demo's warm start
-(`builtin:tiny-qwen2-addition`) and runs at its own batch sizes."""
+"""Every named recipe has a config, and each example runs as shipped with something to learn from: it starts
+from the demo's warm start (`builtin:tiny-qwen2-addition`) and runs at its own batch sizes. That learning
+happens is checked by runs long enough to show it: the demo's GRPO recipe on held-out problems (below), the DAPO
+and PPO recipes' algorithms and agentic GRPO in test_learning_direction.py."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def warm_model() -> Path:
     "example",
     [pytest.param(p, marks=() if p.stem in IN_MAKE_TEST else pytest.mark.long, id=p.stem) for p in EXAMPLES],
 )
-def test_each_example_learns_as_shipped(warm_model: Path, tmp_path: Path, example: Path):
+def test_each_example_runs_as_shipped(warm_model: Path, tmp_path: Path, example: Path):
     """Two steps at the example's own batch sizes, from its own model: rewards to learn from (right and
     wrong answers), a gradient, and for DAPO a batch its filter filled; the critic of the GAE recipe at
     the recipe's sizes."""
