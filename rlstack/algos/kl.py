@@ -42,7 +42,7 @@ from rlstack.config.algorithm import KLPenaltyName
 from rlstack.config.fields import choice_enum
 
 KLPenalty = choice_enum("KLPenalty", KLPenaltyName, __name__)
-"""`algorithm.kl_penalty`'s choices: KL, ABS, MSE, LOW_VAR_KL, FULL and the `+` forms KL_PLUS, ...."""
+"""`algorithm.kl_penalty`'s choices: KL, ABS, MSE, LOW_VAR_KL, their `+` forms KL_PLUS, ..., and FULL."""
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -132,10 +132,13 @@ def choices(tp: Any) -> tuple:
 
 def choice_enum(name: str, literal: Any, module: str) -> type[enum.Enum]:
     """A str Enum with one member per choice of the config's `literal` (`kl+` -> KL_PLUS, `token-mean` ->
-    TOKEN_MEAN), defined in `module` (it pickles by name, as a class would): the algorithms name the choices
-    the config declares, and a choice added to the config is a member at once. `module`: the caller's
-    `__name__`."""
-    members = {str(v).upper().replace("+", "_PLUS").replace("-", "_"): v for v in choices(literal)}
+    TOKEN_MEAN), defined in `module` (the caller's `__name__`: pickle finds the class there, as it would a
+    class statement's): the algorithms name the choices the config declares, and a choice added to the
+    config is a member at once."""
+    values = choices(literal)
+    members = {str(v).upper().replace("+", "_PLUS").replace("-", "_"): v for v in values}
+    if len(members) != len(values):
+        raise ValueError(f"{name}: two of the choices {values} make the same member name")
     return enum.Enum(name, members, module=module, type=str)  # type: ignore[return-value]
 
 

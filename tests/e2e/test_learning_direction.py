@@ -24,13 +24,18 @@ STEPS = 16
 pytestmark = pytest.mark.slow
 
 
-def scores(tiny_model_dir, tmp_path, name: str, *extra: str) -> list[float]:
-    """The mean reward of each step's rollouts."""
-    cfg = digits_run(tiny_model_dir, tmp_path, name, "worker.actor.optim.lr=1e-2", *extra, steps=STEPS)
+def trained_rows(cfg) -> list[dict]:
+    """Train `cfg` (STEPS steps) and return each step's metrics."""
     Trainer(cfg).fit()
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    return [r["critic/score/mean"] for r in rows]
+    return rows
+
+
+def scores(tiny_model_dir, tmp_path, name: str, *extra: str) -> list[float]:
+    """The mean reward of each step's rollouts."""
+    cfg = digits_run(tiny_model_dir, tmp_path, name, "worker.actor.optim.lr=1e-2", *extra, steps=STEPS)
+    return [r["critic/score/mean"] for r in trained_rows(cfg)]
 
 
 def mean(values: list[float]) -> float:
@@ -95,8 +100,8 @@ RECIPES = Path(__file__).parents[2] / "examples" / "recipes"
 FAST_SCHEDULE = ["lr_warmup_steps=0", "lr_scheduler_type=constant"]
 RECIPE_RUNS = {
     # DAPO's dynamic sampling keeps groups by their mean `overall` (the recipe's key, accuracy, is the
-    # addition reward's, which the digits reward does not give).
-    "dapo": ["algorithm.filter_key=overall"],
+    # addition reward's, which the digits reward does not give), inside the digits reward's range (0 to 1.5).
+    "dapo": ["algorithm.filter_key=overall", "algorithm.filter_low=0", "algorithm.filter_high=1.5"],
     # PPO's critic at the update's sizes and learning rate (the recipe's: 32 prompts a step, 1e-4).
     "ppo_gae": [
         "worker.critic.global_batch_size=2",
@@ -159,9 +164,7 @@ def tool_run(model: Path, prompts: Path, out: Path, name: str, *extra: str) -> l
             *extra,
         ]
     )
-    Trainer(cfg).fit()
-    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["agent/called_tool"] for r in rows]
+    return [r["agent/called_tool"] for r in trained_rows(cfg)]
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +201,11 @@ def half_tool_model(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def calls_more(called: list[float]) -> bool:
-    """The check: over the last three steps 85% of trajectories call the tool, 0.2 more than over the first
+    """The check: over the last three steps 80% of trajectories call the tool, 0.15 more than over the first
     three. Measured (this CPU, 2026-11-30, data and sampling seeds 1-5): 0.48-0.65 over the first three steps,
-    0.90-1.00 over the last three; with the advantages flipped (seed 1) 0.00 from step 9 on."""
-    return mean(called[-3:]) >= 0.85 and mean(called[-3:]) >= mean(called[:3]) + 0.2
+    0.90-1.00 over the last three; with the advantages flipped (seed 1) 0.00 from step 9 on. 13 s for the run
+    and 3 s for the module's SFT here."""
+    return mean(called[-3:]) >= 0.8 and mean(called[-3:]) >= mean(called[:3]) + 0.15
 
 
 def test_agentic_grpo_raises_tool_use(half_tool_model, tmp_path):

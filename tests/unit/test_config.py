@@ -612,7 +612,7 @@ def test_config_choices_match_the_algorithm_registries():
     )
 
 
-def test_a_choice_enum_names_each_choice_and_pickles_by_name():
+def test_a_choice_enum_names_each_choice_and_survives_pickling():
     import pickle
     from typing import Literal
 
@@ -626,6 +626,8 @@ def test_a_choice_enum_names_each_choice_and_pickles_by_name():
         ("GRPO", "grpo"),
     ]
     assert made("grpo") is made.GRPO and made.GRPO == "grpo" and isinstance(made.GRPO, str)
+    with pytest.raises(ValueError, match="same member name"):
+        choice_enum("Clash", Literal["a-b", "a_b"], __name__)
     # the workers receive these in parameter records sent to Ray actors: a member comes back as itself
     assert pickle.loads(pickle.dumps(KLPenalty.LOW_VAR_KL_PLUS)) is KLPenalty.LOW_VAR_KL_PLUS
 
