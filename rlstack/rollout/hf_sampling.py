@@ -343,7 +343,8 @@ def sample(
         blocked[:, :W] = kv_mask == 0
     for step in range(max_new_tokens):
         logits = next_logits.float()  # [rows in the decoding batch, V]
-        # A NaN or an infinity makes its row's sum one (as would finite logits near 1e33, a model diverged)
+        # A NaN or an infinity in a row makes the row's sum non-finite; so do finite logits past float32's range
+        # when summed (near 1e33: a model that diverged)
         if not bool(logits.sum(-1).isfinite().all()):
             raise TrainingDiverged(
                 "the policy produced non-finite logits while sampling; its weights have diverged"

@@ -36,7 +36,6 @@ def test_the_exact_kl_reads_both_distributions_at_the_sampling_temperature(tiny_
     metrics = worker.update(batch, mini_batch_size=4)
     logits, ref_logits = seen[0]
     torch.testing.assert_close(logits, raw / 0.7, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(
-        ref_logits, raw / 0.7, atol=1e-5, rtol=1e-5
-    )  # the reference: the initial weights
+    # the reference holds the initial weights: the same logits, at the same temperature
+    torch.testing.assert_close(ref_logits, raw / 0.7, atol=1e-5, rtol=1e-5)
     assert "actor/kl_loss" in metrics

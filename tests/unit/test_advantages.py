@@ -75,7 +75,9 @@ def mixed_batch(dtype: torch.dtype = torch.float32, requires_grad: bool = False)
 # ------------------------------------------------------------------------------------- interface
 
 
-def test_estimator_names_are_the_config_strings():
+def test_estimator_names_are_the_ones_users_files_spell():
+    """The Enum is made of the config's Literal (`choice_enum`), so this pins the public names themselves
+    (veRL's and EasyR1's `algorithm.adv_estimator` values): renaming one in the config breaks users' files."""
     assert {e.value for e in AdvEstimator} == {
         "gae",
         "grpo",
